@@ -1,0 +1,3 @@
+from cl_audit.cli import main
+
+main()

@@ -1,0 +1,91 @@
+"""Attribution of an event to the module that ran it and the model source line that called it.
+
+Read from the Python stack only when an event is recorded, so the hot path pays nothing: the
+innermost frame whose ``self`` is an ``nn.Module`` names the module, and the innermost frame
+outside torch and cl_audit is the call site.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from types import FrameType
+
+import torch
+from torch import nn
+
+import cl_audit
+
+__all__ = ["Location", "ModuleNames", "locate", "short_path"]
+
+_SKIPPED_DIRS = tuple(
+    os.path.dirname(os.path.abspath(m.__file__)) + os.sep for m in (torch, cl_audit) if m.__file__
+)
+
+
+@dataclass(frozen=True)
+class Location:
+    module_path: str | None
+    module_class: str | None
+    call_site: str | None
+
+
+class ModuleNames:
+    """Dotted module paths (root ``""`` as in ``named_modules``), learned from each root seen."""
+
+    def __init__(self, root: nn.Module | None = None) -> None:
+        self._names: dict[int, str] = {}
+        self._roots: list[nn.Module] = []  # keeps ids stable while the names are in use
+        if root is not None:
+            self.add_root(root)
+
+    def add_root(self, root: nn.Module) -> None:
+        self._roots.append(root)
+        for name, module in root.named_modules():
+            self._names.setdefault(id(module), name)
+
+    def get(self, module: nn.Module) -> str | None:
+        return self._names.get(id(module))
+
+
+def short_path(filename: str) -> str:
+    """A file name relative to the ``sys.path`` entry that holds it, so reports are portable."""
+    best = ""
+    for entry in sys.path:
+        if entry and filename.startswith(entry.rstrip(os.sep) + os.sep) and len(entry) > len(best):
+            best = entry.rstrip(os.sep)
+    return filename[len(best) + 1 :] if best else filename
+
+
+def _frame_module(frame: FrameType) -> nn.Module | None:
+    code = frame.f_code
+    if code.co_argcount == 0 or code.co_varnames[0] != "self":
+        return None
+    candidate = frame.f_locals.get("self")
+    return candidate if isinstance(candidate, nn.Module) else None
+
+
+def locate(names: ModuleNames, frame: FrameType | None = None) -> Location:
+    """Find the current module and the model-code call site, walking out from ``frame``."""
+    frame = frame if frame is not None else sys._getframe(1)
+    call_site: str | None = None
+    module: nn.Module | None = None
+    outermost: nn.Module | None = None
+    while frame is not None:
+        if call_site is None and not frame.f_code.co_filename.startswith(_SKIPPED_DIRS):
+            call_site = f"{short_path(frame.f_code.co_filename)}:{frame.f_lineno}"
+        found = _frame_module(frame)
+        if found is not None:
+            module = module or found
+            outermost = found
+            if call_site is not None and names.get(module) is not None:
+                break
+        frame = frame.f_back
+    if module is None:
+        return Location(None, None, call_site)
+    path = names.get(module)
+    if path is None and outermost is not None:
+        names.add_root(outermost)  # an audit without a known model: learn it from the stack
+        path = names.get(module)
+    return Location(path, type(module).__name__, call_site)

@@ -1,0 +1,24 @@
+"""Domain errors; the CLI maps each to a documented exit code."""
+
+from __future__ import annotations
+
+__all__ = ["AuditError", "ModelFailedError", "UsageError"]
+
+
+class AuditError(RuntimeError):
+    """An audit was used wrongly (nested, re-entered, reported before it ran)."""
+
+
+class UsageError(ValueError):
+    """Bad input from the user: an unknown model, a malformed option. Exit code 2."""
+
+
+class ModelFailedError(RuntimeError):
+    """The model failed to build or run. Exit code 3; ``stage`` says where."""
+
+    def __init__(self, stage: str, model: str, cause: BaseException) -> None:
+        self.stage = stage
+        self.model = model
+        self.cause = cause
+        detail = str(cause).strip().splitlines()[0] if str(cause).strip() else ""
+        super().__init__(f"{model}: {stage} failed: {type(cause).__name__}: {detail}".rstrip(": "))

@@ -1,0 +1,73 @@
+"""The default engine: an aten-level ``TorchDispatchMode``, named by a ``TorchFunctionMode``.
+
+The dispatch mode sees every operator, including those issued by operator dunders (``+``) and
+inside composite functions (the clone inside ``flatten``), and changes nothing global. The
+function mode only remembers the outermost Python-level call in progress so that each aten
+event can be reported as, say, ``torch.cat`` / ``aten.cat``. Torch pops a mode while its handler
+runs, so calls nested in ``F.softmax`` are never seen twice and the checker never re-enters.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from cl_audit.intercept.recorder import Recorder
+
+__all__ = ["DispatchEngine"]
+
+
+class _PythonCalls(TorchFunctionMode):
+    """Remembers the Python-level torch callable currently running."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.current: object = None
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        outer = self.current
+        self.current = func
+        try:
+            return func(*args, **(kwargs or {}))
+        finally:
+            self.current = outer
+
+
+class _AtenObserver(TorchDispatchMode):
+    def __init__(self, recorder: Recorder, python_calls: _PythonCalls) -> None:
+        super().__init__()
+        self._recorder = recorder
+        self._python_calls = python_calls
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        result = func(*args, **(kwargs or {}))
+        self._recorder.observe(func, self._python_calls.current, args, kwargs, result)
+        return result
+
+
+class DispatchEngine:
+    """Pushes the two modes on ``install`` and pops them, innermost first, on ``uninstall``."""
+
+    name = "dispatch"
+
+    def __init__(self, recorder: Recorder) -> None:
+        self._python_calls = _PythonCalls()
+        self._observer = _AtenObserver(recorder, self._python_calls)
+        self._entered: list[Any] = []
+        self.unwrapped: tuple[str, ...] = ()
+
+    def install(self) -> None:
+        try:
+            for mode in (self._python_calls, self._observer):
+                mode.__enter__()
+                self._entered.append(mode)
+        except BaseException:
+            self.uninstall()
+            raise
+
+    def uninstall(self) -> None:
+        while self._entered:
+            self._entered[-1].__exit__(None, None, None)
+            self._entered.pop()

@@ -1,0 +1,41 @@
+"""User-facing names of Python-level torch callables (``torch.cat``, ``F.interpolate``)."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["aten_op_name", "python_op_name"]
+
+
+@functools.cache
+def _known_names() -> dict[int, str]:
+    names: dict[int, str] = {}
+    for prefix, namespace in (("torch", vars(torch)), ("F", vars(F))):
+        for name, value in namespace.items():
+            if callable(value):
+                names.setdefault(id(value), f"{prefix}.{name}")
+    for name in dir(torch.Tensor):
+        names.setdefault(id(getattr(torch.Tensor, name)), f"Tensor.{name}")
+    return names
+
+
+def python_op_name(func: object) -> str:
+    """Name a callable seen by a ``TorchFunctionMode`` as a user would write it."""
+    if isinstance(func, str):
+        return func
+    known = _known_names().get(id(func))
+    if known is not None:
+        return known
+    owner = getattr(func, "__self__", None)  # e.g. the __get__ of a Tensor property
+    if owner is not None and getattr(func, "__name__", "") == "__get__":
+        return f"Tensor.{getattr(owner, '__name__', '?')}"
+    return getattr(func, "__qualname__", None) or repr(func)
+
+
+def aten_op_name(op: object) -> str:
+    """``aten.clone`` for the OpOverload ``aten.clone.default``."""
+    packet = getattr(op, "overloadpacket", None)
+    return str(packet if packet is not None else op)

@@ -1,0 +1,96 @@
+"""Rich rendering of a model report: a summary panel and a table of offenders."""
+
+from __future__ import annotations
+
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from cl_audit.report import Finding, ModelReport, Producer, TensorSummary
+
+__all__ = ["format_bytes", "offenders_table", "render_report", "summary_text"]
+
+
+def format_bytes(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")
+
+
+def _strides(t: TensorSummary) -> str:
+    return "(" + ",".join(map(str, t.strides)) + ")"
+
+
+def _tensors_cell(finding: Finding) -> str:
+    """Shape of the first channels_last-ish input, then input and output strides."""
+    source = next((t for t in finding.inputs if t.layout.value != "contiguous"), None)
+    source = source or (finding.inputs[0] if finding.inputs else None)
+    output = finding.outputs[0] if finding.outputs else None
+    if source is None or output is None:
+        return ""
+    shape = "x".join(map(str, source.shape))
+    return f"{shape} {source.dtype}\n{_strides(source)} -> {_strides(output)}"
+
+
+def _where(module_path: str | None, module_class: str | None) -> str:
+    if module_path is None:
+        return module_class or "?"
+    return f"{module_path or '(root)'} ({module_class})"
+
+
+def _producer_cell(producer: Producer | None, mixed: bool) -> str:
+    if producer is None:
+        return "mixed formats, producer unseen" if mixed else ""
+    op = producer.python_op or producer.aten_op or "?"
+    where = _where(producer.module_path, producer.module_class)
+    return f"{op} in {where} at {producer.call_site or '?'}"
+
+
+def summary_text(report: ModelReport) -> Text:
+    s, env = report.summary, report.environment
+    amp = f", autocast {env.autocast}" if env.autocast else ""
+    lines = [
+        f"model {report.model or '(unnamed)'}  input {'x'.join(map(str, report.input_shape or ()))}"
+        f"  {env.device} {env.dtype}{amp}  engine {env.engine}",
+        f"{s.calls_checked} calls checked, {s.distinct_ops} distinct ops",
+        f"{s.losses} losses at {len(report.offenders)} sites ({s.offending_ops} distinct ops): "
+        f"{s.round_trips} round trips, {s.terminal_conversions} terminal; {s.regains} regains; "
+        f"{format_bytes(s.bytes_converted)} converted",
+    ]
+    return Text("\n".join(lines))
+
+
+def offenders_table(offenders: tuple[Finding, ...]) -> Table:
+    table = Table(title="Operations that lose channels_last", show_lines=True, expand=True)
+    table.add_column("op", style="bold", overflow="fold", ratio=2)
+    table.add_column("where", overflow="fold", ratio=4)
+    table.add_column("tensor: in -> out strides", overflow="fold", ratio=3)
+    table.add_column("count", justify="right", overflow="fold", ratio=2)
+    for f in offenders:
+        op = f"{f.python_op}\n{f.aten_op}" if f.python_op and f.aten_op else f.op
+        where = f"{_where(f.module_path, f.module_class)}\n[cyan]{f.call_site or ''}[/cyan]"
+        cause = _producer_cell(f.root_cause, f.mixed_formats)
+        if cause:
+            where += f"\n[magenta]root cause: {cause}[/magenta]"
+        kinds = [f"{f.round_trips} round trip"] * bool(f.round_trips) + [
+            f"{f.terminal} terminal"
+        ] * bool(f.terminal)
+        table.add_row(op, where, _tensors_cell(f), "\n".join([str(f.count), *kinds]))
+    return table
+
+
+def render_report(report: ModelReport, console: Console) -> None:
+    verdict = (
+        "[red]loses channels_last[/red]"
+        if report.offenders
+        else "[green]keeps channels_last[/green]"
+    )
+    console.print(Panel(summary_text(report), title=f"cl-audit: {verdict}", expand=False))
+    if report.offenders:
+        console.print(offenders_table(report.offenders))
+    if report.unwrapped:
+        console.print(Group(*(Text(f"not wrapped: {u}", style="dim") for u in report.unwrapped)))

@@ -1,0 +1,66 @@
+"""torchvision models that take one image or clip tensor, built with random weights."""
+
+from __future__ import annotations
+
+import inspect
+
+from cl_audit.errors import ModelFailedError, UsageError
+from cl_audit.sources import LoadedModel, close_matches
+
+__all__ = ["build", "names"]
+
+# Detection and optical-flow models take lists of images or image pairs, not one tensor.
+_UNSUPPORTED_FAMILIES = {"detection": "a list of images", "optical_flow": "a pair of images"}
+_VIDEO_FRAMES = 16  # torchvision's video models are documented with 16-frame clips
+_DEFAULT_SIZE = 224
+
+
+def names() -> list[str]:
+    from torchvision import models
+
+    return sorted(models.list_models())
+
+
+def _family(builder: object) -> str:
+    parts = getattr(builder, "__module__", "").split(".")
+    return parts[2] if len(parts) > 3 else "classification"
+
+
+def _input_shape(name: str, family: str) -> tuple[int, ...]:
+    """The documented input size of the model's weights, e.g. 299 for inception_v3."""
+    from torchvision import models
+
+    try:
+        weights = next(iter(models.get_model_weights(name)))
+        transforms = weights.transforms()
+        size = getattr(transforms, "crop_size", None) or getattr(transforms, "resize_size", None)
+        frames = max(_VIDEO_FRAMES, weights.meta.get("min_temporal_size", 0))
+    except (ValueError, StopIteration):
+        size, frames = None, _VIDEO_FRAMES
+    height = size[0] if size else _DEFAULT_SIZE
+    width = size[-1] if size else _DEFAULT_SIZE
+    return (3, frames, height, width) if family == "video" else (3, height, width)
+
+
+def build(name: str) -> LoadedModel:
+    from torchvision import models
+
+    available = names()
+    if name not in available:
+        hint = close_matches(name, available)
+        raise UsageError(f"unknown torchvision model {name!r}{hint}; for a timm model use --timm")
+    builder = models.get_model_builder(name)
+    family = _family(builder)
+    if family in _UNSUPPORTED_FAMILIES:
+        raise UsageError(
+            f"torchvision model {name!r} ({family}) takes {_UNSUPPORTED_FAMILIES[family]}, "
+            "not one tensor: not supported"
+        )
+    kwargs: dict[str, object] = {"weights": None}
+    if "weights_backbone" in inspect.signature(builder).parameters:
+        kwargs["weights_backbone"] = None  # segmentation backbones default to downloading
+    try:
+        module = builder(**kwargs)
+    except Exception as e:
+        raise ModelFailedError("build", name, e) from e
+    return LoadedModel(name, "torchvision", module, _input_shape(name, family))

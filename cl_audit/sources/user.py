@@ -1,0 +1,72 @@
+"""The user's own model: ``package.module:factory`` or ``path/to/file.py:factory``.
+
+The factory is called without arguments and returns an ``nn.Module`` or a
+``(module, input_shape)`` pair, where ``input_shape`` is per sample, like ``--input-size``:
+``(3, 224, 224)`` for images, ``(3, 16, 112, 112)`` for clips.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+from types import ModuleType
+
+from torch import nn
+
+from cl_audit.errors import ModelFailedError, UsageError
+from cl_audit.sources import LoadedModel
+
+__all__ = ["build"]
+
+_DEFAULT_SHAPE = (3, 224, 224)
+
+
+def _import(target: str, spec: str) -> ModuleType:
+    if target.endswith(".py") or os.sep in target:
+        if not os.path.isfile(target):
+            raise UsageError(f"{spec}: no such file {target!r}")
+        name = "cl_audit_user_" + os.path.splitext(os.path.basename(target))[0]
+        file_spec = importlib.util.spec_from_file_location(name, target)
+        if file_spec is None or file_spec.loader is None:
+            raise UsageError(f"{spec}: cannot load {target!r} as Python")
+        module = importlib.util.module_from_spec(file_spec)
+        sys.modules[name] = module
+        try:
+            file_spec.loader.exec_module(module)
+        except Exception as e:
+            raise ModelFailedError("import", spec, e) from e
+        return module
+    try:
+        return importlib.import_module(target)
+    except ModuleNotFoundError as e:
+        if e.name and target.startswith(e.name):
+            raise UsageError(f"{spec}: no module named {e.name!r}") from None
+        raise ModelFailedError("import", spec, e) from e
+    except Exception as e:
+        raise ModelFailedError("import", spec, e) from e
+
+
+def build(spec: str) -> LoadedModel:
+    target, _, attribute = spec.rpartition(":")
+    if not target or not attribute:
+        raise UsageError(f"{spec!r}: expected module:factory or file.py:factory")
+    factory = getattr(_import(target, spec), attribute, None)
+    if not callable(factory):
+        raise UsageError(f"{spec}: {target!r} has no callable {attribute!r}")
+    try:
+        made = factory()
+    except Exception as e:
+        raise ModelFailedError("build", spec, e) from e
+    module, shape = made if isinstance(made, tuple) and len(made) == 2 else (made, _DEFAULT_SHAPE)
+    if not isinstance(module, nn.Module):
+        raise UsageError(
+            f"{spec}: the factory returned {type(made).__name__}; "
+            "expected an nn.Module or a (module, input_shape) pair"
+        )
+    try:
+        input_shape = tuple(int(d) for d in shape)
+    except (TypeError, ValueError):
+        raise UsageError(f"{spec}: input_shape {shape!r} is not a sequence of ints") from None
+    return LoadedModel(spec, "user", module, input_shape)
