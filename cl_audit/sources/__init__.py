@@ -7,7 +7,6 @@ from dataclasses import dataclass
 
 from torch import nn
 
-
 __all__ = ["LoadedModel", "close_matches", "load_model"]
 
 

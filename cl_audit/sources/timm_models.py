@@ -1,4 +1,4 @@
-"""timm models, built with ``pretrained=False``; imported only on demand (timm is slow to import)."""
+"""timm models, built with ``pretrained=False``; imported on demand (timm is slow to import)."""
 
 from __future__ import annotations
 
