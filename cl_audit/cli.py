@@ -19,15 +19,7 @@ __all__ = ["app", "main"]
 
 EXIT_CLEAN, EXIT_OFFENDERS, EXIT_USAGE, EXIT_MODEL_FAILED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
-app = typer.Typer(
-    rich_markup_mode="rich",
-    add_completion=False,
-    help=(
-        "Find the operations where a PyTorch model loses the channels_last memory format.\n\n"
-        "Exit codes: 0 no offender, 1 offenders found, 2 usage error (unknown model, bad "
-        "option), 3 the model failed to build or run, 130 interrupted."
-    ),
-)
+app = typer.Typer(rich_markup_mode="rich", add_completion=False)
 
 
 def _fail(message: str, code: int) -> typer.Exit:
@@ -69,7 +61,14 @@ def audit_command(
         ),
     ] = None,
 ) -> None:
-    """Audit one model's forward pass in channels_last."""
+    """Find the operations where a model's forward pass loses the channels_last format.
+
+    The model gets random weights and a random input; model and input are converted to
+    channels_last (channels_last_3d for 5D), in eval mode under no_grad.
+
+    [bold]Exit codes[/bold]: 0 no offender, 1 offenders found, 2 usage error (unknown model,
+    bad option), 3 the model failed to build or run, 130 interrupted.
+    """
     if (model is None) == (timm_model is None):
         raise _fail("give exactly one model: a NAME argument or --timm NAME", EXIT_USAGE)
     json_to_stdout = json_path is not None and str(json_path) == "-"

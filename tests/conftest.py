@@ -1,0 +1,21 @@
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+torch.set_num_threads(1)
+
+
+def channels_last(*shape: int) -> torch.Tensor:
+    fmt = torch.channels_last if len(shape) == 4 else torch.channels_last_3d
+    return torch.randn(*shape).contiguous(memory_format=fmt)
+
+
+@pytest.fixture(params=["dispatch", "patch"])
+def engine(request: pytest.FixtureRequest) -> str:
+    return request.param

@@ -1,0 +1,147 @@
+"""The real CLI, in process through CliRunner and as real subprocesses, with every exit code."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import pytest
+from typer.testing import CliRunner
+
+from cl_audit.cli import app
+from cl_audit.report import load_schema
+
+TOYS = str(Path(__file__).with_name("toy_models.py"))
+runner = CliRunner()
+
+
+def invoke(*args: str):
+    return runner.invoke(app, list(args), env={"COLUMNS": "120"}, catch_exceptions=False)
+
+
+def test_clean_torchvision_model_exits_0():
+    result = invoke("resnet18", "--input-size", "3x64x64")
+    assert result.exit_code == 0, result.output
+    assert "keeps channels_last" in result.output
+    assert "2x3x64x64" in result.output
+
+
+def test_offending_user_model_exits_1_with_table_and_json(tmp_path):
+    out = tmp_path / "r.json"
+    result = invoke(f"{TOYS}:channel_shuffle", "--json", str(out))
+    assert result.exit_code == 1, result.output
+    assert "Tensor.contiguous" in result.output and "aten.clone" in result.output
+    assert "toy_models.py:" in result.output
+    data = json.loads(out.read_text())
+    jsonschema.validate(data, load_schema())
+    assert data["offenders"][0]["python_op"] == "Tensor.contiguous"
+    assert data["input_shape"] == [2, 3, 16, 16]
+
+
+def test_json_to_stdout_is_pure_json():
+    result = invoke(f"{TOYS}:clean_net", "--json", "-", "--engine", "patch")
+    assert result.exit_code == 0
+    data = json.loads(result.stdout)
+    assert data["environment"]["engine"] == "patch" and data["offenders"] == []
+
+
+def test_batch_size_and_input_size_options():
+    result = invoke(
+        f"{TOYS}:clean_net", "--batch-size", "3", "--input-size", "3x8x8", "--json", "-"
+    )
+    assert json.loads(result.stdout)["input_shape"] == [3, 3, 8, 8]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["resnet5"], "did you mean: resnet50"),
+        (["resnet18", "--input-size", "224"], "expected CxHxW"),
+        ([], "give exactly one model"),
+        (["resnet18", "--timm", "resnet18"], "give exactly one model"),
+        (["fasterrcnn_resnet50_fpn"], "not supported"),
+        ([f"{TOYS}:nope"], "has no callable 'nope'"),
+        ([f"{TOYS}:not_a_module"], "expected an nn.Module"),
+        (["no_such_pkg.models:build"], "no module named 'no_such_pkg'"),
+        (["missing/file.py:build"], "no such file"),
+        (["resnet18", "--device", "cuda:0"], "CUDA is not available"),
+        (["resnet18", "--device", "banana"], "not a torch device"),
+    ],
+)
+def test_usage_errors_exit_2_with_one_line(args, message):
+    result = invoke(*args)
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(
+    ("spec", "stage"),
+    [
+        (f"{TOYS}:broken", "forward failed: RuntimeError"),
+        (f"{TOYS}:failing_factory", "build failed"),
+    ],
+)
+def test_model_failures_exit_3_naming_stage_and_cause(spec, stage):
+    result = invoke(spec)
+    assert result.exit_code == 3
+    assert stage in result.output and "Traceback" not in result.output
+
+
+def test_typer_usage_error_exits_2():
+    assert invoke("resnet18", "--dtype", "float64").exit_code == 2
+
+
+def test_help_documents_exit_codes():
+    result = invoke("--help")
+    assert result.exit_code == 0
+    assert "Exit codes" in result.output and "3 the model failed" in result.output
+
+
+def run_cli(*args: str, module: bool = False) -> subprocess.CompletedProcess[str]:
+    command = (
+        [sys.executable, "-m", "cl_audit"]
+        if module
+        else [str(Path(sys.executable).with_name("cl-audit"))]
+    )
+    env = {**os.environ, "COLUMNS": "120"}
+    return subprocess.run(
+        [*command, *args], capture_output=True, text=True, env=env, timeout=300, check=False
+    )
+
+
+def test_console_script_subprocess_exit_codes():
+    assert run_cli(f"{TOYS}:clean_net").returncode == 0
+    offending = run_cli(f"{TOYS}:channel_shuffle")
+    assert offending.returncode == 1 and "Tensor.contiguous" in offending.stdout
+    unknown = run_cli("resnet5")
+    assert unknown.returncode == 2 and "Traceback" not in unknown.stderr
+    assert "did you mean" in unknown.stderr
+    broken = run_cli(f"{TOYS}:broken")
+    assert broken.returncode == 3 and "Traceback" not in broken.stderr
+
+
+def test_python_dash_m_runs_a_torchvision_model_without_importing_timm():
+    probe = (
+        "import sys, runpy; sys.argv=['cl-audit','squeezenet1_0','--input-size','3x64x64'];"
+        "import cl_audit.cli as c\n"
+        "try:\n    c.main()\nexcept SystemExit as e:\n    code = e.code\n"
+        "print('TIMM_IMPORTED' if 'timm' in sys.modules else 'NO_TIMM', code)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert "NO_TIMM 0" in result.stdout, result.stdout + result.stderr
+    module_run = run_cli("squeezenet1_0", "--input-size", "3x64x64", module=True)
+    assert module_run.returncode == 0, module_run.stderr
+
+
+def test_timm_model_through_cli():
+    result = invoke("--timm", "resnet10t", "--input-size", "3x64x64", "--json", "-")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["model"] == "resnet10t" and data["environment"]["timm"]

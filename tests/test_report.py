@@ -1,0 +1,72 @@
+"""The JSON envelope: schema-valid, round-trips, refuses what it cannot read."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+import torch
+import toy_models
+
+import cl_audit
+from cl_audit.report import ModelReport, ReportFormatError, load_schema
+
+
+@pytest.fixture(scope="module")
+def report() -> ModelReport:
+    return cl_audit.audit_model(toy_models.MixedConcat(), torch.randn(2, 3, 16, 16), name="mixed")
+
+
+def test_real_report_validates_against_the_shipped_schema(report, engine):
+    for model in (toy_models.MixedConcat(), toy_models.ChannelShuffle(), toy_models.CleanNet()):
+        data = cl_audit.audit_model(model, torch.randn(2, 3, 16, 16), engine=engine).to_dict()
+        jsonschema.validate(data, load_schema())
+
+
+def test_envelope_and_contract_keys(report):
+    data = json.loads(report.to_json())
+    assert (data["format"], data["version"]) == ("cl-audit.report", 1)
+    assert [f["kind"] for f in data["offenders"]] == ["loss"]
+    assert all(f["kind"] == "regain" for f in data["regains"])
+    env = data["environment"]
+    assert env["engine"] == "dispatch" and env["torch"] == torch.__version__
+    assert env["device"] == "cpu" and env["dtype"] == "float32" and env["autocast"] is None
+    assert data["summary"]["losses"] == 1 and data["input_shape"] == [2, 3, 16, 16]
+
+
+def test_round_trip_through_json(report):
+    assert ModelReport.from_json(report.to_json()) == report
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"format": "cl-audit.sweep"}, "unknown format 'cl-audit.sweep'"),
+        ({"version": 2}, "unsupported cl-audit.report version 2"),
+        ({"format": None}, "unknown format None"),
+    ],
+)
+def test_unknown_format_or_version_is_refused_clearly(report, change, message):
+    data = {**report.to_dict(), **change}
+    with pytest.raises(ReportFormatError, match=message):
+        ModelReport.from_dict(data)
+
+
+def test_not_json_and_missing_keys_are_refused(report):
+    with pytest.raises(ReportFormatError, match="not JSON"):
+        ModelReport.from_json("{nope")
+    with pytest.raises(ReportFormatError, match="no 'format' key"):
+        ModelReport.from_dict({"offenders": []})
+    data = report.to_dict()
+    del data["summary"]
+    with pytest.raises(ReportFormatError, match="malformed"):
+        ModelReport.from_dict(data)
+
+
+def test_autocast_is_recorded():
+    model = toy_models.CleanNet().eval().to(memory_format=torch.channels_last)
+    x = torch.randn(2, 3, 16, 16).contiguous(memory_format=torch.channels_last)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16), cl_audit.audit() as audit:
+        model(x)
+    assert audit.report().environment.autocast == "cpu:bfloat16"
