@@ -24,6 +24,9 @@ _CL = MemoryLayout.CHANNELS_LAST
 _CONTIGUOUS = MemoryLayout.CONTIGUOUS
 _OTHER = MemoryLayout.OTHER
 _SPATIAL_RANKS = (4, 5)
+_Tensor = torch.Tensor
+_SEQUENCES = (list, tuple)
+_SCALARS = (int, float, bool)
 
 
 @dataclass
@@ -43,12 +46,13 @@ class _Origin:
 
 
 def _tensors(values: Any) -> list[torch.Tensor]:
+    """Tensors among ``values``, also inside lists and tuples (``cat``); on the hot path."""
     found: list[torch.Tensor] = []
     for value in values:
-        if isinstance(value, torch.Tensor):
+        if isinstance(value, _Tensor):
             found.append(value)
-        elif isinstance(value, (list, tuple)):
-            found.extend(v for v in value if isinstance(v, torch.Tensor))
+        elif type(value) in _SEQUENCES and value and not isinstance(value[0], _SCALARS):
+            found.extend(v for v in value if isinstance(v, _Tensor))
     return found
 
 
@@ -92,8 +96,11 @@ class Recorder:
         inputs = _tensors(args)
         if kwargs:
             inputs.extend(_tensors(kwargs.values()))
-        outputs = _tensors((result,) if not isinstance(result, (list, tuple)) else result)
-        if not outputs:
+        if isinstance(result, _Tensor):
+            outputs = [result]
+        elif type(result) in _SEQUENCES:
+            outputs = _tensors(result)
+        else:
             return
 
         sources: list[torch.Tensor] = []  # channels_last-ordered inputs
