@@ -228,7 +228,8 @@ class Recorder:
         )
         tally.count += 1
         tally.bytes_converted += _nbytes(lost)
-        origin = _Origin(producer, loss=tally)
+        # Downstream, the contiguous data still traces back to the root cause, if there is one.
+        origin = _Origin(producer if root is None else root.producer, loss=tally)
         for tensor in lost:
             self._origins[_storage_key(tensor)] = origin
 

@@ -67,9 +67,9 @@ def summary_text(report: ModelReport) -> Text:
 def offenders_table(offenders: tuple[Finding, ...]) -> Table:
     table = Table(title="Operations that lose channels_last", show_lines=True, expand=True)
     table.add_column("op", style="bold", overflow="fold", ratio=2)
-    table.add_column("where", overflow="fold", ratio=4)
+    table.add_column("where", overflow="fold", ratio=5)
     table.add_column("tensor: in -> out strides", overflow="fold", ratio=3)
-    table.add_column("count", justify="right", overflow="fold", ratio=2)
+    table.add_column("count", justify="right", overflow="fold", ratio=1)
     for f in offenders:
         op = f"{f.python_op}\n{f.aten_op}" if f.python_op and f.aten_op else f.op
         where = f"{_where(f.module_path, f.module_class)}\n[cyan]{f.call_site or ''}[/cyan]"

@@ -1,0 +1,71 @@
+"""Slow tier: real torchvision models at their default input size, against known answers and
+against the committed report (reports/torchvision-cpu.json) as a regression gate."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from cl_audit.audit import Engine
+from cl_audit.report import ModelReport
+from cl_audit.run import RunSettings, audit_loaded
+from cl_audit.sources import load_model
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+from audit_torchvision import MODELS  # noqa: E402
+
+COMMITTED = {
+    r["model"]: ModelReport.from_dict(r)
+    for r in json.loads((ROOT / "reports" / "torchvision-cpu.json").read_text())["reports"]
+}
+
+# What a reader of each model's code expects, independent of the committed report.
+FLATTEN_ONLY = {m for m in MODELS if m.startswith(("vgg", "alexnet"))}
+SHUFFLE = {m for m in MODELS if m.startswith("shufflenet")}
+SPECIAL = FLATTEN_ONLY | SHUFFLE | {"maxvit_t", "deeplabv3_resnet50"}
+
+
+def sites(report: ModelReport) -> set[tuple[str | None, str | None, str | None]]:
+    return {(f.op, f.module_path, f.call_site) for f in report.offenders}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", MODELS)
+def test_torchvision_model_matches_expectation_and_committed_report(name):
+    report = audit_loaded(load_model(name), RunSettings())
+    ops = {f.op for f in report.offenders}
+    if name in FLATTEN_ONLY:
+        (finding,) = report.offenders
+        assert finding.op == "torch.flatten" and finding.aten_op == "aten.clone"
+        assert finding.terminal == 1
+    elif name in SHUFFLE:
+        assert ops == {"Tensor.contiguous", "torch.cat"}
+        roots = {f.root_cause.python_op for f in report.offenders if f.op == "torch.cat"}
+        assert roots == {"Tensor.contiguous"}
+        assert report.summary.round_trips > 0
+    elif name == "maxvit_t":
+        adds = [f for f in report.offenders if f.op == "Tensor.add"]
+        assert adds and all(f.root_cause.module_class == "WindowDepartition" for f in adds)
+    elif name == "deeplabv3_resnet50":
+        (finding,) = report.offenders
+        assert finding.op == "torch.cat"
+        assert finding.root_cause.python_op == "F.interpolate"
+        assert finding.root_cause.module_class == "ASPPPooling"
+    else:
+        assert name not in SPECIAL
+        assert report.offenders == (), f"{name}: {ops}"
+    assert sites(report) == sites(COMMITTED[name])
+    assert report.summary == COMMITTED[name].summary
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", MODELS)
+def test_patch_engine_finds_the_same_sites_as_the_dispatch_engine(name):
+    report = audit_loaded(load_model(name), RunSettings(engine=Engine.PATCH))
+    where = {(f.module_path, f.call_site) for f in report.offenders}
+    assert where == {(f.module_path, f.call_site) for f in COMMITTED[name].offenders}
+    assert report.summary.losses == COMMITTED[name].summary.losses
