@@ -1,8 +1,9 @@
 """Cost of auditing, as ratios measured within one run (timings on shared machines are noisy).
 
-For each model: plain forward vs audited forward (batch 2, 224 px, channels_last, one thread),
-alternating, median of --repeats pairs. Then the cost per intercepted call: a loop of 2,000
-``relu`` on a (2, 8, 4, 4) channels_last tensor, audited minus plain, per call.
+For each model and engine: a plain forward and an audited forward (batch 2, 224 px,
+channels_last, one thread) back to back, --repeats pairs; the ratio is the median of the pairs'
+ratios. Then the cost per intercepted call: a loop of 2,000 ``relu`` on a (2, 8, 4, 4)
+channels_last tensor, audited minus plain, per call.
 
     python scripts/bench_overhead.py --out reports/bench-overhead.json
 """
@@ -18,11 +19,33 @@ from collections.abc import Callable
 
 import torch
 import torchvision
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import cl_audit
 
 MODELS = ("resnet50", "mobilenet_v2", "convnext_tiny", "vit_b_16")
 ENGINES = ("dispatch", "patch")
+
+
+class _BareDispatch(TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+class _BareFunction(TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+def bare_modes(fn: Callable[[], object]) -> Callable[[], object]:
+    """The floor of the dispatch engine: its two modes passing everything through unchecked."""
+
+    def run() -> None:
+        with _BareFunction(), _BareDispatch():
+            fn()
+
+    return run
 
 
 def timed(fn: Callable[[], object]) -> float:
@@ -39,14 +62,18 @@ def audited(engine: str, fn: Callable[[], object]) -> Callable[[], object]:
     return run
 
 
-def alternate(plain: Callable[[], object], others: dict[str, Callable[[], object]], repeats: int):
-    """Median seconds of plain and of each other callable, run in alternation."""
-    times: dict[str, list[float]] = {"plain": [], **{k: [] for k in others}}
+def paired_ratio(plain: Callable[[], object], other: Callable[[], object], repeats: int):
+    """Median of other/plain over back-to-back pairs (robust to drift), and the median times."""
+    plain_times, other_times = [], []
     for _ in range(repeats):
-        times["plain"].append(timed(plain))
-        for key, fn in others.items():
-            times[key].append(timed(fn))
-    return {key: statistics.median(values) for key, values in times.items()}
+        plain_times.append(timed(plain))
+        other_times.append(timed(other))
+    ratios = [o / p for p, o in zip(plain_times, other_times, strict=True)]
+    return (
+        statistics.median(ratios),
+        statistics.median(plain_times),
+        statistics.median(other_times),
+    )
 
 
 def bench_model(name: str, repeats: int) -> dict[str, object]:
@@ -61,12 +88,13 @@ def bench_model(name: str, repeats: int) -> dict[str, object]:
     forward()  # warm-up
     for engine in ENGINES:
         audited(engine, forward)()
-    medians = alternate(forward, {e: audited(e, forward) for e in ENGINES}, repeats)
-    return {
-        "model": name,
-        "plain_s": round(medians["plain"], 4),
-        **{f"{e}_ratio": round(medians[e] / medians["plain"], 3) for e in ENGINES},
-    }
+    row: dict[str, object] = {"model": name}
+    for engine in ENGINES:
+        ratio, plain_s, _ = paired_ratio(forward, audited(engine, forward), repeats)
+        row.setdefault("plain_s", round(plain_s, 4))
+        row[f"{engine}_ratio"] = round(ratio, 3)
+    row["bare_modes_ratio"] = round(paired_ratio(forward, bare_modes(forward), repeats)[0], 3)
+    return row
 
 
 def bench_per_call(repeats: int, calls: int = 2000) -> dict[str, float]:
@@ -77,10 +105,13 @@ def bench_per_call(repeats: int, calls: int = 2000) -> dict[str, float]:
             torch.relu(x)
 
     loop()
-    medians = alternate(loop, {e: audited(e, loop) for e in ENGINES}, repeats)
-    result = {"plain_us": round(medians["plain"] / calls * 1e6, 2)}
-    for e in ENGINES:
-        result[f"{e}_us_per_call"] = round((medians[e] - medians["plain"]) / calls * 1e6, 2)
+    result: dict[str, float] = {}
+    for engine in ENGINES:
+        _, plain_s, audited_s = paired_ratio(loop, audited(engine, loop), repeats)
+        result.setdefault("plain_us", round(plain_s / calls * 1e6, 2))
+        result[f"{engine}_us_per_call"] = round((audited_s - plain_s) / calls * 1e6, 2)
+    _, plain_s, bare_s = paired_ratio(loop, bare_modes(loop), repeats)
+    result["bare_modes_us_per_call"] = round((bare_s - plain_s) / calls * 1e6, 2)
     return result
 
 
@@ -93,17 +124,18 @@ def main() -> None:
     torch.set_num_threads(1)
     rows = [bench_model(name, args.repeats) for name in args.models]
     per_call = bench_per_call(args.repeats)
-    print("| model | plain forward (s) | dispatch | patch |")
-    print("|---|---|---|---|")
+    print("| model | plain forward (s) | dispatch | patch | bare modes, no check |")
+    print("|---|---|---|---|---|")
     for row in rows:
         print(
             f"| {row['model']} | {row['plain_s']:.3f} | {row['dispatch_ratio']:.3f}x "
-            f"| {row['patch_ratio']:.3f}x |"
+            f"| {row['patch_ratio']:.3f}x | {row['bare_modes_ratio']:.3f}x |"
         )
     print(
         f"\nper intercepted call (2,000 relu, (2,8,4,4) channels_last): plain "
         f"{per_call['plain_us']} us; added by dispatch {per_call['dispatch_us_per_call']} us, "
-        f"by patch {per_call['patch_us_per_call']} us"
+        f"by patch {per_call['patch_us_per_call']} us; "
+        f"by the bare modes {per_call['bare_modes_us_per_call']} us"
     )
     if args.out:
         result = {
