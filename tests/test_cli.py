@@ -145,3 +145,29 @@ def test_timm_model_through_cli():
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert data["model"] == "resnet10t" and data["environment"]["timm"]
+
+
+def test_dict_and_tuple_outputs_are_fine():
+    result = invoke(f"{TOYS}:dict_output", "--json", "-")
+    assert result.exit_code == 1  # the softmax over channels
+    assert json.loads(result.stdout)["offenders"][0]["python_op"] == "F.softmax"
+
+
+@pytest.mark.parametrize(
+    ("args", "dtype", "autocast"),
+    [
+        (["--dtype", "bfloat16"], "bfloat16", None),
+        (["--amp", "bf16"], "float32", "cpu:bfloat16"),
+    ],
+)
+def test_dtype_and_autocast_options_reach_the_report(args, dtype, autocast):
+    result = invoke(f"{TOYS}:clean_net", "--json", "-", *args)
+    assert result.exit_code == 0, result.output
+    env = json.loads(result.stdout)["environment"]
+    assert (env["dtype"], env["autocast"]) == (dtype, autocast)
+
+
+def test_interrupt_exits_130_without_traceback():
+    interrupted = run_cli(f"{TOYS}:interrupting")
+    assert interrupted.returncode == 130
+    assert "interrupted" in interrupted.stderr and "Traceback" not in interrupted.stderr

@@ -121,3 +121,17 @@ def test_patch_engine_keeps_torch_classes_usable(warm):
         assert isinstance(torch.no_grad(), torch.no_grad)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             pass
+
+
+def test_a_callable_that_refuses_wrapping_is_listed_not_fatal(monkeypatch):
+    from cl_audit.intercept import patch
+
+    real = list(patch.patch_targets())[:3]
+    refusing = patch._Target(int, "bit_length", "int.bit_length")  # builtin types refuse setattr
+    monkeypatch.setattr(patch, "patch_targets", lambda: iter([*real, refusing]))
+    before = {t.label: getattr(t.owner, t.name) for t in real}
+    with cl_audit.audit("patch") as audit:
+        assert all(getattr(t.owner, t.name) is not before[t.label] for t in real)
+    (line,) = audit.report().unwrapped
+    assert line.startswith("int.bit_length: ")
+    assert all(getattr(t.owner, t.name) is before[t.label] for t in real)

@@ -69,3 +69,11 @@ def test_patch_engine_finds_the_same_sites_as_the_dispatch_engine(name):
     where = {(f.module_path, f.call_site) for f in report.offenders}
     assert where == {(f.module_path, f.call_site) for f in COMMITTED[name].offenders}
     assert report.summary.losses == COMMITTED[name].summary.losses
+
+
+@pytest.mark.slow
+def test_video_model_runs_5d_in_channels_last_3d():
+    report = audit_loaded(load_model("r3d_18"), RunSettings())
+    assert report.input_shape == (2, 3, 16, 112, 112)
+    assert report.summary.calls_checked > 50
+    assert report.offenders == ()

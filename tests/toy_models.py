@@ -130,3 +130,23 @@ def failing_factory() -> nn.Module:
 
 def not_a_module() -> str:
     return "resnet50"
+
+
+class DictOutput(nn.Module):
+    """Returns a dict and a tuple, like segmentation and multi-head models."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 1)
+
+    def forward(self, x: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        y = self.conv(x)
+        return {"out": (y, F.softmax(y, dim=1))}
+
+
+def dict_output() -> tuple[nn.Module, tuple[int, ...]]:
+    return DictOutput(), (3, 8, 8)
+
+
+def interrupting() -> tuple[nn.Module, tuple[int, ...]]:
+    return Interrupting(), (3, 8, 8)
