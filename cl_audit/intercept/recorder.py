@@ -1,7 +1,7 @@
 """The checker shared by both engines: applies the loss/regain rule and keeps summaries.
 
 An engine calls ``Recorder.observe`` once per intercepted operation, after it ran. The recorder
-keeps counts and tensor metadata, never tensors: storages are tracked by address only, to link a
+keeps counts and tensor metadata, never tensors: storages are tracked by identity only, to link a
 loss to the regain that undoes it and a mixed-format operation to the producer of its
 contiguous input.
 """
@@ -57,7 +57,8 @@ def _tensors(values: Any) -> list[torch.Tensor]:
 
 
 def _storage_key(tensor: torch.Tensor) -> int:
-    return tensor.untyped_storage().data_ptr()
+    """Identity of the storage (its StorageImpl address): also works for fake tensors."""
+    return tensor.untyped_storage()._cdata
 
 
 def _nbytes(tensors: list[torch.Tensor]) -> int:
