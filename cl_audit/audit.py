@@ -18,7 +18,14 @@ from cl_audit.intercept.patch import PatchEngine
 from cl_audit.intercept.recorder import Recorder
 from cl_audit.report import Environment, ModelReport
 
-__all__ = ["Audit", "Engine", "audit", "audit_model", "channels_last_format"]
+__all__ = [
+    "Audit",
+    "Engine",
+    "audit",
+    "audit_model",
+    "channels_last_format",
+    "tool_environment",
+]
 
 
 @unique
@@ -46,6 +53,24 @@ def _autocast_in_effect() -> str | None:
             dtype = torch.get_autocast_dtype(device_type)
             return f"{device_type}:{str(dtype).removeprefix('torch.')}"
     return None
+
+
+def tool_environment(
+    *, device: str | None, dtype: str | None, autocast: str | None, engine: str, mode: str
+) -> Environment:
+    """Versions of the tool and its libraries, with the settings of an audit."""
+    return Environment(
+        tool=_distribution_version("cl-audit") or "unknown",
+        python=platform.python_version(),
+        torch=torch.__version__,
+        torchvision=_distribution_version("torchvision"),
+        timm=_distribution_version("timm"),
+        device=device,
+        dtype=dtype,
+        autocast=autocast,
+        engine=engine,
+        mode=mode,
+    )
 
 
 def channels_last_format(rank: int) -> torch.memory_format:
@@ -108,22 +133,20 @@ class Audit:
         input_shape: tuple[int, ...] | None = None,
         device: str | None = None,
         dtype: str | None = None,
+        mode: str = "eager",
     ) -> ModelReport:
-        """The findings so far. Device and dtype default to those of the first 4D/5D input seen."""
+        """The findings so far. Device and dtype default to those of the first 4D/5D input seen;
+        ``mode`` is "fake" when the tensors were fake."""
         if not self._entered:
             raise AuditError("nothing audited yet: run the model inside 'with audit:' first")
         seen_device, seen_dtype = self._recorder.first_spatial or (None, None)
         losses, regains = self._recorder.findings()
-        environment = Environment(
-            tool=_distribution_version("cl-audit") or "unknown",
-            python=platform.python_version(),
-            torch=torch.__version__,
-            torchvision=_distribution_version("torchvision"),
-            timm=_distribution_version("timm"),
+        environment = tool_environment(
             device=device or seen_device,
             dtype=dtype or seen_dtype,
             autocast=self._autocast,
             engine=self.engine.value,
+            mode=mode,
         )
         return ModelReport(
             model=model,

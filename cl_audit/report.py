@@ -116,6 +116,7 @@ class Environment:
     dtype: str | None
     autocast: str | None
     engine: str
+    mode: str = "eager"  # "fake": fake tensors, no kernel ran (a prediction)
 
 
 @dataclass(frozen=True)
@@ -223,3 +224,187 @@ def _finding(data: dict[str, Any]) -> Finding:
         mixed_formats=data["mixed_formats"],
         root_cause=None if root is None else Producer(**root),
     )
+
+
+# --- Sweeps -------------------------------------------------------------------------------
+
+SWEEP_FORMAT = "cl-audit.sweep"
+SWEEP_VERSION = 1
+
+
+@unique
+class Status(str, Enum):
+    OK = "ok"
+    ERROR = "error"
+    TIMEOUT = "timeout"
+    OUT_OF_MEMORY = "out-of-memory"
+    SKIPPED = "skipped"
+
+    @property
+    def failed(self) -> bool:
+        return self in (Status.ERROR, Status.TIMEOUT, Status.OUT_OF_MEMORY)
+
+
+@unique
+class Mode(str, Enum):
+    EAGER = "eager"  # a real forward pass on the device
+    FAKE = "fake"  # fake tensors: layouts from the ops' meta functions, no data
+    CONFIRMED = "fake+eager"  # fake mode flagged or failed it, and this is the eager re-run
+
+
+@dataclass(frozen=True)
+class ModelRow:
+    """One model of a sweep. ``predicted`` rows come from fake tensors on a device not run."""
+
+    name: str
+    source: str
+    status: Status
+    mode: Mode
+    predicted: bool
+    input_shape: tuple[int, ...] | None
+    parameters: int | None
+    summary: Summary | None
+    offenders: tuple[Finding, ...]
+    message: str | None  # the error, or why it was skipped
+    stage: str | None
+    seconds: float
+    peak_memory_mb: float | None
+
+    @property
+    def key(self) -> str:
+        return f"{self.source}:{self.name}"
+
+    @property
+    def offending(self) -> bool:
+        return self.status is Status.OK and bool(self.offenders)
+
+    def to_dict(self) -> dict[str, Any]:
+        return _plain(asdict(self))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ModelRow:
+        summary = data["summary"]
+        return cls(
+            name=data["name"],
+            source=data["source"],
+            status=Status(data["status"]),
+            mode=Mode(data["mode"]),
+            predicted=data["predicted"],
+            input_shape=_tuple_or_none(data["input_shape"]),
+            parameters=data["parameters"],
+            summary=None if summary is None else Summary(**summary),
+            offenders=tuple(_finding(f) for f in data["offenders"]),
+            message=data["message"],
+            stage=data["stage"],
+            seconds=data["seconds"],
+            peak_memory_mb=data["peak_memory_mb"],
+        )
+
+
+@dataclass(frozen=True)
+class OperatorCoverage:
+    """How one offending operation breaks channels_last across the models of a sweep."""
+
+    op: str  # the aten name where known, else the Python-level one
+    python_ops: tuple[str, ...]
+    models: int
+    events: int
+    bytes_converted: int
+    examples: tuple[str, ...]  # "model:module.path" for a few of the places
+
+
+@dataclass(frozen=True)
+class SweepSummary:
+    models: int
+    clean: int
+    offending: int
+    failed: int
+    skipped: int
+    by_status: dict[str, int]
+
+
+@dataclass(frozen=True)
+class SweepReport:
+    environment: Environment
+    settings: dict[str, Any]
+    summary: SweepSummary
+    models: tuple[ModelRow, ...]
+    operators: tuple[OperatorCoverage, ...]
+
+    @classmethod
+    def build(
+        cls, environment: Environment, settings: dict[str, Any], rows: list[ModelRow]
+    ) -> SweepReport:
+        """Summary and operator coverage derived from the rows, in a stable order."""
+        ordered = tuple(sorted(rows, key=lambda r: (r.source, r.name)))
+        by_status: dict[str, int] = {s.value: 0 for s in Status}
+        for row in ordered:
+            by_status[row.status.value] += 1
+        summary = SweepSummary(
+            models=len(ordered),
+            clean=sum(1 for r in ordered if r.status is Status.OK and not r.offenders),
+            offending=sum(1 for r in ordered if r.offending),
+            failed=sum(1 for r in ordered if r.status.failed),
+            skipped=by_status[Status.SKIPPED.value],
+            by_status=by_status,
+        )
+        return cls(environment, settings, summary, ordered, operator_coverage(ordered))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": SWEEP_FORMAT, "version": SWEEP_VERSION, **_plain(asdict(self))}
+
+    def to_json(self, indent: int | None = 1) -> str:
+        return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SweepReport:
+        check_envelope(data, SWEEP_FORMAT, SWEEP_VERSION)
+        try:
+            rows = [ModelRow.from_dict(r) for r in data["models"]]
+            return cls.build(Environment(**data["environment"]), dict(data["settings"]), rows)
+        except (KeyError, TypeError, ValueError) as e:
+            raise ReportFormatError(f"malformed {SWEEP_FORMAT} document: {e!r}") from None
+
+    @classmethod
+    def from_json(cls, text: str) -> SweepReport:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ReportFormatError(f"not JSON: {e}") from None
+        return cls.from_dict(data)
+
+
+_EXAMPLES_PER_OPERATOR = 5
+
+
+def operator_coverage(rows: tuple[ModelRow, ...]) -> tuple[OperatorCoverage, ...]:
+    """For each offending op: models broken, events, bytes and example places; worst first."""
+    tallies: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        if not row.offending:
+            continue
+        for finding in row.offenders:
+            op = finding.aten_op or finding.python_op or "?"
+            tally = tallies.setdefault(
+                op, {"python": set(), "models": set(), "events": 0, "bytes": 0, "examples": []}
+            )
+            if finding.python_op:
+                tally["python"].add(finding.python_op)
+            tally["models"].add(row.key)
+            tally["events"] += finding.count
+            tally["bytes"] += finding.bytes_converted
+            example = f"{row.name}:{finding.module_path}"
+            if len(tally["examples"]) < _EXAMPLES_PER_OPERATOR and example not in tally["examples"]:
+                tally["examples"].append(example)
+    coverage = [
+        OperatorCoverage(
+            op=op,
+            python_ops=tuple(sorted(t["python"])),
+            models=len(t["models"]),
+            events=t["events"],
+            bytes_converted=t["bytes"],
+            examples=tuple(t["examples"]),
+        )
+        for op, t in tallies.items()
+    ]
+    return tuple(sorted(coverage, key=lambda c: (-c.models, -c.events, c.op)))

@@ -47,6 +47,14 @@ class RunSettings:
     engine: Engine = Engine.DISPATCH
     seed: int = 0
 
+    @property
+    def autocast_description(self) -> str | None:
+        """As the report writes it, e.g. "cpu:bfloat16"."""
+        if self.amp is None:
+            return None
+        device_type = torch.device(self.device).type
+        return f"{device_type}:{str(self.amp.torch_dtype).removeprefix('torch.')}"
+
 
 def parse_input_size(text: str) -> tuple[int, ...]:
     """``3x224x224`` (images) or ``3x16x112x112`` (clips) to a tuple."""

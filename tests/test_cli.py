@@ -61,8 +61,11 @@ def test_batch_size_and_input_size_options():
     [
         (["resnet5"], "did you mean: resnet50"),
         (["resnet18", "--input-size", "224"], "expected CxHxW"),
-        ([], "give exactly one model"),
-        (["resnet18", "--timm", "resnet18"], "give exactly one model"),
+        ([], "no model selected"),
+        (["resnet18", "--confirm"], "use it with --fake"),
+        (["resnet18", "resnet34", "--shard", "3/2"], "expected K/N"),
+        (["resnet18", "resnet34", "--max-memory", "lots"], "expected a size"),
+        (["--timm", "nonexistent*"], "matches no timm model"),
         (["fasterrcnn_resnet50_fpn"], "not supported"),
         ([f"{TOYS}:nope"], "has no callable 'nope'"),
         ([f"{TOYS}:not_a_module"], "expected an nn.Module"),

@@ -7,9 +7,17 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from cl_audit.report import Finding, ModelReport, Producer, TensorSummary
+from cl_audit.report import Finding, ModelReport, Producer, SweepReport, TensorSummary
+from cl_audit.sweep.compare import Comparison
 
-__all__ = ["format_bytes", "offenders_table", "render_report", "summary_text"]
+__all__ = [
+    "format_bytes",
+    "offenders_table",
+    "render_comparison",
+    "render_report",
+    "render_sweep",
+    "summary_text",
+]
 
 
 def format_bytes(n: int) -> str:
@@ -94,3 +102,52 @@ def render_report(report: ModelReport, console: Console) -> None:
         console.print(offenders_table(report.offenders))
     if report.unwrapped:
         console.print(Group(*(Text(f"not wrapped: {u}", style="dim") for u in report.unwrapped)))
+
+
+def render_sweep(report: SweepReport, console: Console, top: int = 10) -> None:
+    """The sweep summary, the worst operators, and the models that failed."""
+    s = report.summary
+    env = report.environment
+    text = Text(
+        f"{s.models} models: {s.clean} clean, {s.offending} offending, {s.failed} failed, "
+        f"{s.skipped} skipped  ({env.device} {env.dtype}, {env.mode} mode, engine {env.engine})"
+    )
+    console.print(Panel(text, title="cl-audit sweep", expand=False))
+    if report.operators:
+        table = Table(title=f"Top offending operations (of {len(report.operators)})", expand=True)
+        table.add_column("op", style="bold", overflow="fold", ratio=3)
+        table.add_column("models", justify="right", ratio=1)
+        table.add_column("events", justify="right", ratio=1)
+        table.add_column("converted", justify="right", ratio=1)
+        table.add_column("for example", overflow="fold", ratio=5)
+        for cov in report.operators[:top]:
+            name = cov.op if not cov.python_ops else f"{cov.op}\n{', '.join(cov.python_ops)}"
+            table.add_row(
+                name,
+                str(cov.models),
+                str(cov.events),
+                format_bytes(cov.bytes_converted),
+                "\n".join(cov.examples[:3]),
+            )
+        console.print(table)
+    failed = [r for r in report.models if r.status.failed]
+    for row in failed[:top]:
+        console.print(
+            f"[red]{row.status.value}[/red] {row.key} ({row.stage or '?'}): {row.message}",
+            highlight=False,
+        )
+    if len(failed) > top:
+        console.print(f"... and {len(failed) - top} more failed models (see the JSON report)")
+
+
+def render_comparison(comparison: Comparison, console: Console) -> None:
+    for label, items, style in (
+        ("new offence", [f"{k} {op}" for k, op in comparison.new_offences], "red"),
+        ("new failure", list(comparison.new_failures), "red"),
+        ("fixed", [f"{k} {op}" for k, op in comparison.fixed_offences], "green"),
+        ("no longer failing", list(comparison.fixed_failures), "green"),
+    ):
+        for item in items:
+            console.print(f"[{style}]{label}:[/{style}] {item}", highlight=False)
+    if not comparison.regressed:
+        console.print("[green]no new offences or failures against the baseline[/green]")

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import difflib
+from collections.abc import Iterator
 from dataclasses import dataclass
 
+import torch
 from torch import nn
 
-__all__ = ["LoadedModel", "close_matches", "load_model"]
+__all__ = ["BuildOptions", "LoadedModel", "cap_input", "close_matches", "load_model"]
 
 
 @dataclass(frozen=True)
@@ -20,23 +23,52 @@ class LoadedModel:
     input_shape: tuple[int, ...]
 
 
+@dataclass(frozen=True)
+class BuildOptions:
+    """``max_input_size`` caps the spatial sides of the default input (models with a fixed input
+    size are built smaller where they allow it); ``meta`` builds without allocating weights."""
+
+    max_input_size: int | None = None
+    meta: bool = False
+
+
 def close_matches(name: str, candidates: list[str]) -> str:
     """' (did you mean: a, b?)' or ''."""
     matches = difflib.get_close_matches(name, candidates, n=4, cutoff=0.6)
     return f" (did you mean: {', '.join(matches)}?)" if matches else ""
 
 
-def load_model(spec: str, *, timm: bool = False) -> LoadedModel:
+def cap_input(shape: tuple[int, ...], max_side: int | None) -> tuple[int, ...]:
+    """Clamp the spatial sides (the last two dims) of a per-sample shape to ``max_side``."""
+    if max_side is None:
+        return shape
+    return (*shape[:-2], *(min(side, max_side) for side in shape[-2:]))
+
+
+@contextlib.contextmanager
+def building(options: BuildOptions) -> Iterator[None]:
+    """Where model constructors run: on the meta device when asked."""
+    if options.meta:
+        with torch.device("meta"):
+            yield
+    else:
+        yield
+
+
+def load_model(
+    spec: str, *, timm: bool = False, options: BuildOptions | None = None
+) -> LoadedModel:
     """Build ``spec``: a timm name with ``timm``, ``module:factory`` or ``file.py:factory``
     when it holds a colon, a torchvision name otherwise."""
+    options = options or BuildOptions()
     if timm:
         from cl_audit.sources import timm_models
 
-        return timm_models.build(spec)
+        return timm_models.build(spec, options)
     if ":" in spec:
         from cl_audit.sources import user
 
-        return user.build(spec)
+        return user.build(spec, options)
     from cl_audit.sources import torchvision_models
 
-    return torchvision_models.build(spec)
+    return torchvision_models.build(spec, options)

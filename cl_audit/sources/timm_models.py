@@ -3,20 +3,38 @@
 from __future__ import annotations
 
 from cl_audit.errors import ModelFailedError, UsageError
-from cl_audit.sources import LoadedModel, close_matches
+from cl_audit.sources import BuildOptions, LoadedModel, building, cap_input, close_matches
 
-__all__ = ["build"]
+__all__ = ["build", "names"]
 
 
-def build(name: str) -> LoadedModel:
+def names() -> list[str]:
     import timm
 
+    return timm.list_models()
+
+
+def build(name: str, options: BuildOptions) -> LoadedModel:
+    import timm
+    from timm.models import get_pretrained_cfg
+
     if not timm.is_model(name):
-        hint = close_matches(name, timm.list_models())
-        raise UsageError(f"unknown timm model {name!r}{hint}")
+        raise UsageError(f"unknown timm model {name!r}{close_matches(name, names())}")
+    cfg = get_pretrained_cfg(name)
+    default = tuple(cfg.input_size) if cfg is not None else (3, 224, 224)
+    shape = cap_input(default, options.max_input_size)
+    kwargs: dict[str, object] = {}
+    if shape != default and cfg is not None and cfg.fixed_input_size:
+        kwargs["img_size"] = shape[-2:]  # models with position embeddings are built for it
     try:
-        module = timm.create_model(name, pretrained=False)
+        with building(options):
+            try:
+                module = timm.create_model(name, pretrained=False, **kwargs)
+            except TypeError:
+                if not kwargs:
+                    raise
+                shape = default  # this model cannot be built smaller: keep its own size
+                module = timm.create_model(name, pretrained=False)
     except Exception as e:
         raise ModelFailedError("build", name, e) from e
-    input_size = tuple(module.pretrained_cfg.get("input_size", (3, 224, 224)))
-    return LoadedModel(name, "timm", module, input_size)
+    return LoadedModel(name, "timm", module, shape)

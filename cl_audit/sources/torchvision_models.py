@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 
 from cl_audit.errors import ModelFailedError, UsageError
-from cl_audit.sources import LoadedModel, close_matches
+from cl_audit.sources import BuildOptions, LoadedModel, building, cap_input, close_matches
 
 __all__ = ["build", "names"]
 
@@ -26,8 +26,9 @@ def _family(builder: object) -> str:
     return parts[2] if len(parts) > 3 else "classification"
 
 
-def _input_shape(name: str, family: str) -> tuple[int, ...]:
-    """The documented input size of the model's weights, e.g. 299 for inception_v3."""
+def _input_shape(name: str, family: str, max_side: int | None) -> tuple[int, ...]:
+    """The documented input size of the model's weights (299 for inception_v3), capped at
+    ``max_side`` unless the weights' minimum size says the size is fixed (vit_b_16: 224)."""
     from torchvision import models
 
     try:
@@ -35,14 +36,16 @@ def _input_shape(name: str, family: str) -> tuple[int, ...]:
         transforms = weights.transforms()
         size = getattr(transforms, "crop_size", None) or getattr(transforms, "resize_size", None)
         frames = max(_VIDEO_FRAMES, weights.meta.get("min_temporal_size", 0))
+        minimum = tuple(weights.meta.get("min_size", (1, 1)))
     except (ValueError, StopIteration):
-        size, frames = None, _VIDEO_FRAMES
+        size, frames, minimum = None, _VIDEO_FRAMES, (1, 1)
     height = size[0] if size else _DEFAULT_SIZE
     width = size[-1] if size else _DEFAULT_SIZE
-    return (3, frames, height, width) if family == "video" else (3, height, width)
+    shape = (3, frames, height, width) if family == "video" else (3, height, width)
+    return shape if minimum == (height, width) else cap_input(shape, max_side)
 
 
-def build(name: str) -> LoadedModel:
+def build(name: str, options: BuildOptions) -> LoadedModel:
     from torchvision import models
 
     available = names()
@@ -60,7 +63,9 @@ def build(name: str) -> LoadedModel:
     if "weights_backbone" in inspect.signature(builder).parameters:
         kwargs["weights_backbone"] = None  # segmentation backbones default to downloading
     try:
-        module = builder(**kwargs)
+        with building(options):
+            module = builder(**kwargs)
     except Exception as e:
         raise ModelFailedError("build", name, e) from e
-    return LoadedModel(name, "torchvision", module, _input_shape(name, family))
+    shape = _input_shape(name, family, options.max_input_size)
+    return LoadedModel(name, "torchvision", module, shape)

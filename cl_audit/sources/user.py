@@ -16,7 +16,7 @@ from types import ModuleType
 from torch import nn
 
 from cl_audit.errors import ModelFailedError, UsageError
-from cl_audit.sources import LoadedModel
+from cl_audit.sources import BuildOptions, LoadedModel, cap_input
 
 __all__ = ["build"]
 
@@ -48,7 +48,8 @@ def _import(target: str, spec: str) -> ModuleType:
         raise ModelFailedError("import", spec, e) from e
 
 
-def build(spec: str) -> LoadedModel:
+def build(spec: str, options: BuildOptions) -> LoadedModel:
+    """The factory runs as written: ``options.meta`` does not apply to user code."""
     target, _, attribute = spec.rpartition(":")
     if not target or not attribute:
         raise UsageError(f"{spec!r}: expected module:factory or file.py:factory")
@@ -69,4 +70,4 @@ def build(spec: str) -> LoadedModel:
         input_shape = tuple(int(d) for d in shape)
     except (TypeError, ValueError):
         raise UsageError(f"{spec}: input_shape {shape!r} is not a sequence of ints") from None
-    return LoadedModel(spec, "user", module, input_shape)
+    return LoadedModel(spec, "user", module, cap_input(input_shape, options.max_input_size))

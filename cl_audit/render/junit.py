@@ -1,0 +1,49 @@
+"""JUnit XML for a sweep: one test case per model, so CI systems show the sweep natively."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+
+from cl_audit.report import Status, SweepReport
+
+__all__ = ["junit_xml"]
+
+
+def junit_xml(report: SweepReport) -> str:
+    """Offenders are failures, errors/timeouts/out-of-memory are errors, skips are skipped."""
+    rows = report.models
+    suite = ET.Element(
+        "testsuite",
+        name="cl-audit",
+        tests=str(len(rows)),
+        failures=str(sum(1 for r in rows if r.offending)),
+        errors=str(sum(1 for r in rows if r.status.failed)),
+        skipped=str(sum(1 for r in rows if r.status is Status.SKIPPED)),
+        time=f"{sum(r.seconds for r in rows):.3f}",
+    )
+    for row in rows:
+        case = ET.SubElement(
+            suite, "testcase", classname=row.source, name=row.name, time=f"{row.seconds:.3f}"
+        )
+        if row.offending:
+            ops = sorted({f.op for f in row.offenders})
+            failure = ET.SubElement(
+                case,
+                "failure",
+                type="channels_last_loss",
+                message=f"{sum(f.count for f in row.offenders)} losses: {', '.join(ops)}",
+            )
+            failure.text = "\n".join(
+                f"{f.op} ({f.aten_op or '-'}) in {f.module_path or '(root)'} at {f.call_site}"
+                f" x{f.count}"
+                for f in row.offenders
+            )
+        elif row.status.failed:
+            error = ET.SubElement(
+                case, "error", type=row.status.value, message=f"{row.stage}: {row.message}"
+            )
+            error.text = row.message
+        elif row.status is Status.SKIPPED:
+            ET.SubElement(case, "skipped", message=row.message or "")
+    ET.indent(suite)
+    return ET.tostring(suite, encoding="unicode", xml_declaration=True) + "\n"

@@ -1,0 +1,88 @@
+"""Sweep progress: a rich bar with ETA on a terminal, one line per finished model in a log."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+from cl_audit.report import ModelRow, Status
+from cl_audit.sweep.plan import ModelRef
+
+__all__ = ["SweepProgress"]
+
+
+class SweepProgress:
+    """Counts clean, offending and failed models as rows arrive."""
+
+    def __init__(self, console: Console, total: int, already_done: int = 0) -> None:
+        self._console = console
+        self._total = total
+        self._done = already_done
+        self._running: list[str] = []
+        self.counts = {"clean": 0, "offending": 0, "failed": 0, "skipped": 0}
+        self._bar: Progress | None = None
+        if console.is_terminal:
+            self._bar = Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                TextColumn("eta"),
+                TimeRemainingColumn(),
+                console=console,
+                transient=True,
+            )
+            self._task = self._bar.add_task(self._describe(), total=total, completed=already_done)
+
+    def __enter__(self) -> SweepProgress:
+        if self._bar is not None:
+            self._bar.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+    def _describe(self) -> str:
+        c = self.counts
+        running = ", ".join(self._running[:3]) + (" ..." if len(self._running) > 3 else "")
+        return (
+            f"[green]{c['clean']} clean[/green] [red]{c['offending']} offending[/red] "
+            f"[yellow]{c['failed']} failed[/yellow] | {running}"
+        )
+
+    def start(self, ref: ModelRef) -> None:
+        self._running.append(ref.name)
+        if self._bar is not None:
+            self._bar.update(self._task, description=self._describe())
+
+    def finish(self, row: ModelRow) -> None:
+        if row.name in self._running:
+            self._running.remove(row.name)
+        self._done += 1
+        if row.status is Status.SKIPPED:
+            self.counts["skipped"] += 1
+        elif row.status.failed:
+            self.counts["failed"] += 1
+        else:
+            self.counts["offending" if row.offenders else "clean"] += 1
+        if self._bar is not None:
+            self._bar.update(self._task, advance=1, description=self._describe())
+            return
+        verdict = row.status.value
+        if row.status is Status.OK:
+            verdict = f"{len(row.offenders)} offenders" if row.offenders else "clean"
+        detail = f" ({row.stage}: {row.message})" if row.status.failed else ""
+        self._console.print(
+            f"[{self._done}/{self._total}] {row.key} {row.mode.value}: {verdict}{detail} "
+            f"{row.seconds:.1f}s",
+            highlight=False,
+            soft_wrap=True,
+        )

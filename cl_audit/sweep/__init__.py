@@ -1,0 +1,1 @@
+"""Registry sweeps: selection and sharding, isolated workers, merge and baselines."""

@@ -1,0 +1,240 @@
+"""Runs many models, each in its own forked worker, so none can take the sweep down.
+
+The parent imports torch (and timm) once; each model then runs in a child forked from it
+(measured: ~0.1 s per fork against ~7 s and 860 MB for a fresh ``import torch, timm``), with one
+OpenMP thread, at most ``jobs`` at a time. The parent watches every child: a crash, a timeout
+or memory past the cap kills that child only and becomes a row. Memory is the child's private
+resident memory (``/proc/PID/smaps_rollup``: pages shared with the parent do not count), sampled
+every 0.2 s, because RLIMIT_AS is unreliable with CUDA builds of torch. Each finished row is
+appended to a JSON Lines checkpoint at once, so an interrupted sweep can ``--resume``.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import signal
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+from multiprocessing.connection import Connection, wait
+from pathlib import Path
+from typing import Any
+
+from cl_audit.report import Mode, ModelRow, ReportFormatError, Status
+from cl_audit.sweep.plan import ModelRef, estimated_cost
+from cl_audit.sweep.worker import SweepSettings, audit_ref
+
+__all__ = ["Checkpoint", "SweepInterrupted", "run_models"]
+
+_POLL_SECONDS = 0.2
+
+
+class SweepInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a sweep; ``rows`` holds every row finished before it."""
+
+    def __init__(self, rows: list[ModelRow]) -> None:
+        super().__init__()
+        self.rows = rows
+
+
+class Checkpoint:
+    """A JSON Lines file of finished rows; each row is one ``write`` to an O_APPEND file."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def read(self) -> dict[str, ModelRow]:
+        """Rows by key; a torn last line (the writer was killed mid-line) is ignored."""
+        rows: dict[str, ModelRow] = {}
+        if not self.path.exists():
+            return rows
+        for line in self.path.read_text().splitlines():
+            try:
+                row = ModelRow.from_dict(json.loads(line))
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError, ReportFormatError):
+                continue
+            rows[row.key] = row
+        return rows
+
+    def start(self, keep: bool) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if not keep:
+            self.path.write_text("")
+
+    def append(self, row: ModelRow) -> None:
+        line = (json.dumps(row.to_dict(), allow_nan=False) + "\n").encode()
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def private_memory_mb(pid: int) -> float | None:
+    """Resident memory the process does not share with others, or None if unreadable."""
+    try:
+        text = Path(f"/proc/{pid}/smaps_rollup").read_text()
+    except OSError:
+        return None
+    kib = sum(
+        int(line.split()[1])
+        for line in text.splitlines()
+        if line.startswith(("Private_Clean:", "Private_Dirty:"))
+    )
+    return kib / 1024
+
+
+def _child(ref: ModelRef, settings: SweepSettings, mode: Mode, conn: Connection) -> None:
+    """Runs in the forked worker. Its output goes to /dev/null: models print warnings, and
+    anything that matters reaches the parent as the row."""
+    import torch
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.dup2(devnull, 2)
+    torch.set_num_threads(1)
+    stage = [None]
+
+    def on_stage(name: str) -> None:
+        stage[0] = name
+        conn.send(("stage", name))
+
+    try:
+        row = audit_ref(ref, settings, mode, on_stage)
+    except Exception as e:  # a failure outside the model's own build and forward
+        row = ModelRow(
+            name=ref.name, source=ref.source, status=Status.ERROR, mode=mode,
+            predicted=mode is Mode.FAKE, input_shape=None, parameters=None, summary=None,
+            offenders=(), message=f"{type(e).__name__}: {e}", stage=stage[0], seconds=0.0,
+            peak_memory_mb=None,
+        )  # fmt: skip
+    conn.send(("row", row.to_dict()))
+    conn.close()
+
+
+@dataclass
+class _Job:
+    ref: ModelRef
+    process: Any
+    conn: Connection
+    started: float
+    stage: str | None = None
+    peak_mb: float = 0.0
+    messages: list[tuple[str, Any]] = field(default_factory=list)
+
+
+def _signal_name(exitcode: int | None) -> str:
+    if exitcode is not None and exitcode < 0:
+        try:
+            return f"killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"killed by signal {-exitcode}"
+    return f"exited with code {exitcode} before reporting"
+
+
+def _failed_row(job: _Job, mode: Mode, status: Status, message: str, elapsed: float) -> ModelRow:
+    return ModelRow(
+        name=job.ref.name,
+        source=job.ref.source,
+        status=status,
+        mode=mode,
+        predicted=mode is Mode.FAKE,
+        input_shape=None,
+        parameters=None,
+        summary=None,
+        offenders=(),
+        message=message,
+        stage=job.stage,
+        seconds=round(elapsed, 3),
+        peak_memory_mb=round(job.peak_mb, 1) or None,
+    )
+
+
+def _drain(job: _Job) -> ModelRow | None:
+    """Read what the child sent; the row if it has arrived."""
+    try:
+        while job.conn.poll():
+            kind, payload = job.conn.recv()
+            if kind == "stage":
+                job.stage = payload
+            else:
+                return ModelRow.from_dict(payload)
+    except (EOFError, OSError):
+        pass
+    return None
+
+
+def _stop(job: _Job) -> None:
+    if job.process.is_alive():
+        job.process.kill()
+    job.process.join()
+    job.conn.close()
+
+
+def run_models(
+    refs: Iterable[ModelRef],
+    settings: SweepSettings,
+    mode: Mode,
+    checkpoint: Checkpoint,
+    on_start: Callable[[ModelRef], None] = lambda ref: None,
+    on_finish: Callable[[ModelRow], None] = lambda row: None,
+) -> list[ModelRow]:
+    """Audit every ref in a worker of its own; costliest first, so the tail is short.
+
+    Raises ``SweepInterrupted`` (with the finished rows) on Ctrl-C, after killing the workers.
+    """
+    context = multiprocessing.get_context("fork")
+    pending = sorted(refs, key=lambda r: (-estimated_cost(r), r))
+    running: list[_Job] = []
+    finished: list[ModelRow] = []
+
+    def finish(job: _Job, row: ModelRow) -> None:
+        _stop(job)
+        running.remove(job)
+        row = replace(row, peak_memory_mb=round(job.peak_mb, 1) or None)
+        checkpoint.append(row)
+        finished.append(row)
+        on_finish(row)
+
+    try:
+        while pending or running:
+            while pending and len(running) < settings.jobs:
+                ref = pending.pop(0)
+                receiver, sender = context.Pipe(duplex=False)
+                process = context.Process(
+                    target=_child, args=(ref, settings, mode, sender), daemon=True
+                )
+                process.start()
+                sender.close()
+                running.append(_Job(ref, process, receiver, time.monotonic()))
+                on_start(ref)
+            wait([job.conn for job in running], timeout=_POLL_SECONDS)
+            for job in list(running):
+                elapsed = time.monotonic() - job.started
+                row = _drain(job)
+                if row is not None:
+                    finish(job, row)
+                elif not job.process.is_alive():
+                    job.process.join()
+                    row = _drain(job)  # it may have reported just before exiting
+                    message = _signal_name(job.process.exitcode)
+                    failed = _failed_row(job, mode, Status.ERROR, message, elapsed)
+                    finish(job, row or failed)
+                elif elapsed > settings.timeout:
+                    message = f"no result after {settings.timeout:g} s"
+                    finish(job, _failed_row(job, mode, Status.TIMEOUT, message, elapsed))
+                else:
+                    used = private_memory_mb(job.process.pid) or 0.0
+                    job.peak_mb = max(job.peak_mb, used)
+                    cap = settings.max_memory_mb
+                    if cap is not None and used > cap:
+                        message = f"used {used:.0f} MB, over the {cap:g} MB cap"
+                        finish(job, _failed_row(job, mode, Status.OUT_OF_MEMORY, message, elapsed))
+    except KeyboardInterrupt:
+        for job in running:
+            _stop(job)
+        raise SweepInterrupted(finished) from None
+    return finished

@@ -1,0 +1,271 @@
+"""Sweeps: selection, sharding, isolated workers, checkpoint and resume, merge, baseline, JUnit."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from dataclasses import replace
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from cl_audit.errors import UsageError
+from cl_audit.report import SweepReport, load_schema
+from cl_audit.sweep.compare import compare, merge
+from cl_audit.sweep.plan import ModelRef, estimated_cost, parse_shard, select, shard
+
+TESTS = Path(__file__).parent
+FAULTS = str(TESTS / "fault_models.py")
+CLI = str(Path(sys.executable).with_name("cl-audit"))
+
+
+def cl_audit(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 600):
+    return subprocess.run(
+        [CLI, *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env={**os.environ, "COLUMNS": "150", **(env or {})},
+        timeout=timeout,
+        check=False,
+    )
+
+
+# --- selection and sharding -----------------------------------------------------------------
+
+
+def test_select_globs_comma_lists_exclusion_and_duplicates():
+    refs = select(["resnet18", "resnet1*"], ["resnet10t,convnext_atto*"], [], ["*152*"])
+    keys = [r.key for r in refs]
+    assert keys[:2] == ["torchvision:resnet18", "torchvision:resnet101"]
+    assert "torchvision:resnet152" not in keys and keys.count("torchvision:resnet18") == 1
+    assert {"timm:resnet10t", "timm:convnext_atto", "timm:convnext_atto_ols"} <= set(keys)
+
+
+def test_select_all_torchvision_and_user_specs():
+    import torchvision
+
+    refs = select([], [], ["all"], [])
+    assert len(refs) == len(torchvision.models.list_models())
+    assert select([f"{FAULTS}:fine"], [], [], []) == [ModelRef("user", f"{FAULTS}:fine")]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ((["resnet5"], [], [], []), "did you mean: resnet50"),
+        (([], ["nonexistent*"], [], []), "matches no timm model"),
+        (([], ["convnext_tiniest"], [], []), "unknown timm model"),
+    ],
+)
+def test_select_refuses_unknown_names(args, message):
+    with pytest.raises(UsageError, match=message):
+        select(*args)
+
+
+@pytest.mark.parametrize("count", [1, 2, 3, 7])
+def test_every_model_lands_in_exactly_one_shard(count):
+    refs = select([], ["all"], ["all"], [])
+    shards = [shard(refs, k, count) for k in range(1, count + 1)]
+    flat = [r for s in shards for r in s]
+    assert sorted(flat) == sorted(refs)
+    assert len(set(flat)) == len(flat)
+    costs = [sum(estimated_cost(r) for r in s) for s in shards]
+    assert max(costs) <= 1.05 * min(costs)  # balanced by estimated cost
+    assert shards == [shard(refs, k, count) for k in range(1, count + 1)]  # deterministic
+
+
+def test_cost_prefers_known_parameter_counts_then_size_words():
+    small, large = (
+        ModelRef("timm", "vit_tiny_patch16_224"),
+        ModelRef("timm", "vit_large_patch16_224"),
+    )
+    assert estimated_cost(large, {}) > estimated_cost(small, {})
+    assert estimated_cost(small, {small.key: 10**9}) > estimated_cost(small, {})
+
+
+@pytest.mark.parametrize("text", ["0/2", "3/2", "a/b", "2"])
+def test_bad_shard_specs_are_refused(text):
+    with pytest.raises(UsageError, match="expected K/N"):
+        parse_shard(text)
+
+
+def test_list_prints_the_shard_without_running(tmp_path):
+    result = cl_audit("--timm", "resnet1*", "--shard", "2/3", "--list", cwd=tmp_path)
+    assert result.returncode == 0
+    listed = result.stdout.split()
+    refs = select([], ["resnet1*"], [], [])
+    assert listed == [r.key for r in shard(refs, 2, 3)]
+    assert not list(tmp_path.iterdir())  # nothing ran, no checkpoint
+
+
+# --- isolation: every bad model becomes a row, the others finish ------------------------------
+
+
+def test_segfault_timeout_and_memory_blowup_become_rows(tmp_path):
+    result = cl_audit(
+        f"{FAULTS}:segfaults", f"{FAULTS}:sleeps", f"{FAULTS}:hogs", f"{FAULTS}:fine",
+        "--timm", "resnet10t", "--timeout", "5", "--max-memory", "600MB",
+        "--json", "sweep.json", "--junit", "sweep.xml",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 3, result.stderr  # failures, no offender
+    assert "Traceback" not in result.stderr
+    data = json.loads((tmp_path / "sweep.json").read_text())
+    jsonschema.validate(data, load_schema("sweep"))
+    rows = {r["name"].rsplit(":", 1)[-1]: r for r in data["models"]}
+    assert rows["segfaults"]["status"] == "error"
+    assert "SIGSEGV" in rows["segfaults"]["message"] and rows["segfaults"]["stage"] == "forward"
+    assert rows["sleeps"]["status"] == "timeout" and rows["sleeps"]["stage"] == "forward"
+    assert rows["hogs"]["status"] == "out-of-memory" and rows["hogs"]["peak_memory_mb"] > 600
+    assert rows["fine"]["status"] == "ok" and rows["resnet10t"]["status"] == "ok"
+    assert data["summary"]["failed"] == 3 and data["summary"]["clean"] == 2
+    suite = ET.parse(tmp_path / "sweep.xml").getroot()
+    assert (suite.get("tests"), suite.get("errors"), suite.get("failures")) == ("5", "3", "0")
+    errors = {
+        c.get("name"): c.find("error").get("type") for c in suite if c.find("error") is not None
+    }
+    assert errors == {
+        f"{FAULTS}:segfaults": "error",
+        f"{FAULTS}:sleeps": "timeout",
+        f"{FAULTS}:hogs": "out-of-memory",
+    }
+
+
+def test_interrupt_writes_partial_report_and_resume_loses_nothing(tmp_path):
+    args = [f"{FAULTS}:fine", f"{FAULTS}:sleeps", "--timm", "resnet10t,resnet14t", "--jobs", "1"]
+    args += ["--json", "sweep.json", "--timeout", "120"]
+    process = subprocess.Popen(
+        [CLI, *args],
+        cwd=tmp_path,
+        env={**os.environ, "CL_AUDIT_TEST_SLEEP": "100"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    checkpoint = tmp_path / "sweep.json.jsonl"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # wait until 3 rows are in and the sleeper runs
+        if checkpoint.exists() and len(checkpoint.read_text().splitlines()) >= 3:
+            break
+        time.sleep(0.2)
+    time.sleep(1)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130, stderr
+    assert "Traceback" not in stderr and "--resume" in stderr
+    partial = json.loads((tmp_path / "sweep.json").read_text())
+    finished = {r["name"] for r in partial["models"]}
+    assert len(finished) == 3 and f"{FAULTS}:sleeps" not in finished
+
+    resumed = cl_audit(*args, "--resume", cwd=tmp_path, env={"CL_AUDIT_TEST_SLEEP": "0"})
+    assert resumed.returncode == 0, resumed.stderr
+    final = json.loads((tmp_path / "sweep.json").read_text())
+    assert {r["name"] for r in final["models"]} == finished | {f"{FAULTS}:sleeps"}
+    lines = [json.loads(line) for line in checkpoint.read_text().splitlines()]
+    assert len(lines) == 4  # the first three were not run again
+    assert "[1/4]" not in resumed.stderr and "[4/4]" in resumed.stderr
+
+
+def test_fake_sweep_with_confirm_is_eager_true(tmp_path):
+    result = cl_audit(
+        "--timm", "resnet10t,poolformer_s12", "--fake", "--confirm", "--json", "s.json",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    rows = {r["name"]: r for r in json.loads((tmp_path / "s.json").read_text())["models"]}
+    assert rows["resnet10t"]["mode"] == "fake" and rows["resnet10t"]["predicted"]
+    # fake mode flags poolformer's group norm; eager CPU keeps channels_last (a known divergence)
+    assert rows["poolformer_s12"]["mode"] == "fake+eager"
+    assert not rows["poolformer_s12"]["predicted"] and rows["poolformer_s12"]["offenders"] == []
+    assert "confirming 1 models" in result.stderr
+
+
+def test_single_model_fake_mode_and_predicted_cuda(tmp_path):
+    fake = cl_audit("--timm", "poolformer_s12", "--fake", "--json", "-", cwd=tmp_path)
+    assert fake.returncode == 1
+    data = json.loads(fake.stdout)
+    assert data["environment"]["mode"] == "fake"
+    assert {f["aten_op"] for f in data["offenders"]} == {"aten.native_group_norm"}
+    cuda = cl_audit("resnet18", "--fake", "--device", "cuda", "--json", "-", cwd=tmp_path)
+    assert cuda.returncode == 0, cuda.stderr
+    assert json.loads(cuda.stdout)["environment"]["device"] == "cuda"
+
+
+# --- merge and baseline -------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory) -> list[Path]:
+    directory = tmp_path_factory.mktemp("shards")
+    paths = []
+    for k in (1, 2):
+        path = directory / f"shard-{k}.json"
+        result = cl_audit(
+            "shufflenet_v2_x0_5", "squeezenet1_1", "--timm", "resnet10t", "--fake",
+            "--shard", f"{k}/2", "--json", str(path), cwd=directory,
+        )  # fmt: skip
+        assert result.returncode in (0, 1), result.stderr
+        paths.append(path)
+    return paths
+
+
+def test_merge_combines_shards(shards, tmp_path):
+    result = subprocess.run(
+        [CLI, "merge", *map(str, shards), "-o", str(tmp_path / "all.json")],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    merged = json.loads((tmp_path / "all.json").read_text())
+    jsonschema.validate(merged, load_schema("sweep"))
+    names = sorted(r["name"] for r in merged["models"])
+    assert names == ["resnet10t", "shufflenet_v2_x0_5", "squeezenet1_1"]
+    assert merged["settings"]["merged_from"] == 2 and "shard" not in merged["settings"]
+    (op,) = [o for o in merged["operators"] if o["op"] == "aten.clone"]
+    assert op["models"] == 1 and op["examples"][0].startswith("shufflenet_v2_x0_5:")
+
+
+def test_merge_refuses_mixed_versions_and_duplicates_unless_forced(shards):
+    reports = [SweepReport.from_json(p.read_text()) for p in shards]
+    other = replace(reports[1], environment=replace(reports[1].environment, torch="9.9"))
+    with pytest.raises(UsageError, match="different versions"):
+        merge([reports[0], other])
+    assert merge([reports[0], other], force=True).summary.models == 3
+    with pytest.raises(UsageError, match="is in two reports"):
+        merge([reports[0], reports[0]])
+
+
+def test_baseline_gates_only_new_offences_and_failures(shards, tmp_path):
+    reports = [SweepReport.from_json(p.read_text()) for p in shards]
+    current = merge(reports)
+    assert not compare(current, current).regressed
+    shuffle = next(r for r in current.models if r.name == "shufflenet_v2_x0_5")
+    clean_before = SweepReport.build(
+        current.environment,
+        current.settings,
+        [replace(r, offenders=()) if r is shuffle else r for r in current.models],
+    )
+    comparison = compare(clean_before, current)
+    assert comparison.regressed
+    assert ("torchvision:shufflenet_v2_x0_5", "aten.cat") in comparison.new_offences
+    assert compare(current, clean_before).fixed_offences == comparison.new_offences
+
+    (tmp_path / "base.json").write_text(clean_before.to_json())
+    (tmp_path / "same.json").write_text(current.to_json())
+    args = ["shufflenet_v2_x0_5", "squeezenet1_1", "--timm", "resnet10t", "--fake"]
+    regressed = cl_audit(*args, "--baseline", "base.json", cwd=tmp_path)
+    assert regressed.returncode == 1 and "new offence" in regressed.stdout
+    unchanged = cl_audit(*args, "--baseline", "same.json", cwd=tmp_path)
+    assert unchanged.returncode == 0, unchanged.stdout + unchanged.stderr
+
+
+def test_bad_baseline_is_a_usage_error(tmp_path):
+    (tmp_path / "report.json").write_text(json.dumps({"format": "cl-audit.report", "version": 1}))
+    result = cl_audit("resnet18", "resnet34", "--baseline", "report.json", cwd=tmp_path)
+    assert result.returncode == 2 and "unknown format 'cl-audit.report'" in result.stderr
