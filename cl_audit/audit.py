@@ -24,6 +24,7 @@ __all__ = [
     "audit",
     "audit_model",
     "channels_last_format",
+    "convert_to_channels_last",
     "tool_environment",
 ]
 
@@ -71,6 +72,21 @@ def tool_environment(
         engine=engine,
         mode=mode,
     )
+
+
+def convert_to_channels_last(module: nn.Module) -> nn.Module:
+    """Parameters and buffers in place: 4D to channels_last, 5D to channels_last_3d.
+
+    ``Module.to(memory_format=...)`` applies one format to every 4D and 5D tensor and fails on
+    models that hold both (timm's lambda layers keep a 5D weight in a 2D network).
+    """
+
+    def convert(tensor: torch.Tensor) -> torch.Tensor:
+        if tensor.dim() not in (4, 5):
+            return tensor
+        return tensor.contiguous(memory_format=channels_last_format(tensor.dim()))
+
+    return module._apply(convert)
 
 
 def channels_last_format(rank: int) -> torch.memory_format:
@@ -183,9 +199,7 @@ def audit_model(
     inputs = example_input if isinstance(example_input, (tuple, list)) else (example_input,)
     if convert:
         inputs = tuple(_to_channels_last(x) for x in inputs)
-        spatial = [x for x in inputs if isinstance(x, torch.Tensor) and x.dim() in (4, 5)]
-        if spatial:
-            model.to(memory_format=channels_last_format(spatial[0].dim()))
+        convert_to_channels_last(model)
     model.eval()
     first = inputs[0] if inputs and isinstance(inputs[0], torch.Tensor) else None
     with torch.no_grad(), audit(engine, model=model) as active:

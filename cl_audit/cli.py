@@ -6,6 +6,7 @@ error, 3 a model failed to build or run, 130 interrupted.
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import sys
@@ -223,11 +224,15 @@ def audit_command(
 
 
 def _write(path: Path, text: str, option: str) -> None:
+    """To a file (gzip-compressed when the name ends in .gz), or stdout for '-'."""
     if str(path) == "-":
         sys.stdout.write(text)
         return
     try:
-        path.write_text(text)
+        if path.suffix == ".gz":
+            path.write_bytes(gzip.compress(text.encode(), mtime=0))
+        else:
+            path.write_text(text)
     except OSError as e:
         raise UsageError(f"{option} {path}: {e.strerror}") from None
 
@@ -362,9 +367,12 @@ def _warm_imports(refs: list[ModelRef]) -> None:
 
 def _load_sweep(path: Path) -> SweepReport:
     try:
-        return SweepReport.from_json(path.read_text())
+        data = path.read_bytes()
+        if path.suffix == ".gz":
+            data = gzip.decompress(data)
+        return SweepReport.from_json(data.decode())
     except OSError as e:
-        raise UsageError(f"{path}: {e.strerror}") from None
+        raise UsageError(f"{path}: {e.strerror or e}") from None
     except ReportFormatError as e:
         raise UsageError(f"{path}: {e}") from None
 

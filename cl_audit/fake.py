@@ -18,7 +18,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.func import functional_call
 
-from cl_audit.audit import audit, channels_last_format
+from cl_audit.audit import audit, channels_last_format, convert_to_channels_last
 from cl_audit.errors import ModelFailedError, UsageError
 from cl_audit.report import ModelReport
 from cl_audit.run import RunSettings
@@ -51,7 +51,7 @@ def audit_fake(loaded: LoadedModel, settings: RunSettings) -> ModelReport:
     dtype = settings.dtype.torch_dtype
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     try:
-        model = loaded.module.to(dtype=dtype, memory_format=memory_format).eval()
+        model = convert_to_channels_last(loaded.module.to(dtype=dtype)).eval()
         state = {
             name: _fake(mode, tensor, device)
             for name, tensor in (*model.named_parameters(), *model.named_buffers())

@@ -8,7 +8,7 @@ from enum import Enum, unique
 
 import torch
 
-from cl_audit.audit import Engine, audit, channels_last_format
+from cl_audit.audit import Engine, audit, channels_last_format, convert_to_channels_last
 from cl_audit.errors import ModelFailedError, UsageError
 from cl_audit.report import ModelReport
 from cl_audit.sources import LoadedModel
@@ -89,7 +89,7 @@ def audit_loaded(loaded: LoadedModel, settings: RunSettings) -> ModelReport:
         generator = torch.Generator().manual_seed(settings.seed)
         example = torch.randn(shape, generator=generator, dtype=dtype).to(device)
         example = example.contiguous(memory_format=memory_format)
-        model = loaded.module.to(device=device, dtype=dtype, memory_format=memory_format).eval()
+        model = convert_to_channels_last(loaded.module.to(device=device, dtype=dtype)).eval()
     except Exception as e:
         raise ModelFailedError("setup", loaded.name, e) from e
     autocast = (

@@ -116,9 +116,9 @@ def render_sweep(report: SweepReport, console: Console, top: int = 10) -> None:
     if report.operators:
         table = Table(title=f"Top offending operations (of {len(report.operators)})", expand=True)
         table.add_column("op", style="bold", overflow="fold", ratio=3)
-        table.add_column("models", justify="right", ratio=1)
-        table.add_column("events", justify="right", ratio=1)
-        table.add_column("converted", justify="right", ratio=1)
+        table.add_column("models", justify="right", no_wrap=True)
+        table.add_column("events", justify="right", no_wrap=True)
+        table.add_column("converted", justify="right", no_wrap=True)
         table.add_column("for example", overflow="fold", ratio=5)
         for cov in report.operators[:top]:
             name = cov.op if not cov.python_ops else f"{cov.op}\n{', '.join(cov.python_ops)}"

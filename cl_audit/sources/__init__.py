@@ -21,6 +21,7 @@ class LoadedModel:
     source: str  # "torchvision", "timm" or "user"
     module: nn.Module
     input_shape: tuple[int, ...]
+    capped: bool = False  # input_shape is smaller than the model's own, by BuildOptions
 
 
 @dataclass(frozen=True)

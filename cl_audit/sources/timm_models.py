@@ -37,4 +37,4 @@ def build(name: str, options: BuildOptions) -> LoadedModel:
                 module = timm.create_model(name, pretrained=False)
     except Exception as e:
         raise ModelFailedError("build", name, e) from e
-    return LoadedModel(name, "timm", module, shape)
+    return LoadedModel(name, "timm", module, shape, capped=shape != default)

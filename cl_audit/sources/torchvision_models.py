@@ -68,4 +68,5 @@ def build(name: str, options: BuildOptions) -> LoadedModel:
     except Exception as e:
         raise ModelFailedError("build", name, e) from e
     shape = _input_shape(name, family, options.max_input_size)
-    return LoadedModel(name, "torchvision", module, shape)
+    native = _input_shape(name, family, None)
+    return LoadedModel(name, "torchvision", module, shape, capped=shape != native)

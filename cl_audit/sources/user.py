@@ -70,4 +70,5 @@ def build(spec: str, options: BuildOptions) -> LoadedModel:
         input_shape = tuple(int(d) for d in shape)
     except (TypeError, ValueError):
         raise UsageError(f"{spec}: input_shape {shape!r} is not a sequence of ints") from None
-    return LoadedModel(spec, "user", module, cap_input(input_shape, options.max_input_size))
+    capped = cap_input(input_shape, options.max_input_size)
+    return LoadedModel(spec, "user", module, capped, capped=capped != input_shape)

@@ -59,36 +59,63 @@ def audit_ref(
     on_stage: Callable[[str], None] = lambda stage: None,
 ) -> ModelRow:
     """Audit one model; every outcome, failures included, becomes a row."""
-    from cl_audit.fake import audit_fake
-
     start = time.perf_counter()
-    fake = mode is Mode.FAKE
-    run = settings.run
+    options = BuildOptions(max_input_size=settings.max_input_size, meta=mode is Mode.FAKE)
     try:
-        on_stage("build")
-        options = BuildOptions(max_input_size=settings.max_input_size, meta=fake)
-        loaded = load_model(ref.name, timm=ref.source == "timm", options=options)
-        shape = run.input_size or loaded.input_shape
-        if run.input_size is None and min(shape[-2:]) < MIN_VERDICT_SIDE:
-            side = "x".join(map(str, shape[-2:]))
-            message = f"input {side} is below {MIN_VERDICT_SIDE} px, where 1x1 maps make "
-            row = _failed(ref, mode, Status.SKIPPED, message + "verdicts ambiguous", None)
-            return replace(row, input_shape=(run.batch_size, *shape))
-        parameters = sum(p.numel() for p in loaded.module.parameters())
-        on_stage("forward")
-        report = audit_fake(loaded, run) if fake else audit_loaded(loaded, run)
+        try:
+            return _audit(ref, options, settings, mode, on_stage, start)
+        except ModelFailedError as e:
+            if not e.capped:
+                raise
+        # Some models cannot run below their own size (a patch size that does not divide the
+        # cap, twin branches of fixed sizes): audit those at their own size.
+        uncapped = replace(options, max_input_size=None)
+        return _audit(ref, uncapped, settings, mode, on_stage, start)
     except UsageError as e:
         return replace(_failed(ref, mode, Status.SKIPPED, str(e), None), seconds=_since(start))
     except ModelFailedError as e:
         message = f"{type(e.cause).__name__}: {e.cause}".strip()
         row = _failed(ref, mode, Status.ERROR, message, e.stage)
         return replace(row, seconds=_since(start))
+
+
+class _CappedFailure(ModelFailedError):
+    capped = True
+
+
+def _audit(
+    ref: ModelRef,
+    options: BuildOptions,
+    settings: SweepSettings,
+    mode: Mode,
+    on_stage: Callable[[str], None],
+    start: float,
+) -> ModelRow:
+    from cl_audit.fake import audit_fake
+
+    run = settings.run
+    on_stage("build")
+    loaded = load_model(ref.name, timm=ref.source == "timm", options=options)
+    shape = run.input_size or loaded.input_shape
+    if run.input_size is None and min(shape[-2:]) < MIN_VERDICT_SIDE:
+        side = "x".join(map(str, shape[-2:]))
+        message = f"input {side} is below {MIN_VERDICT_SIDE} px, where 1x1 maps make "
+        row = _failed(ref, mode, Status.SKIPPED, message + "verdicts ambiguous", None)
+        return replace(row, input_shape=(run.batch_size, *shape), seconds=_since(start))
+    parameters = sum(p.numel() for p in loaded.module.parameters())
+    on_stage("forward")
+    try:
+        report = audit_fake(loaded, run) if mode is Mode.FAKE else audit_loaded(loaded, run)
+    except ModelFailedError as e:
+        if loaded.capped and run.input_size is None:
+            raise _CappedFailure(e.stage, e.model, e.cause) from e
+        raise
     return ModelRow(
         name=ref.name,
         source=ref.source,
         status=Status.OK,
         mode=mode,
-        predicted=fake,
+        predicted=mode is Mode.FAKE,
         input_shape=report.input_shape,
         parameters=parameters,
         summary=report.summary,
