@@ -10,7 +10,7 @@ import gzip
 import hashlib
 import json
 import sys
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -210,10 +210,8 @@ def audit_command(
                 "exclude": exclude or [],
                 "shard": shard_spec,
             }
-            code = _sweep(
-                refs, settings, selection, json_path, junit, baseline, checkpoint, resume,
-                console, err_console,
-            )  # fmt: skip
+            outputs = SweepOutputs(json_path, junit, baseline, checkpoint, resume)
+            code = _sweep(refs, settings, selection, outputs, console, err_console)
     except UsageError as e:
         raise _fail(str(e), EXIT_USAGE) from None
     except ModelFailedError as e:
@@ -273,15 +271,20 @@ def _environment(settings: SweepSettings) -> Environment:
     )
 
 
+@dataclass(frozen=True)
+class SweepOutputs:
+    json_path: Path | None
+    junit: Path | None
+    baseline: Path | None
+    checkpoint: Path | None
+    resume: bool
+
+
 def _sweep(
     refs: list[ModelRef],
     settings: SweepSettings,
     selection: dict,
-    json_path: Path | None,
-    junit: Path | None,
-    baseline_path: Path | None,
-    checkpoint_path: Path | None,
-    resume: bool,
+    outputs: SweepOutputs,
     console: Console,
     err_console: Console,
 ) -> int:
@@ -289,12 +292,14 @@ def _sweep(
     from cl_audit.render.terminal import render_comparison, render_sweep
     from cl_audit.sweep.compare import compare
 
-    baseline = _load_sweep(baseline_path) if baseline_path is not None else None
+    baseline = _load_sweep(outputs.baseline) if outputs.baseline is not None else None
     _warm_imports(refs)
-    checkpoint = Checkpoint(checkpoint_path or _default_checkpoint(json_path, selection, settings))
+    checkpoint = Checkpoint(
+        outputs.checkpoint or _default_checkpoint(outputs.json_path, selection, settings)
+    )
     wanted = {ref.key for ref in refs}
-    done = {k: r for k, r in checkpoint.read().items() if k in wanted} if resume else {}
-    checkpoint.start(keep=resume)
+    done = {k: r for k, r in checkpoint.read().items() if k in wanted} if outputs.resume else {}
+    checkpoint.start(keep=outputs.resume)
     todo = [ref for ref in refs if ref.key not in done]
     first_mode = Mode.FAKE if settings.fake else Mode.EAGER
     rows: dict[str, ModelRow] = dict(done)
@@ -314,10 +319,10 @@ def _sweep(
         _environment(settings), {**selection, **settings.to_dict()}, list(rows.values())
     )
     render_sweep(report, console)
-    if json_path is not None:
-        _write(json_path, report.to_json() + "\n", "--json")
-    if junit is not None:
-        _write(junit, junit_xml(report), "--junit")
+    if outputs.json_path is not None:
+        _write(outputs.json_path, report.to_json() + "\n", "--json")
+    if outputs.junit is not None:
+        _write(outputs.junit, junit_xml(report), "--junit")
     if interrupted:
         err_console.print(
             f"interrupted: {len(rows)} of {len(refs)} models done; checkpoint {checkpoint.path} "
@@ -337,7 +342,8 @@ def _confirm(
     rows: dict[str, ModelRow], settings: SweepSettings, checkpoint: Checkpoint, console: Console
 ) -> None:
     """Re-run in eager mode every model that fake mode flagged or failed, models over
-    LARGE_MODEL_PARAMETERS at CONFIRM_LARGE_SIDE px; the eager row replaces the fake one."""
+    LARGE_MODEL_PARAMETERS at CONFIRM_LARGE_SIDE px; the eager row replaces the fake one (when
+    the eager run fails, its message says what fake mode had found)."""
     flagged = [r for r in rows.values() if r.mode is Mode.FAKE and (r.offending or r.status.failed)]
     if not flagged:
         return
@@ -352,6 +358,10 @@ def _confirm(
             for row in run_models(
                 refs, group_settings, Mode.CONFIRMED, checkpoint, progress.start, progress.finish
             ):
+                fake_row = rows[row.key]
+                if row.status.failed and fake_row.offending:
+                    ops = ", ".join(sorted({f.op for f in fake_row.offenders}))
+                    row = replace(row, message=f"{row.message}; fake mode had flagged: {ops}")
                 rows[row.key] = row
 
 

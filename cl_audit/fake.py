@@ -12,8 +12,6 @@ on CPU; a sweep's ``--confirm`` re-runs in eager mode every model fake mode flag
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.func import functional_call
@@ -44,9 +42,7 @@ def audit_fake(loaded: LoadedModel, settings: RunSettings) -> ModelReport:
     device = torch.device(settings.device)
     if device.type not in ("cpu", "cuda"):
         raise UsageError(f"--device {settings.device!r}: fake mode models cpu and cuda only")
-    shape = (settings.batch_size, *(settings.input_size or loaded.input_shape))
-    if len(shape) not in (4, 5):
-        raise UsageError(f"{loaded.name}: input shape {shape} is not 4D or 5D")
+    shape = settings.example_shape(loaded)
     memory_format = channels_last_format(len(shape))
     dtype = settings.dtype.torch_dtype
     mode = FakeTensorMode(allow_non_fake_inputs=True)
@@ -60,12 +56,8 @@ def audit_fake(loaded: LoadedModel, settings: RunSettings) -> ModelReport:
         example = _fake(mode, meta_input.contiguous(memory_format=memory_format), device)
     except Exception as e:
         raise ModelFailedError("setup", loaded.name, e) from e
-    autocast = (
-        torch.autocast(device.type, dtype=settings.amp.torch_dtype)
-        if settings.amp is not None
-        else contextlib.nullcontext()
-    )
     try:
+        autocast = settings.autocast(device.type)
         with torch.no_grad(), autocast, mode, audit(settings.engine, model=model) as active:
             functional_call(model, state, (example,))
     except Exception as e:

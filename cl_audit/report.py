@@ -156,11 +156,14 @@ class ModelReport:
 
     @classmethod
     def from_json(cls, text: str) -> ModelReport:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ReportFormatError(f"not JSON: {e}") from None
-        return cls.from_dict(data)
+        return cls.from_dict(_parse_json(text))
+
+
+def _parse_json(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ReportFormatError(f"not JSON: {e}") from None
 
 
 def check_envelope(data: Any, expected_format: str, expected_version: int) -> None:
@@ -367,11 +370,7 @@ class SweepReport:
 
     @classmethod
     def from_json(cls, text: str) -> SweepReport:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ReportFormatError(f"not JSON: {e}") from None
-        return cls.from_dict(data)
+        return cls.from_dict(_parse_json(text))
 
 
 _EXAMPLES_PER_OPERATOR = 5

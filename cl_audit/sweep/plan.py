@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
+import functools
 import json
 import re
 from dataclasses import dataclass
@@ -108,6 +109,7 @@ _SIZE_WORDS = {
 _SIDE = re.compile(r"_(\d{3,4})(?:_|$)")
 
 
+@functools.cache
 def _known_parameters() -> dict[str, int]:
     """Parameter counts measured by the project's own sweeps (shipped with the package)."""
     text = resources.files("cl_audit.sweep").joinpath("parameters.json").read_text()

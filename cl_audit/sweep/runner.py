@@ -24,7 +24,7 @@ from typing import Any
 
 from cl_audit.report import Mode, ModelRow, ReportFormatError, Status
 from cl_audit.sweep.plan import ModelRef, estimated_cost
-from cl_audit.sweep.worker import SweepSettings, audit_ref
+from cl_audit.sweep.worker import SweepSettings, audit_ref, failed_row
 
 __all__ = ["Checkpoint", "SweepInterrupted", "run_models"]
 
@@ -105,12 +105,7 @@ def _child(ref: ModelRef, settings: SweepSettings, mode: Mode, conn: Connection)
     try:
         row = audit_ref(ref, settings, mode, on_stage)
     except Exception as e:  # a failure outside the model's own build and forward
-        row = ModelRow(
-            name=ref.name, source=ref.source, status=Status.ERROR, mode=mode,
-            predicted=mode is Mode.FAKE, input_shape=None, parameters=None, summary=None,
-            offenders=(), message=f"{type(e).__name__}: {e}", stage=stage[0], seconds=0.0,
-            peak_memory_mb=None,
-        )  # fmt: skip
+        row = failed_row(ref, mode, Status.ERROR, f"{type(e).__name__}: {e}", stage[0])
     conn.send(("row", row.to_dict()))
     conn.close()
 
@@ -123,6 +118,7 @@ class _Job:
     started: float
     stage: str | None = None
     peak_mb: float = 0.0
+    sampled: float = 0.0  # when memory was last read: at most every _POLL_SECONDS
     messages: list[tuple[str, Any]] = field(default_factory=list)
 
 
@@ -136,21 +132,8 @@ def _signal_name(exitcode: int | None) -> str:
 
 
 def _failed_row(job: _Job, mode: Mode, status: Status, message: str, elapsed: float) -> ModelRow:
-    return ModelRow(
-        name=job.ref.name,
-        source=job.ref.source,
-        status=status,
-        mode=mode,
-        predicted=mode is Mode.FAKE,
-        input_shape=None,
-        parameters=None,
-        summary=None,
-        offenders=(),
-        message=message,
-        stage=job.stage,
-        seconds=round(elapsed, 3),
-        peak_memory_mb=round(job.peak_mb, 1) or None,
-    )
+    peak = round(job.peak_mb, 1) or None
+    return failed_row(job.ref, mode, status, message, job.stage, round(elapsed, 3), peak)
 
 
 def _drain(job: _Job) -> ModelRow | None:
@@ -226,7 +209,8 @@ def run_models(
                 elif elapsed > settings.timeout:
                     message = f"no result after {settings.timeout:g} s"
                     finish(job, _failed_row(job, mode, Status.TIMEOUT, message, elapsed))
-                else:
+                elif time.monotonic() - job.sampled >= _POLL_SECONDS:
+                    job.sampled = time.monotonic()
                     used = private_memory_mb(job.process.pid) or 0.0
                     job.peak_mb = max(job.peak_mb, used)
                     cap = settings.max_memory_mb

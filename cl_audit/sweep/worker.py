@@ -13,7 +13,7 @@ from cl_audit.run import RunSettings, audit_loaded
 from cl_audit.sources import BuildOptions, load_model
 from cl_audit.sweep.plan import ModelRef
 
-__all__ = ["MIN_VERDICT_SIDE", "SweepSettings", "audit_ref"]
+__all__ = ["MIN_VERDICT_SIDE", "SweepSettings", "audit_ref", "failed_row"]
 
 MIN_VERDICT_SIDE = 128  # below this, 1x1 maps make verdicts ambiguous (3 of 79 models flipped)
 
@@ -34,7 +34,16 @@ class SweepSettings:
         return {**{k: getattr(v, "value", v) for k, v in run.items()}, **data}
 
 
-def _failed(ref: ModelRef, mode: Mode, status: Status, message: str, stage: str | None) -> ModelRow:
+def failed_row(
+    ref: ModelRef,
+    mode: Mode,
+    status: Status,
+    message: str,
+    stage: str | None,
+    seconds: float = 0.0,
+    peak_memory_mb: float | None = None,
+) -> ModelRow:
+    """A row for a model that did not give a verdict: failed, or skipped with the reason."""
     return ModelRow(
         name=ref.name,
         source=ref.source,
@@ -47,8 +56,8 @@ def _failed(ref: ModelRef, mode: Mode, status: Status, message: str, stage: str 
         offenders=(),
         message=message,
         stage=stage,
-        seconds=0.0,
-        peak_memory_mb=None,
+        seconds=seconds,
+        peak_memory_mb=peak_memory_mb,
     )
 
 
@@ -60,7 +69,10 @@ def audit_ref(
 ) -> ModelRow:
     """Audit one model; every outcome, failures included, becomes a row."""
     start = time.perf_counter()
-    options = BuildOptions(max_input_size=settings.max_input_size, meta=mode is Mode.FAKE)
+    fake = mode is Mode.FAKE
+    options = BuildOptions(
+        max_input_size=settings.max_input_size, meta=fake, skip_random_init=not fake
+    )
     try:
         try:
             return _audit(ref, options, settings, mode, on_stage, start)
@@ -72,10 +84,10 @@ def audit_ref(
         uncapped = replace(options, max_input_size=None)
         return _audit(ref, uncapped, settings, mode, on_stage, start)
     except UsageError as e:
-        return replace(_failed(ref, mode, Status.SKIPPED, str(e), None), seconds=_since(start))
+        return replace(failed_row(ref, mode, Status.SKIPPED, str(e), None), seconds=_since(start))
     except ModelFailedError as e:
         message = f"{type(e.cause).__name__}: {e.cause}".strip()
-        row = _failed(ref, mode, Status.ERROR, message, e.stage)
+        row = failed_row(ref, mode, Status.ERROR, message, e.stage)
         return replace(row, seconds=_since(start))
 
 
@@ -100,7 +112,7 @@ def _audit(
     if run.input_size is None and min(shape[-2:]) < MIN_VERDICT_SIDE:
         side = "x".join(map(str, shape[-2:]))
         message = f"input {side} is below {MIN_VERDICT_SIDE} px, where 1x1 maps make "
-        row = _failed(ref, mode, Status.SKIPPED, message + "verdicts ambiguous", None)
+        row = failed_row(ref, mode, Status.SKIPPED, message + "verdicts ambiguous", None)
         return replace(row, input_shape=(run.batch_size, *shape), seconds=_since(start))
     parameters = sum(p.numel() for p in loaded.module.parameters())
     on_stage("forward")
