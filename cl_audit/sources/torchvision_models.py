@@ -69,4 +69,7 @@ def build(name: str, options: BuildOptions) -> LoadedModel:
         raise ModelFailedError("build", name, e) from e
     shape = _input_shape(name, family, options.max_input_size)
     native = _input_shape(name, family, None)
+    built_for = getattr(module, "image_size", None)  # ViTs: weights=None builds them for 224
+    if isinstance(built_for, int) and built_for != shape[-1]:
+        shape = native = (*shape[:-2], built_for, built_for)
     return LoadedModel(name, "torchvision", module, shape, capped=shape != native)
