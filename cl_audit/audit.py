@@ -78,13 +78,16 @@ def convert_to_channels_last(module: nn.Module) -> nn.Module:
     """Parameters and buffers in place: 4D to channels_last, 5D to channels_last_3d.
 
     ``Module.to(memory_format=...)`` applies one format to every 4D and 5D tensor and fails on
-    models that hold both (timm's lambda layers keep a 5D weight in a 2D network).
+    models that hold both (timm's lambda layers keep a 5D weight in a 2D network). Each tensor
+    goes through ``Tensor.to(memory_format=...)`` as there, not ``contiguous()``: for a 1x1
+    kernel, ``contiguous`` keeps NCHW strides (it already counts as channels_last), ``to``
+    restrides it, and convolutions pick their output format from those strides.
     """
 
     def convert(tensor: torch.Tensor) -> torch.Tensor:
         if tensor.dim() not in (4, 5):
             return tensor
-        return tensor.contiguous(memory_format=channels_last_format(tensor.dim()))
+        return tensor.to(memory_format=channels_last_format(tensor.dim()))
 
     return module._apply(convert)
 

@@ -83,3 +83,16 @@ def test_5d_input_uses_channels_last_3d(engine):
     (finding,) = report.offenders
     assert finding.module_path == "1" and finding.module_class == "Softmax"
     assert finding.inputs[0].layout is cl_audit.MemoryLayout.CHANNELS_LAST
+
+
+def test_conversion_matches_module_to_and_handles_mixed_ranks():
+    from cl_audit.audit import convert_to_channels_last
+
+    pointwise = torch.nn.Conv2d(4, 8, 1)
+    reference = torch.nn.Conv2d(4, 8, 1).to(memory_format=torch.channels_last)
+    convert_to_channels_last(pointwise)
+    assert pointwise.weight.stride() == reference.weight.stride() == (4, 1, 4, 4)
+    mixed = torch.nn.ModuleDict({"a": torch.nn.Conv2d(3, 4, 3), "b": torch.nn.Conv3d(3, 4, 3)})
+    convert_to_channels_last(mixed)
+    assert mixed["a"].weight.is_contiguous(memory_format=torch.channels_last)
+    assert mixed["b"].weight.is_contiguous(memory_format=torch.channels_last_3d)

@@ -78,7 +78,8 @@ def test_every_model_lands_in_exactly_one_shard(count):
     assert sorted(flat) == sorted(refs)
     assert len(set(flat)) == len(flat)
     costs = [sum(estimated_cost(r) for r in s) for s in shards]
-    assert max(costs) <= 1.05 * min(costs)  # balanced by estimated cost
+    largest = max(estimated_cost(r) for r in refs)  # one model cannot be split
+    assert max(costs) <= max(1.05 * sum(costs) / count, largest) + 1e-6  # balanced by cost
     assert shards == [shard(refs, k, count) for k in range(1, count + 1)]  # deterministic
 
 
@@ -140,7 +141,7 @@ def test_segfault_timeout_and_memory_blowup_become_rows(tmp_path):
 
 
 def test_interrupt_writes_partial_report_and_resume_loses_nothing(tmp_path):
-    args = [f"{FAULTS}:fine", f"{FAULTS}:sleeps", "--timm", "resnet10t,resnet14t", "--jobs", "1"]
+    args = [f"{FAULTS}:fine", f"{FAULTS}:sleeps", "--timm", "resnet10t,resnet14t", "--jobs", "2"]
     args += ["--json", "sweep.json", "--timeout", "120"]
     process = subprocess.Popen(
         [CLI, *args],
@@ -152,7 +153,7 @@ def test_interrupt_writes_partial_report_and_resume_loses_nothing(tmp_path):
     )
     checkpoint = tmp_path / "sweep.json.jsonl"
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:  # wait until 3 rows are in and the sleeper runs
+    while time.monotonic() < deadline:  # 3 rows are in while the sleeper still sleeps
         if checkpoint.exists() and len(checkpoint.read_text().splitlines()) >= 3:
             break
         time.sleep(0.2)
