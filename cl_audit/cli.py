@@ -304,17 +304,12 @@ def _sweep(
     first_mode = Mode.FAKE if settings.fake else Mode.EAGER
     rows: dict[str, ModelRow] = dict(done)
     interrupted = False
-    with SweepProgress(err_console, total=len(refs), already_done=len(done)) as progress:
-        try:
-            for row in run_models(
-                todo, settings, first_mode, checkpoint, progress.start, progress.finish
-            ):
-                rows[row.key] = row
-            if settings.confirm:
-                _confirm(rows, settings, checkpoint, err_console)
-        except SweepInterrupted as e:
-            rows.update({row.key: row for row in e.rows})
-            interrupted = True
+    try:
+        _run_pass(todo, settings, first_mode, checkpoint, err_console, rows, len(done))
+        if settings.confirm:
+            _confirm(rows, settings, checkpoint, err_console)
+    except SweepInterrupted:
+        interrupted = True  # every finished row is already in ``rows`` and the checkpoint
     report = SweepReport.build(
         _environment(settings), {**selection, **settings.to_dict()}, list(rows.values())
     )
@@ -353,16 +348,36 @@ def _confirm(
     groups = (([r for r in flagged if r not in large], eager), (large, smaller))
     console.print(f"confirming {len(flagged)} models flagged in fake mode, in eager mode")
     for group, group_settings in groups:
+        if not group:
+            continue
         refs = [ModelRef(r.source, r.name) for r in group]
-        with SweepProgress(console, total=len(refs)) as progress:
-            for row in run_models(
-                refs, group_settings, Mode.CONFIRMED, checkpoint, progress.start, progress.finish
-            ):
-                fake_row = rows[row.key]
-                if row.status.failed and fake_row.offending:
-                    ops = ", ".join(sorted({f.op for f in fake_row.offenders}))
-                    row = replace(row, message=f"{row.message}; fake mode had flagged: {ops}")
-                rows[row.key] = row
+        _run_pass(refs, group_settings, Mode.CONFIRMED, checkpoint, console, rows)
+
+
+def _run_pass(
+    refs: list[ModelRef],
+    settings: SweepSettings,
+    mode: Mode,
+    checkpoint: Checkpoint,
+    console: Console,
+    rows: dict[str, ModelRow],
+    already_done: int = 0,
+) -> None:
+    """One pass over ``refs`` with its own progress display; each row lands in ``rows`` as it
+    finishes, so an interrupt loses nothing. A failed eager confirmation keeps, in its
+    message, what fake mode had found."""
+
+    def finished(row: ModelRow) -> None:
+        earlier = rows.get(row.key)
+        if mode is Mode.CONFIRMED and row.status.failed and earlier and earlier.offending:
+            ops = ", ".join(sorted({f.op for f in earlier.offenders}))
+            row = replace(row, message=f"{row.message}; fake mode had flagged: {ops}")
+        rows[row.key] = row
+        progress.finish(row)
+
+    total = len(refs) + already_done
+    with SweepProgress(console, total=total, already_done=already_done) as progress:
+        run_models(refs, settings, mode, checkpoint, progress.start, finished)
 
 
 def _warm_imports(refs: list[ModelRef]) -> None:
