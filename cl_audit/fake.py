@@ -16,10 +16,10 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.func import functional_call
 
-from cl_audit.audit import audit, channels_last_format, convert_to_channels_last
+from cl_audit.audit import channels_last_format, convert_to_channels_last
 from cl_audit.errors import ModelFailedError, UsageError
 from cl_audit.report import ModelReport
-from cl_audit.run import RunSettings
+from cl_audit.run import RunSettings, audited_forward
 from cl_audit.sources import LoadedModel
 
 __all__ = ["FAKE_DIVERGENCES", "audit_fake"]
@@ -56,16 +56,5 @@ def audit_fake(loaded: LoadedModel, settings: RunSettings) -> ModelReport:
         example = _fake(mode, meta_input.contiguous(memory_format=memory_format), device)
     except Exception as e:
         raise ModelFailedError("setup", loaded.name, e) from e
-    try:
-        autocast = settings.autocast(device.type)
-        with torch.no_grad(), autocast, mode, audit(settings.engine, model=model) as active:
-            functional_call(model, state, (example,))
-    except Exception as e:
-        raise ModelFailedError("forward", loaded.name, e) from e
-    return active.report(
-        model=loaded.name,
-        input_shape=shape,
-        device=str(device),
-        dtype=settings.dtype.value,
-        mode="fake",
-    )
+    forward = lambda: functional_call(model, state, (example,))  # noqa: E731
+    return audited_forward(loaded.name, settings, model, forward, device, shape, mode)

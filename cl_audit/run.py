@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum, unique
 
@@ -13,7 +14,15 @@ from cl_audit.errors import ModelFailedError, UsageError
 from cl_audit.report import ModelReport
 from cl_audit.sources import LoadedModel
 
-__all__ = ["Amp", "DType", "RunSettings", "audit_loaded", "parse_input_size", "resolve_device"]
+__all__ = [
+    "Amp",
+    "DType",
+    "RunSettings",
+    "audit_loaded",
+    "audited_forward",
+    "parse_input_size",
+    "resolve_device",
+]
 
 
 @unique
@@ -102,15 +111,34 @@ def audit_loaded(loaded: LoadedModel, settings: RunSettings) -> ModelReport:
         model = convert_to_channels_last(loaded.module.to(device=device, dtype=dtype)).eval()
     except Exception as e:
         raise ModelFailedError("setup", loaded.name, e) from e
+    return audited_forward(loaded.name, settings, model, lambda: model(example), device, shape)
+
+
+def audited_forward(
+    name: str,
+    settings: RunSettings,
+    model: torch.nn.Module,
+    forward: Callable[[], object],
+    device: torch.device,
+    shape: tuple[int, ...],
+    tensor_mode: contextlib.AbstractContextManager[object] | None = None,
+) -> ModelReport:
+    """Run ``forward`` once under no_grad, the settings' autocast and an audit; ``tensor_mode``
+    (a ``FakeTensorMode``) goes beneath the audit and makes the report's mode "fake"."""
     try:
-        autocast = settings.autocast(device.type)
-        with torch.no_grad(), autocast, audit(settings.engine, model=model) as active:
-            model(example)
+        with (
+            torch.no_grad(),
+            settings.autocast(device.type),
+            tensor_mode or contextlib.nullcontext(),
+            audit(settings.engine, model=model) as active,
+        ):
+            forward()
     except Exception as e:
-        raise ModelFailedError("forward", loaded.name, e) from e
+        raise ModelFailedError("forward", name, e) from e
     return active.report(
-        model=loaded.name,
+        model=name,
         input_shape=shape,
         device=str(device),
         dtype=settings.dtype.value,
+        mode="eager" if tensor_mode is None else "fake",
     )
