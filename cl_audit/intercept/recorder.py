@@ -132,10 +132,13 @@ class Recorder:
         if not interesting:
             return  # the common case: nothing contiguous appeared and nothing is being tracked
         input_keys = {_storage_key(t) for t in inputs}
-        new_outputs = [t for t in outputs if t.numel() and _storage_key(t) not in input_keys]
-        if self._origins:
-            for tensor in new_outputs:
-                self._origins.pop(_storage_key(tensor), None)  # the address was reused
+        new_keys = {}  # id(output) -> storage key, for outputs that own a new storage
+        for tensor in outputs:
+            key = _storage_key(tensor)
+            if tensor.numel() and key not in input_keys:
+                new_keys[id(tensor)] = key
+                self._origins.pop(key, None)  # a storage identity reused: forget its past
+        new_outputs = [t for t in outputs if id(t) in new_keys]
 
         lost = [t for t in new_outputs if _is_loss(t, sources, reshaped)]
         if lost:
@@ -154,7 +157,7 @@ class Recorder:
             if t.dim() in _SPATIAL_RANKS
             and layout_of(t) is _CONTIGUOUS
             and t.numel()
-            and (from_flat or any(t is n for n in new_outputs))
+            and (from_flat or id(t) in new_keys)
         ]
         if not spatial_contiguous:
             return
