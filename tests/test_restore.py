@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import types
 from inspect import getattr_static
 
 import pytest
@@ -26,7 +27,18 @@ def snapshot() -> dict[str, dict[str, object]]:
     return taken
 
 
+def leftover_wrappers(taken: dict[str, dict[str, object]]) -> list[str]:
+    """Patch-engine wrappers still installed, whatever the baseline snapshot holds."""
+    return [
+        f"{key}.{name}"
+        for key, attributes in taken.items()
+        for name, value in attributes.items()
+        if isinstance(value, types.FunctionType) and value.__dict__.get("_cl_audit_wrapper")
+    ]
+
+
 def assert_identical(before, after) -> None:
+    assert not leftover_wrappers(after), leftover_wrappers(after)[:10]
     for key in before:
         assert before[key].keys() == after[key].keys(), f"{key}: entries added or removed"
         changed = [n for n, v in before[key].items() if after[key][n] is not v]
