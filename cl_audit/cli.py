@@ -24,7 +24,7 @@ from cl_audit.report import Environment, Mode, ModelRow, ReportFormatError, Swee
 from cl_audit.run import Amp, DType, RunSettings, audit_loaded, parse_input_size
 from cl_audit.sources import BuildOptions, load_model
 from cl_audit.sweep.plan import ModelRef, parse_shard, select, shard
-from cl_audit.sweep.runner import Checkpoint, SweepInterrupted, run_models
+from cl_audit.sweep.runner import Checkpoint, run_models
 from cl_audit.sweep.worker import SweepSettings
 
 __all__ = ["app", "main", "merge_app"]
@@ -308,7 +308,7 @@ def _sweep(
         _run_pass(todo, settings, first_mode, checkpoint, err_console, rows, len(done))
         if settings.confirm:
             _confirm(rows, settings, checkpoint, err_console)
-    except SweepInterrupted:
+    except KeyboardInterrupt:
         interrupted = True  # every finished row is already in ``rows`` and the checkpoint
     report = SweepReport.build(
         _environment(settings), {**selection, **settings.to_dict()}, list(rows.values())
@@ -392,12 +392,9 @@ def _warm_imports(refs: list[ModelRef]) -> None:
 
 def _load_sweep(path: Path) -> SweepReport:
     try:
-        data = path.read_bytes()
-        if path.suffix == ".gz":
-            data = gzip.decompress(data)
-        return SweepReport.from_json(data.decode())
+        return SweepReport.from_bytes(path.read_bytes())
     except OSError as e:
-        raise UsageError(f"{path}: {e.strerror or e}") from None
+        raise UsageError(f"{path}: {e.strerror}") from None
     except ReportFormatError as e:
         raise UsageError(f"{path}: {e}") from None
 

@@ -14,10 +14,7 @@ class UsageError(ValueError):
 
 
 class ModelFailedError(RuntimeError):
-    """The model failed to build or run. Exit code 3; ``stage`` says where. ``capped``: it ran
-    at an input smaller than its own, which may be the cause."""
-
-    capped = False
+    """The model failed to build or run. Exit code 3; ``stage`` says where."""
 
     def __init__(self, stage: str, model: str, cause: BaseException) -> None:
         self.stage = stage

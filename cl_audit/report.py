@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 from dataclasses import asdict, dataclass, field
 from enum import Enum, unique
@@ -372,8 +373,19 @@ class SweepReport:
     def from_json(cls, text: str) -> SweepReport:
         return cls.from_dict(_parse_json(text))
 
+    @classmethod
+    def from_bytes(cls, data: bytes) -> SweepReport:
+        """JSON as written by ``--json``, gzip-compressed or not."""
+        if data[:2] == _GZIP_MAGIC:
+            try:
+                data = gzip.decompress(data)
+            except (OSError, EOFError) as e:
+                raise ReportFormatError(f"broken gzip data: {e}") from None
+        return cls.from_json(data.decode())
+
 
 _EXAMPLES_PER_OPERATOR = 5
+_GZIP_MAGIC = b"\x1f\x8b"
 
 
 def operator_coverage(rows: tuple[ModelRow, ...]) -> tuple[OperatorCoverage, ...]:

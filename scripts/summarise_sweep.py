@@ -6,16 +6,10 @@ python scripts/summarise_sweep.py reports/timm_torch-2.14.1_cpu_fake+eager.json.
 from __future__ import annotations
 
 import argparse
-import gzip
 from collections import Counter
 from pathlib import Path
 
 from cl_audit.report import Status, SweepReport
-
-
-def load(path: Path) -> SweepReport:
-    data = path.read_bytes()
-    return SweepReport.from_json((gzip.decompress(data) if path.suffix == ".gz" else data).decode())
 
 
 def main() -> None:
@@ -23,7 +17,7 @@ def main() -> None:
     parser.add_argument("report", type=Path)
     parser.add_argument("--top", type=int, default=15)
     args = parser.parse_args()
-    report = load(args.report)
+    report = SweepReport.from_bytes(args.report.read_bytes())
     s = report.summary
     modes = Counter(r.mode.value for r in report.models)
     print(

@@ -6,9 +6,10 @@ python scripts/update_parameters.py reports/timm_*.json.gz reports/torchvision_*
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 from pathlib import Path
+
+from cl_audit.report import SweepReport
 
 TABLE = Path(__file__).resolve().parents[1] / "cl_audit" / "sweep" / "parameters.json"
 
@@ -19,11 +20,9 @@ def main() -> None:
     args = parser.parse_args()
     table = json.loads(TABLE.read_text())
     for path in args.reports:
-        data = path.read_bytes()
-        report = json.loads(gzip.decompress(data) if path.suffix == ".gz" else data)
-        for row in report["models"]:
-            if row["parameters"] is not None and row["source"] != "user":
-                table[f"{row['source']}:{row['name']}"] = row["parameters"]
+        for row in SweepReport.from_bytes(path.read_bytes()).models:
+            if row.parameters is not None and row.source != "user":
+                table[row.key] = row.parameters
     TABLE.write_text(json.dumps(dict(sorted(table.items())), indent=0) + "\n")
     print(f"{len(table)} parameter counts in {TABLE}")
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import signal
@@ -204,8 +203,7 @@ def test_single_model_fake_mode_and_predicted_cuda(tmp_path):
 
 
 def load(path: Path) -> SweepReport:
-    data = path.read_bytes()
-    return SweepReport.from_json((gzip.decompress(data) if path.suffix == ".gz" else data).decode())
+    return SweepReport.from_bytes(path.read_bytes())
 
 
 @pytest.fixture(scope="module")

@@ -285,9 +285,7 @@ class Recorder:
 
     def summary(self, losses: list[Finding], regains: list[Finding]) -> Summary:
         op_names = {
-            python_op_name(op)
-            if isinstance(op, str) or not hasattr(op, "overloadpacket")
-            else aten_op_name(op)
+            aten_op_name(op) if hasattr(op, "overloadpacket") else python_op_name(op)
             for op in self._ops_seen
             if op is not None
         }

@@ -17,7 +17,7 @@ import os
 import signal
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
@@ -26,17 +26,9 @@ from cl_audit.report import Mode, ModelRow, ReportFormatError, Status
 from cl_audit.sweep.plan import ModelRef, estimated_cost
 from cl_audit.sweep.worker import SweepSettings, audit_ref, failed_row
 
-__all__ = ["Checkpoint", "SweepInterrupted", "run_models"]
+__all__ = ["Checkpoint", "run_models"]
 
 _POLL_SECONDS = 0.2
-
-
-class SweepInterrupted(KeyboardInterrupt):
-    """Ctrl-C during a sweep; ``rows`` holds every row finished before it."""
-
-    def __init__(self, rows: list[ModelRow]) -> None:
-        super().__init__()
-        self.rows = rows
 
 
 class Checkpoint:
@@ -119,7 +111,6 @@ class _Job:
     stage: str | None = None
     peak_mb: float = 0.0
     sampled: float = 0.0  # when memory was last read: at most every _POLL_SECONDS
-    messages: list[tuple[str, Any]] = field(default_factory=list)
 
 
 def _signal_name(exitcode: int | None) -> str:
@@ -162,24 +153,21 @@ def run_models(
     settings: SweepSettings,
     mode: Mode,
     checkpoint: Checkpoint,
-    on_start: Callable[[ModelRef], None] = lambda ref: None,
-    on_finish: Callable[[ModelRow], None] = lambda row: None,
-) -> list[ModelRow]:
-    """Audit every ref in a worker of its own; costliest first, so the tail is short.
-
-    Raises ``SweepInterrupted`` (with the finished rows) on Ctrl-C, after killing the workers.
-    """
+    on_start: Callable[[ModelRef], None],
+    on_finish: Callable[[ModelRow], None],
+) -> None:
+    """Audit every ref in a worker of its own, costliest first so the tail is short; each row
+    goes to the checkpoint, then to ``on_finish``. On Ctrl-C the workers are killed and the
+    KeyboardInterrupt goes on: every finished row has been delivered by then."""
     context = multiprocessing.get_context("fork")
     pending = sorted(refs, key=lambda r: (-estimated_cost(r), r))
     running: list[_Job] = []
-    finished: list[ModelRow] = []
 
     def finish(job: _Job, row: ModelRow) -> None:
         _stop(job)
         running.remove(job)
         row = replace(row, peak_memory_mb=round(job.peak_mb, 1) or None)
         checkpoint.append(row)
-        finished.append(row)
         on_finish(row)
 
     try:
@@ -220,5 +208,4 @@ def run_models(
     except KeyboardInterrupt:
         for job in running:
             _stop(job)
-        raise SweepInterrupted(finished) from None
-    return finished
+        raise

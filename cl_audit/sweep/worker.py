@@ -69,20 +69,8 @@ def audit_ref(
 ) -> ModelRow:
     """Audit one model; every outcome, failures included, becomes a row."""
     start = time.perf_counter()
-    fake = mode is Mode.FAKE
-    options = BuildOptions(
-        max_input_size=settings.max_input_size, meta=fake, skip_random_init=not fake
-    )
     try:
-        try:
-            return _audit(ref, options, settings, mode, on_stage, start)
-        except ModelFailedError as e:
-            if not e.capped:
-                raise
-        # Some models cannot run below their own size (a patch size that does not divide the
-        # cap, twin branches of fixed sizes): audit those at their own size.
-        uncapped = replace(options, max_input_size=None)
-        return _audit(ref, uncapped, settings, mode, on_stage, start)
+        return _audit(ref, settings, mode, on_stage, start)
     except UsageError as e:
         return replace(failed_row(ref, mode, Status.SKIPPED, str(e), None), seconds=_since(start))
     except ModelFailedError as e:
@@ -91,13 +79,8 @@ def audit_ref(
         return replace(row, seconds=_since(start))
 
 
-class _CappedFailure(ModelFailedError):
-    capped = True
-
-
 def _audit(
     ref: ModelRef,
-    options: BuildOptions,
     settings: SweepSettings,
     mode: Mode,
     on_stage: Callable[[str], None],
@@ -106,6 +89,10 @@ def _audit(
     from cl_audit.fake import audit_fake
 
     run = settings.run
+    fake = mode is Mode.FAKE
+    options = BuildOptions(
+        max_input_size=settings.max_input_size, meta=fake, skip_random_init=not fake
+    )
     on_stage("build")
     loaded = load_model(ref.name, timm=ref.source == "timm", options=options)
     shape = run.input_size or loaded.input_shape
@@ -114,22 +101,28 @@ def _audit(
         message = f"input {side} is below {MIN_VERDICT_SIDE} px, where 1x1 maps make "
         row = failed_row(ref, mode, Status.SKIPPED, message + "verdicts ambiguous", None)
         return replace(row, input_shape=(run.batch_size, *shape), seconds=_since(start))
-    parameters = sum(p.numel() for p in loaded.module.parameters())
     on_stage("forward")
+    audit_one = audit_fake if fake else audit_loaded
     try:
-        report = audit_fake(loaded, run) if mode is Mode.FAKE else audit_loaded(loaded, run)
-    except ModelFailedError as e:
-        if loaded.capped and run.input_size is None:
-            raise _CappedFailure(e.stage, e.model, e.cause) from e
-        raise
+        report = audit_one(loaded, run)
+    except ModelFailedError:
+        if not loaded.capped or run.input_size is not None:
+            raise
+        # Some models cannot run below their own size (a patch size that does not divide the
+        # cap, twin branches of fixed sizes): audit those at their own size.
+        on_stage("build")
+        uncapped = replace(options, max_input_size=None)
+        loaded = load_model(ref.name, timm=ref.source == "timm", options=uncapped)
+        on_stage("forward")
+        report = audit_one(loaded, run)
     return ModelRow(
         name=ref.name,
         source=ref.source,
         status=Status.OK,
         mode=mode,
-        predicted=mode is Mode.FAKE,
+        predicted=fake,
         input_shape=report.input_shape,
-        parameters=parameters,
+        parameters=sum(p.numel() for p in loaded.module.parameters()),
         summary=report.summary,
         offenders=report.offenders,
         message=None,
