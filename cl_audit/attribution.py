@@ -15,12 +15,12 @@ from types import FrameType
 import torch
 from torch import nn
 
-import cl_audit
-
 __all__ = ["Location", "ModuleNames", "locate", "short_path"]
 
+# torch's package folder and this one (this file lies at the top of cl_audit): frames there are
+# never call sites. Read from ``__file__`` rather than by importing cl_audit, which would cycle.
 _SKIPPED_DIRS = tuple(
-    os.path.dirname(os.path.abspath(m.__file__)) + os.sep for m in (torch, cl_audit) if m.__file__
+    os.path.dirname(os.path.abspath(path)) + os.sep for path in (torch.__file__, __file__) if path
 )
 
 

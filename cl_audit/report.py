@@ -41,6 +41,32 @@ class Conversion(str, Enum):
     REGAIN = "regain"  # contiguous in, newly materialised channels_last out
 
 
+@unique
+class Provenance(str, Enum):
+    """Where the data an operation converted comes from, traced by storage identity."""
+
+    BATCH = "batch"  # the input batch and whatever it flows into: activations
+    PARAMETER = "parameter"  # only parameters, buffers and constants made during the forward
+
+
+@unique
+class RegainSource(str, Enum):
+    """What made the contiguous input of a regain."""
+
+    LOSS = "loss"  # a recorded loss: the regain closes a round trip
+    PRODUCER = "producer"  # an operation that is not a loss; ``root_cause`` names it
+    OUTSIDE = "outside"  # data from outside the audit: the input, a parameter or buffer
+
+
+@unique
+class Differential(str, Enum):
+    """A terminal loss compared with its counterpart in the same forward run in NCHW."""
+
+    CAUSED = "caused"  # the counterpart ran on other strides: channels_last added this copy
+    NEUTRAL = "neutral"  # same input and output strides in NCHW: channels_last changed nothing
+    UNALIGNED = "unaligned"  # no counterpart found: counted as caused, and listed
+
+
 @dataclass(frozen=True)
 class TensorSummary:
     """Metadata of one tensor argument or result; never the tensor itself."""
@@ -87,11 +113,19 @@ class Finding:
     terminal: int
     mixed_formats: bool
     root_cause: Producer | None
+    provenance: Provenance = Provenance.BATCH
+    regain_source: RegainSource | None = None  # regains only
+    differential: Differential | None = None  # terminal losses compared with an NCHW run
 
     @property
     def op(self) -> str:
-        """The most user-facing name of the operation."""
+        """The most user-facing name of the operation (``torch.flatten``), for display."""
         return self.python_op or self.aten_op or "?"
+
+    @property
+    def op_id(self) -> str:
+        """The identity of the operation (``aten.clone``), for grouping and comparing."""
+        return self.aten_op or self.python_op or "?"
 
 
 @dataclass(frozen=True)
