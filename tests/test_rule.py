@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import pytest
+import rule_models
 import torch
 import torch.nn.functional as F
 from conftest import channels_last
 
 import cl_audit
+from cl_audit.rule import carries_order, is_copy_op
 
 x = channels_last(2, 8, 6, 6)
 
@@ -126,3 +128,92 @@ def test_report_keeps_no_tensors(engine):
                 walk(getattr(value, name))
 
     walk(report)
+
+
+# --- Corrections: copies only for same-size outputs, reshaped storage, outputs with an order ---
+
+
+def audit_factory(factory, engine: str, **kwargs) -> cl_audit.ModelReport:
+    model, shape = factory()
+    for name, value in kwargs.items():
+        setattr(model, name, value)
+    return cl_audit.audit_model(model, torch.randn(2, *shape), engine=engine, differential=False)
+
+
+def test_bmm_with_coinciding_sizes_is_not_a_loss(engine):
+    report = audit_factory(rule_models.bmm_same_size, engine)
+    assert report.offenders == () and report.summary.losses == 0
+
+
+def test_same_size_copy_of_that_view_is_still_a_loss(engine):
+    report = audit_factory(rule_models.bmm_same_size, engine, copy=True)
+    (finding,) = report.offenders
+    assert finding.python_op == "Tensor.contiguous"
+    assert finding.outputs[0].shape == (2, 16, 16)
+
+
+def test_reshaped_sum_over_the_radix_is_a_round_trip(engine):
+    report = audit_factory(rule_models.resnest_split, engine)
+    (finding,) = report.offenders
+    assert finding.python_op == "Tensor.sum"
+    assert finding.inputs[0].shape == (2, 2, 4, 16, 16)  # the reshaped view
+    assert finding.outputs[0].shape == (2, 4, 16, 16)  # half the elements: size does not matter
+    assert (finding.round_trips, finding.terminal) == (1, 0)
+
+
+def test_the_same_sum_over_channel_slices_keeps_the_format(engine):
+    report = audit_factory(rule_models.resnest_split, engine, slices=True)
+    assert report.offenders == () and report.summary.regains == 0
+
+
+def test_stack_of_channels_last_maps_summed_is_a_round_trip(engine):
+    report = audit_factory(rule_models.sk_stack, engine)
+    (finding,) = report.offenders
+    assert finding.python_op == "Tensor.sum"
+    assert finding.inputs[0].shape == (2, 2, 8, 16, 16)
+    assert (finding.round_trips, finding.terminal) == (1, 0)
+
+
+ORDERLESS = {  # outputs with fewer than two dims of size > 1: no order to lose
+    "NC11 keepdim mean": lambda: x.mean((2, 3), keepdim=True),
+    "N1HW keepdim sum": lambda: x.sum(1, keepdim=True),
+    "batch-1 NC11 softmax": lambda: F.softmax(x[:1].mean((2, 3), keepdim=True), dim=1),
+    "one-channel copy": lambda: x[:, :1].contiguous(),
+}
+
+
+@pytest.mark.parametrize("case", ORDERLESS, ids=list(ORDERLESS))
+def test_output_without_an_order_is_not_a_loss(case, engine):
+    report = run(ORDERLESS[case], engine)
+    assert report.offenders == ()
+
+
+def test_keepdim_sum_over_one_spatial_dim_is_a_loss(engine):
+    """The control: (N, C, 1, W) still has two ordered dims and comes out NCHW."""
+    report = run(lambda: x.sum(2, keepdim=True), engine)
+    (finding,) = report.offenders
+    assert finding.outputs[0].shape == (2, 8, 1, 6)
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_flatten_is_a_loss_whatever_the_batch_size(batch, engine):
+    """At aten level the copy inside flatten is a 4D clone; the patch engine sees the flat
+    output: both must agree, also for a batch of one."""
+    report = run(lambda: torch.flatten(x[:batch], 1), engine)
+    (finding,) = report.offenders
+    assert finding.python_op == "torch.flatten"
+
+
+def test_copy_ops_by_name():
+    assert is_copy_op("aten.clone", "torch.flatten")
+    assert is_copy_op("aten._to_copy", None)
+    assert not is_copy_op("aten.bmm", "Tensor.contiguous")  # the aten name decides
+    assert is_copy_op(None, "Tensor.reshape") and is_copy_op(None, "torch.flatten")
+    assert not is_copy_op(None, "torch.bmm") and not is_copy_op(None, "Tensor.__mul__")
+
+
+def test_carries_order_ignores_size_one_and_broadcast_dims():
+    assert carries_order(torch.empty(2, 3))
+    assert not carries_order(torch.empty(1, 6, 1, 1))
+    assert not carries_order(torch.empty(6, 1).expand(6, 4))
+    assert carries_order(torch.empty(2, 8, 1, 6))

@@ -1,14 +1,18 @@
-"""The checker shared by both engines: applies the loss/regain rule and keeps summaries.
+"""The checker shared by both engines: applies the rule (``cl_audit.rule``) and keeps summaries.
 
 An engine calls ``Recorder.observe`` once per intercepted operation, after it ran. The recorder
 keeps counts and tensor metadata, never tensors: storages are tracked by identity only, to link a
-loss to the regain that undoes it and a mixed-format operation to the producer of its
-contiguous input.
+loss to the regain that undoes it, a mixed-format operation to the producer of its contiguous
+input, and a conversion to the parameters it was computed from. Every new output evicts its
+storage identity from all tracking, so a storage address reused by an unrelated tensor is
+forgotten, not confused.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any
 
 import torch
@@ -16,14 +20,23 @@ import torch
 from cl_audit.attribution import Location, ModuleNames, locate
 from cl_audit.intercept.naming import aten_op_name, python_op_name
 from cl_audit.layout import MemoryLayout, layout_of
-from cl_audit.report import Conversion, Finding, Producer, Summary, TensorSummary
+from cl_audit.report import (
+    Conversion,
+    Finding,
+    Producer,
+    Provenance,
+    RegainSource,
+    Summary,
+    TensorSummary,
+)
+from cl_audit.rule import SPATIAL_RANKS, is_copy_op, is_loss, provenance, regain_source
 
 __all__ = ["Recorder"]
 
 _CL = MemoryLayout.CHANNELS_LAST
 _CONTIGUOUS = MemoryLayout.CONTIGUOUS
 _OTHER = MemoryLayout.OTHER
-_SPATIAL_RANKS = (4, 5)
+_SPATIAL_RANKS = SPATIAL_RANKS
 _Tensor = torch.Tensor
 _SEQUENCES = (list, tuple)
 _SCALARS = (int, float, bool)
@@ -36,13 +49,23 @@ class _Tally:
     round_trips: int = 0
 
 
-@dataclass
+class _Occurrence:
+    """One execution of a loss; a regain of data derived from it makes it a round trip, once."""
+
+    __slots__ = ("regained", "tally")
+
+    def __init__(self, tally: _Tally) -> None:
+        self.tally = tally
+        self.regained = False
+
+
+@dataclass(eq=False)
 class _Origin:
-    """Where a run of contiguous data began; ``loss`` is set when that was a conversion."""
+    """Where a run of contiguous data began (a loss or another producer; with a root cause, the
+    loss's root cause), and the loss occurrences the data derives from."""
 
     producer: Producer
-    loss: _Tally | None
-    regained: bool = False
+    occurrences: tuple[_Occurrence, ...]
 
 
 def _tensors(values: Any) -> list[torch.Tensor]:
@@ -75,10 +98,27 @@ def _summary(tensor: torch.Tensor) -> TensorSummary:
     )
 
 
-class Recorder:
-    """Applies the rule to each operation and accumulates findings."""
+def _merge(origins: list[_Origin]) -> _Origin:
+    """One origin for data derived from several: the union of their loss occurrences, led by the
+    first that has any (so a loss-sourced regain names a loss)."""
+    if len(origins) == 1:
+        return origins[0]
+    occurrences: dict[int, _Occurrence] = {}
+    for origin in origins:
+        for occurrence in origin.occurrences:
+            occurrences.setdefault(id(occurrence), occurrence)
+    lead = next((o for o in origins if o.occurrences), origins[0])
+    return _Origin(lead.producer, tuple(occurrences.values()))
 
-    def __init__(self, names: ModuleNames) -> None:
+
+class Recorder:
+    """Applies the rule to each operation and accumulates findings.
+
+    ``parameters``: the model's parameters and buffers (real or fake tensors), the seed of
+    parameter provenance; those of every root module ``names`` learns are added as it learns them.
+    """
+
+    def __init__(self, names: ModuleNames, parameters: Iterable[torch.Tensor] = ()) -> None:
         self._names = names
         self.calls_checked = 0
         self.first_spatial: tuple[str, str] | None = (
@@ -86,7 +126,17 @@ class Recorder:
         )
         self._ops_seen: set[object] = set()
         self._tallies: dict[tuple, _Tally] = {}
-        self._origins: dict[int, _Origin] = {}  # storage address -> origin of its contiguous data
+        self._origins: dict[int, _Origin] = {}  # storage -> origin of its contiguous data
+        self._cl_ordered: set[int] = set()  # new storages of channels_last data in another shape
+        self._parameters: set[int] = set()  # parameter-derived storages
+        self._copy_ops: dict[object, bool] = {}
+        self._roots_seen = 0
+        self._add_parameters(parameters)
+        self._learn_roots()
+
+    @property
+    def distinct_ops(self) -> int:
+        return len(self._op_names())
 
     def observe(
         self, aten_op: object, python_op: object, args: Any, kwargs: Any, result: Any
@@ -104,8 +154,31 @@ class Recorder:
         else:
             return
 
+        # Provenance and storage reuse, on every operation (a storage key costs ~0.2 us).
+        parameters = self._parameters
+        from_parameters = True  # also for no tensor input at all: a constant
+        for tensor in inputs:
+            if tensor.untyped_storage()._cdata not in parameters:
+                from_parameters = False
+                break
+        out_keys = [t.untyped_storage()._cdata for t in outputs]
+        origins = self._origins
+        cl_ordered = self._cl_ordered
+        # While contiguous data is tracked, it flows on through whatever reads it.
+        in_keys = [_storage_key(t) for t in inputs] if origins else None
+        for key in out_keys:
+            if key in origins or key in cl_ordered or (not from_parameters and key in parameters):
+                if in_keys is None:
+                    in_keys = [_storage_key(t) for t in inputs]
+                if key not in in_keys:  # a storage identity reused: forget its past
+                    origins.pop(key, None)
+                    cl_ordered.discard(key)
+                    parameters.discard(key)
+        if from_parameters:
+            parameters.update(out_keys)
+
         sources: list[torch.Tensor] = []  # channels_last-ordered inputs
-        reshaped: list[torch.Tensor] = []  # views reading channels_last storage in another order
+        reshaped: list[torch.Tensor] = []  # channels_last storage read in another shape
         contiguous: list[torch.Tensor] = []  # contiguous-ordered 4D/5D inputs
         for tensor in inputs:
             layout = layout_of(tensor)
@@ -116,66 +189,130 @@ class Recorder:
                     contiguous.append(tensor)
             elif layout is _OTHER:
                 base = tensor._base
-                if base is not None and layout_of(base) is _CL:
+                if (base is not None and layout_of(base) is _CL) or (
+                    cl_ordered and _storage_key(tensor) in cl_ordered
+                ):
                     reshaped.append(tensor)
         if self.first_spatial is None and (sources or contiguous):
             first = (sources or contiguous)[0]
             self.first_spatial = (str(first.device), str(first.dtype).removeprefix("torch."))
 
-        interesting = bool(self._origins)
+        interesting = False
         for tensor in outputs:
             layout = layout_of(tensor)
             if layout is _CONTIGUOUS:
                 interesting |= bool(sources or reshaped) or tensor.dim() in _SPATIAL_RANKS
             elif layout is _CL:
                 interesting |= bool(contiguous)
-        if not interesting:
-            return  # the common case: nothing contiguous appeared and nothing is being tracked
-        input_keys = {_storage_key(t) for t in inputs}
-        new_keys = {}  # id(output) -> storage key, for outputs that own a new storage
-        for tensor in outputs:
-            key = _storage_key(tensor)
-            if tensor.numel() and key not in input_keys:
-                new_keys[id(tensor)] = key
-                self._origins.pop(key, None)  # a storage identity reused: forget its past
-        new_outputs = [t for t in outputs if id(t) in new_keys]
+            elif layout is _OTHER:
+                interesting |= bool(sources or reshaped)  # maybe a stack of channels_last maps
+        found: list[_Origin] = []  # origins of the tracked contiguous data read, first first
+        if in_keys is not None and origins:
+            for tensor, key in zip(inputs, in_keys, strict=True):
+                origin = origins.get(key)
+                if (
+                    origin is not None
+                    and all(origin is not f for f in found)
+                    and layout_of(tensor) is not _CL  # read as channels_last: not contiguous data
+                ):
+                    found.append(origin)
+        if not (interesting or found):
+            return  # the common case: no contiguous data appeared, none is tracked
+        if in_keys is None:
+            in_keys = [_storage_key(t) for t in inputs]
+        new = [  # outputs that own a new storage, with their keys
+            (t, key)
+            for t, key in zip(outputs, out_keys, strict=True)
+            if key not in in_keys and t.numel()
+        ]
 
-        lost = [t for t in new_outputs if _is_loss(t, sources, reshaped)]
+        copy = self._copy_ops.get(aten_op if aten_op is not None else python_op)
+        if copy is None:
+            copy = self._is_copy(aten_op, python_op)
+        lost = [(t, key) for t, key in new if is_loss(t, sources, reshaped, copy)]
         if lost:
-            self._record_loss(aten_op, python_op, inputs, outputs, lost, sources, contiguous)
+            self._record_loss(
+                aten_op, python_op, inputs, outputs, lost, sources, reshaped, contiguous, found
+            )
             return
-        regained = [t for t in new_outputs if layout_of(t) is _CL]
+        regained = [t for t, _ in new if layout_of(t) is _CL]
         if contiguous and regained:
             self._record_regain(aten_op, python_op, inputs, outputs, regained, contiguous)
             return
-        # Contiguous 4D/5D data appears: a new tensor, or a view that gives non-spatial data
-        # (tokens, windows) its NCHW shape again.
-        from_flat = not any(t.dim() in _SPATIAL_RANKS for t in inputs)
+        if sources or reshaped:  # channels_last data written in another order (torch.stack)
+            cl_ordered.update(key for t, key in new if layout_of(t) is _OTHER)
+        if found:  # data derived from tracked data: new outputs, unless channels_last
+            origin = _merge(found)
+            for t, key in new:
+                if layout_of(t) is not _CL:
+                    origins[key] = origin
+            return
+        # Contiguous 4D/5D data appears from untracked data: a new tensor, or a view giving data
+        # that was not contiguous 4D/5D (tokens, windows, a permuted map) that shape.
+        new_keys = {key for _, key in new}
         spatial_contiguous = [
-            t
-            for t in outputs
+            key
+            for t, key in zip(outputs, out_keys, strict=True)
             if t.dim() in _SPATIAL_RANKS
             and layout_of(t) is _CONTIGUOUS
             and t.numel()
-            and (from_flat or id(t) in new_keys)
+            and (key in new_keys or not contiguous)
         ]
         if not spatial_contiguous:
             return
-        origin = self._origin_of(inputs) if self._origins else None
-        if origin is None:
-            if contiguous:
-                return  # contiguous data from outside the audit (input, parameter) stays untracked
-            location = locate(self._names)
-            origin = _Origin(self._producer(aten_op, python_op, location), loss=None)
-        for tensor in spatial_contiguous:
-            self._origins[_storage_key(tensor)] = origin
+        if contiguous:
+            return  # derived from data from outside the audit: stays untracked (OUTSIDE)
+        origin = _Origin(self._producer(aten_op, python_op, self._locate()), ())
+        for key in spatial_contiguous:
+            origins[key] = origin
+
+    def _is_copy(self, aten_op: object, python_op: object) -> bool:
+        copy = is_copy_op(
+            None if aten_op is None else aten_op_name(aten_op),
+            None if python_op is None else python_op_name(python_op),
+        )
+        self._copy_ops[aten_op if aten_op is not None else python_op] = copy
+        return copy
+
+    def _add_parameters(self, tensors: Iterable[torch.Tensor]) -> None:
+        for tensor in tensors:
+            try:
+                self._parameters.add(_storage_key(tensor))
+            except (RuntimeError, NotImplementedError):  # no storage (sparse, nested)
+                continue
+
+    def _learn_roots(self) -> None:
+        """Seed parameter provenance with the parameters and buffers of roots ``names`` holds."""
+        roots = self._names._roots
+        while self._roots_seen < len(roots):
+            root = roots[self._roots_seen]
+            self._roots_seen += 1
+            self._add_parameters(chain(root.parameters(), root.buffers()))
+
+    def _locate(self) -> Location:
+        location = locate(self._names)
+        self._learn_roots()  # an audit without a model learns it from the stack
+        return location
+
+    def _from_parameters(self, tensors: list[torch.Tensor]) -> bool:
+        parameters = self._parameters
+        return all(_storage_key(t) in parameters for t in tensors)
 
     def _origin_of(self, tensors: list[torch.Tensor]) -> _Origin | None:
+        """The origin of the first tracked tensor: names a mixed operation's root cause."""
         for tensor in tensors:
             origin = self._origins.get(_storage_key(tensor))
             if origin is not None:
                 return origin
         return None
+
+    def _origins_of(self, tensors: list[torch.Tensor]) -> list[_Origin]:
+        found: list[_Origin] = []
+        for tensor in tensors:
+            origin = self._origins.get(_storage_key(tensor))
+            if origin is not None and all(origin is not f for f in found):
+                found.append(origin)
+        return found
 
     def _producer(self, aten_op: object, python_op: object, location: Location) -> Producer:
         return Producer(
@@ -194,6 +331,8 @@ class Recorder:
         outputs: list[torch.Tensor],
         mixed: bool,
         root_cause: Producer | None,
+        provenance: Provenance,
+        source: RegainSource | None,
     ) -> _Tally:
         key = (
             kind,
@@ -202,6 +341,8 @@ class Recorder:
             tuple(_summary(t) for t in outputs),
             mixed,
             root_cause,
+            provenance,
+            source,
         )
         tally = self._tallies.get(key)
         if tally is None:
@@ -214,11 +355,13 @@ class Recorder:
         python_op: object,
         inputs: list[torch.Tensor],
         outputs: list[torch.Tensor],
-        lost: list[torch.Tensor],
+        lost: list[tuple[torch.Tensor, int]],
         sources: list[torch.Tensor],
+        reshaped: list[torch.Tensor],
         contiguous: list[torch.Tensor],
+        found: list[_Origin],
     ) -> None:
-        location = locate(self._names)
+        location = self._locate()
         producer = self._producer(aten_op, python_op, location)
         mixed = bool(sources and contiguous)
         root = self._origin_of(contiguous) if mixed else None
@@ -229,13 +372,17 @@ class Recorder:
             outputs,
             mixed,
             None if root is None else root.producer,
+            provenance(self._from_parameters(sources + reshaped)),
+            None,
         )
         tally.count += 1
-        tally.bytes_converted += _nbytes(lost)
-        # Downstream, the contiguous data still traces back to the root cause, if there is one.
-        origin = _Origin(producer if root is None else root.producer, loss=tally)
-        for tensor in lost:
-            self._origins[_storage_key(tensor)] = origin
+        tally.bytes_converted += _nbytes([t for t, _ in lost])
+        # Downstream, the contiguous data still traces back to the root cause, if there is one,
+        # and derives from this occurrence and from the losses its inputs derive from.
+        occurrences = _merge([_Origin(producer, (_Occurrence(tally),)), *found]).occurrences
+        origin = _Origin(producer if root is None else root.producer, occurrences)
+        for _, key in lost:
+            self._origins[key] = origin
 
     def _record_regain(
         self,
@@ -246,22 +393,35 @@ class Recorder:
         regained: list[torch.Tensor],
         contiguous: list[torch.Tensor],
     ) -> None:
-        location = locate(self._names)
+        location = self._locate()
         producer = self._producer(aten_op, python_op, location)
-        tally = self._tally(Conversion.REGAIN, producer, inputs, outputs, False, None)
+        found = self._origins_of(contiguous)
+        from_loss = next((o for o in found if o.occurrences), None)
+        cause = from_loss or (found[0] if found else None)
+        tally = self._tally(
+            Conversion.REGAIN,
+            producer,
+            inputs,
+            outputs,
+            False,
+            None if cause is None else cause.producer,
+            provenance(self._from_parameters(contiguous)),
+            regain_source(from_loss is not None, cause is not None),
+        )
         tally.count += 1
         tally.bytes_converted += _nbytes(regained)
-        for tensor in contiguous:
-            origin = self._origins.get(_storage_key(tensor))
-            if origin is not None and origin.loss is not None and not origin.regained:
-                origin.regained = True
-                origin.loss.round_trips += 1
+        for origin in found:
+            for occurrence in origin.occurrences:
+                if not occurrence.regained:
+                    occurrence.regained = True
+                    occurrence.tally.round_trips += 1
 
     def findings(self) -> tuple[list[Finding], list[Finding]]:
-        """(losses, regains), most bytes first."""
+        """(losses, regains), most bytes first; losses of either provenance."""
         losses: list[Finding] = []
         regains: list[Finding] = []
-        for (kind, producer, inputs, outputs, mixed, root), tally in self._tallies.items():
+        for key, tally in self._tallies.items():
+            kind, producer, inputs, outputs, mixed, root, origin, source = key
             is_loss = kind is Conversion.LOSS
             finding = Finding(
                 kind=kind,
@@ -278,20 +438,24 @@ class Recorder:
                 terminal=tally.count - tally.round_trips if is_loss else 0,
                 mixed_formats=mixed,
                 root_cause=root,
+                provenance=origin,
+                regain_source=source,
             )
             (losses if is_loss else regains).append(finding)
         order = lambda f: (-f.bytes_converted, -f.count)  # noqa: E731
         return sorted(losses, key=order), sorted(regains, key=order)
 
-    def summary(self, losses: list[Finding], regains: list[Finding]) -> Summary:
-        op_names = {
+    def _op_names(self) -> set[str]:
+        return {
             aten_op_name(op) if hasattr(op, "overloadpacket") else python_op_name(op)
             for op in self._ops_seen
             if op is not None
         }
+
+    def summary(self, losses: list[Finding], regains: list[Finding]) -> Summary:
         return Summary(
             calls_checked=self.calls_checked,
-            distinct_ops=len(op_names),
+            distinct_ops=self.distinct_ops,
             offending_ops=len({f.aten_op or f.python_op for f in losses}),
             losses=sum(f.count for f in losses),
             regains=sum(f.count for f in regains),
@@ -299,19 +463,3 @@ class Recorder:
             terminal_conversions=sum(f.terminal for f in losses),
             bytes_converted=sum(f.bytes_converted for f in losses + regains),
         )
-
-
-def _is_loss(
-    output: torch.Tensor, sources: list[torch.Tensor], reshaped: list[torch.Tensor]
-) -> bool:
-    """A new contiguous-ordered output from channels_last data.
-
-    From a channels_last-ordered input: a 4D/5D output, or a same-size copy of any rank (the copy
-    inside ``flatten``). From a reshaped view of channels_last storage: a same-size copy.
-    """
-    if layout_of(output) is not _CONTIGUOUS:
-        return False
-    if sources and output.dim() in _SPATIAL_RANKS:
-        return True
-    numel = output.numel()
-    return any(t.numel() == numel for t in sources) or any(t.numel() == numel for t in reshaped)
