@@ -1,104 +1,85 @@
-"""The public API: ``audit()`` as a context manager and ``audit_model()`` for one forward pass."""
+"""The public context manager: ``with cl_audit.audit() as a: model(x)``, then ``a.report()``."""
 
 from __future__ import annotations
 
-import platform
+import contextlib
 import threading
-from enum import Enum, unique
-from importlib import metadata
-from typing import Any
+from collections.abc import Iterable, Iterator
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 
 from cl_audit.attribution import ModuleNames
+from cl_audit.environment import autocast_in_effect, dtype_name, probe
 from cl_audit.errors import AuditError
 from cl_audit.intercept.dispatch import DispatchEngine
 from cl_audit.intercept.patch import PatchEngine
 from cl_audit.intercept.recorder import Recorder
-from cl_audit.report import Environment, ModelReport
+from cl_audit.report import (
+    DifferentialRun,
+    DifferentialStatus,
+    ModelReport,
+    Provenance,
+    TensorMode,
+    summarise,
+)
+from cl_audit.settings import Engine
 
-__all__ = [
-    "Audit",
-    "Engine",
-    "audit",
-    "audit_model",
-    "channels_last_format",
-    "convert_to_channels_last",
-    "tool_environment",
-]
-
-
-@unique
-class Engine(str, Enum):
-    DISPATCH = "dispatch"
-    PATCH = "patch"
-
+__all__ = ["Audit", "Observer", "audit", "watching"]
 
 _ENGINES = {Engine.DISPATCH: DispatchEngine, Engine.PATCH: PatchEngine}
 _active_lock = threading.Lock()
-_active: Audit | None = None
+_active: object = None  # the audit or watcher whose engine is installed
+_NOT_COMPARED = DifferentialRun(
+    DifferentialStatus.SKIPPED, "the audit() context manager runs no NCHW comparison"
+)
 
 
-def _distribution_version(name: str) -> str | None:
-    """Installed version without importing the package (importing timm costs seconds)."""
+class Observer(Protocol):
+    """What an engine calls once per intercepted operation, after it ran."""
+
+    def observe(
+        self, aten_op: object, python_op: object, args: Any, kwargs: Any, result: Any
+    ) -> None: ...
+
+
+def _claim(claimant: object) -> None:
+    global _active
+    with _active_lock:
+        if _active is not None:
+            raise AuditError("an audit is already active; cl-audit audits cannot be nested")
+        _active = claimant
+
+
+def _release() -> None:
+    global _active
+    with _active_lock:
+        _active = None
+
+
+@contextlib.contextmanager
+def watching(engine: Engine, observer: Observer) -> Iterator[None]:
+    """``observer`` sees every torch operation run inside, with an audit's guarantees: no
+    nesting, torch restored on exit. The NCHW run of a differential audit uses it."""
+    impl = _ENGINES[engine](observer)
+    _claim(impl)
     try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return None
+        impl.install()
+        yield
+    finally:
+        try:
+            impl.uninstall()
+        finally:
+            _release()
 
 
-def _autocast_in_effect() -> str | None:
-    for device_type in ("cuda", "cpu"):
-        if torch.is_autocast_enabled(device_type):
-            dtype = torch.get_autocast_dtype(device_type)
-            return f"{device_type}:{str(dtype).removeprefix('torch.')}"
-    return None
-
-
-def tool_environment(
-    *, device: str | None, dtype: str | None, autocast: str | None, engine: str, mode: str
-) -> Environment:
-    """Versions of the tool and its libraries, with the settings of an audit."""
-    return Environment(
-        tool=_distribution_version("cl-audit") or "unknown",
-        python=platform.python_version(),
-        torch=torch.__version__,
-        torchvision=_distribution_version("torchvision"),
-        timm=_distribution_version("timm"),
-        device=device,
-        dtype=dtype,
-        autocast=autocast,
-        engine=engine,
-        mode=mode,
-    )
-
-
-def convert_to_channels_last(module: nn.Module) -> nn.Module:
-    """Parameters and buffers in place: 4D to channels_last, 5D to channels_last_3d.
-
-    ``Module.to(memory_format=...)`` applies one format to every 4D and 5D tensor and fails on
-    models that hold both (timm's lambda layers keep a 5D weight in a 2D network). Each tensor
-    goes through ``Tensor.to(memory_format=...)`` as there, not ``contiguous()``: for a 1x1
-    kernel, ``contiguous`` keeps NCHW strides (it already counts as channels_last), ``to``
-    restrides it, and convolutions pick their output format from those strides.
-    """
-
-    def convert(tensor: torch.Tensor) -> torch.Tensor:
-        if tensor.dim() not in (4, 5):
-            return tensor
-        return tensor.to(memory_format=channels_last_format(tensor.dim()))
-
-    return module._apply(convert)
-
-
-def channels_last_format(rank: int) -> torch.memory_format:
-    """``channels_last`` for 4D tensors, ``channels_last_3d`` for 5D ones."""
-    if rank == 4:
-        return torch.channels_last
-    if rank == 5:
-        return torch.channels_last_3d
-    raise ValueError(f"channels_last needs a 4D or 5D input, got {rank}D")
+def _engine(engine: Engine | str) -> Engine:
+    try:
+        return Engine(engine)
+    except ValueError:
+        choices = ", ".join(e.value for e in Engine)
+        raise ValueError(f"unknown engine {engine!r}; choose one of: {choices}") from None
 
 
 class Audit:
@@ -106,44 +87,40 @@ class Audit:
 
     Audits do not nest: entering one while another is active raises ``AuditError``. Whatever
     happens inside, torch is restored on exit. Nothing is printed: render ``report()`` yourself.
+    ``parameters`` adds tensors that count as parameters beside ``model``'s own (the fake
+    copies of a functional call).
     """
 
-    def __init__(self, engine: Engine | str = Engine.DISPATCH, model: nn.Module | None = None):
-        try:
-            self.engine = Engine(engine)
-        except ValueError:
-            choices = ", ".join(e.value for e in Engine)
-            raise ValueError(f"unknown engine {engine!r}; choose one of: {choices}") from None
-        self._recorder = Recorder(ModuleNames(model))
+    def __init__(
+        self,
+        engine: Engine | str = Engine.DISPATCH,
+        model: nn.Module | None = None,
+        parameters: Iterable[torch.Tensor] = (),
+    ) -> None:
+        self.engine = _engine(engine)
+        self._recorder = Recorder(ModuleNames(model), parameters=parameters)
         self._impl = _ENGINES[self.engine](self._recorder)
         self._entered = False
         self._autocast: str | None = None
 
     def __enter__(self) -> Audit:
-        global _active
-        with _active_lock:
-            if self._entered:
-                raise AuditError("this audit was already used; create a new one")
-            if _active is not None:
-                raise AuditError("an audit is already active; cl-audit audits cannot be nested")
-            self._entered = True
-            _active = self
+        if self._entered:
+            raise AuditError("this audit was already used; create a new one")
+        _claim(self)
+        self._entered = True
         try:
-            self._autocast = _autocast_in_effect()
+            self._autocast = autocast_in_effect()
             self._impl.install()
         except BaseException:
-            with _active_lock:
-                _active = None
+            _release()
             raise
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        global _active
         try:
             self._impl.uninstall()
         finally:
-            with _active_lock:
-                _active = None
+            _release()
 
     def report(
         self,
@@ -151,71 +128,54 @@ class Audit:
         model: str | None = None,
         input_shape: tuple[int, ...] | None = None,
         device: str | None = None,
-        dtype: str | None = None,
-        mode: str = "eager",
+        dtype: torch.dtype | None = None,
+        mode: TensorMode = TensorMode.EAGER,
     ) -> ModelReport:
-        """The findings so far. Device and dtype default to those of the first 4D/5D input seen;
-        ``mode`` is "fake" when the tensors were fake."""
+        """The findings so far, losses of parameter-derived data apart from the offenders.
+        Device and dtype default to those of the first 4D/5D input seen."""
         if not self._entered:
             raise AuditError("nothing audited yet: run the model inside 'with audit:' first")
         seen_device, seen_dtype = self._recorder.first_spatial or (None, None)
         losses, regains = self._recorder.findings()
-        environment = tool_environment(
+        offenders = tuple(f for f in losses if f.provenance is Provenance.BATCH)
+        parameters = tuple(f for f in losses if f.provenance is Provenance.PARAMETER)
+        regains_ = tuple(regains)
+        environment = probe(
             device=device or seen_device,
-            dtype=dtype or seen_dtype,
+            dtype=dtype_name(dtype) if dtype is not None else seen_dtype,
             autocast=self._autocast,
             engine=self.engine.value,
             mode=mode,
+        )
+        summary = summarise(
+            self._recorder.calls_checked,
+            self._recorder.distinct_ops,
+            offenders,
+            regains_,
+            parameters,
         )
         return ModelReport(
             model=model,
             input_shape=input_shape,
             environment=environment,
-            summary=self._recorder.summary(losses, regains),
-            offenders=tuple(losses),
-            regains=tuple(regains),
+            summary=summary,
+            offenders=offenders,
+            regains=regains_,
+            parameter_conversions=parameters,
+            differential=_NOT_COMPARED,
             unwrapped=self._impl.unwrapped,
         )
 
 
-def audit(engine: Engine | str = Engine.DISPATCH, *, model: nn.Module | None = None) -> Audit:
+def audit(
+    engine: Engine | str = Engine.DISPATCH,
+    *,
+    model: nn.Module | None = None,
+    parameters: Iterable[torch.Tensor] = (),
+) -> Audit:
     """``with cl_audit.audit() as a: model(x)`` then ``a.report()``.
 
-    Passing ``model`` names modules from it; without it they are learned from the call stack.
+    Passing ``model`` names modules from it and tells its parameters and buffers apart from
+    activations; without it modules are learned from the call stack.
     """
-    return Audit(engine, model)
-
-
-def audit_model(
-    model: nn.Module,
-    example_input: torch.Tensor | tuple[Any, ...],
-    *,
-    engine: Engine | str = Engine.DISPATCH,
-    name: str | None = None,
-    convert: bool = True,
-) -> ModelReport:
-    """Audit one eval-mode, no-grad forward pass of ``model``.
-
-    With ``convert`` (the default) the model is converted in place, and its 4D/5D tensor inputs
-    copied, to channels_last (``channels_last_3d`` for 5D) first.
-    """
-    inputs = example_input if isinstance(example_input, (tuple, list)) else (example_input,)
-    if convert:
-        inputs = tuple(_to_channels_last(x) for x in inputs)
-        convert_to_channels_last(model)
-    model.eval()
-    first = inputs[0] if inputs and isinstance(inputs[0], torch.Tensor) else None
-    with torch.no_grad(), audit(engine, model=model) as active:
-        model(*inputs)
-    return active.report(
-        model=name,
-        input_shape=None if first is None else tuple(first.shape),
-        device=None if first is None else str(first.device),
-        dtype=None if first is None else str(first.dtype).removeprefix("torch."),
-    )
-
-
-def _to_channels_last(value: Any) -> Any:
-    if isinstance(value, torch.Tensor) and value.dim() in (4, 5):
-        return value.contiguous(memory_format=channels_last_format(value.dim()))
-    return value
+    return Audit(engine, model, parameters)

@@ -1,8 +1,21 @@
-"""Domain errors; the CLI maps each to a documented exit code."""
+"""Domain errors and failure stages; the CLI maps each error to a documented exit code."""
 
 from __future__ import annotations
 
-__all__ = ["AuditError", "ModelFailedError", "UsageError"]
+from enum import Enum, unique
+
+__all__ = ["AuditError", "ModelFailedError", "Stage", "UsageError"]
+
+
+@unique
+class Stage(str, Enum):
+    """Where a model failed: importing the user's file, building, preparing the input and
+    converting, or running the forward pass."""
+
+    IMPORT = "import"
+    BUILD = "build"
+    SETUP = "setup"
+    FORWARD = "forward"
 
 
 class AuditError(RuntimeError):
@@ -16,9 +29,11 @@ class UsageError(ValueError):
 class ModelFailedError(RuntimeError):
     """The model failed to build or run. Exit code 3; ``stage`` says where."""
 
-    def __init__(self, stage: str, model: str, cause: BaseException) -> None:
+    def __init__(self, stage: Stage, model: str, cause: BaseException) -> None:
         self.stage = stage
         self.model = model
         self.cause = cause
         detail = str(cause).strip().splitlines()[0] if str(cause).strip() else ""
-        super().__init__(f"{model}: {stage} failed: {type(cause).__name__}: {detail}".rstrip(": "))
+        super().__init__(
+            f"{model}: {stage.value} failed: {type(cause).__name__}: {detail}".rstrip(": ")
+        )

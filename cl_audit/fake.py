@@ -1,10 +1,9 @@
-"""Fake-tensor audits: layouts come from the operators' meta functions, no data is computed.
+"""Fake tensors: layouts come from the operators' meta functions, no data is computed.
 
-The model is built on the meta device (or, for user factories, normally), every parameter and
-buffer is wrapped as a ``FakeTensor`` on the target device, and the forward runs through
-``torch.func.functional_call`` under ``FakeTensorMode``. Memory stays small whatever the model
-size, and ``--device cuda`` works without a GPU: the verdict is then a prediction from the CUDA
-meta functions, labelled ``predicted``.
+Parameters and buffers are wrapped as ``FakeTensor``s on the target device and the forward runs
+through ``torch.func.functional_call`` under ``FakeTensorMode``, so memory stays small whatever
+the model size (sweeps build timm models on the meta device) and ``--device cuda`` works without
+a GPU: the verdict is then a prediction from the CUDA meta functions.
 
 Fake mode can disagree with eager execution. ``FAKE_DIVERGENCES`` lists the known cases, measured
 on CPU; a sweep's ``--confirm`` re-runs in eager mode every model fake mode flagged.
@@ -13,16 +12,10 @@ on CPU; a sweep's ``--confirm`` re-runs in eager mode every model fake mode flag
 from __future__ import annotations
 
 import torch
+from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
-from torch.func import functional_call
 
-from cl_audit.audit import channels_last_format, convert_to_channels_last
-from cl_audit.errors import ModelFailedError, UsageError
-from cl_audit.report import ModelReport
-from cl_audit.run import RunSettings, audited_forward
-from cl_audit.sources import LoadedModel
-
-__all__ = ["FAKE_DIVERGENCES", "audit_fake"]
+__all__ = ["FAKE_DIVERGENCES", "fake_state", "fake_tensor", "new_mode"]
 
 FAKE_DIVERGENCES = {
     "aten.native_group_norm": "fake returns contiguous for channels_last input; eager CPU keeps "
@@ -32,29 +25,31 @@ FAKE_DIVERGENCES = {
 }
 
 
-def _fake(mode: FakeTensorMode, tensor: torch.Tensor, device: torch.device) -> FakeTensor:
+def new_mode() -> FakeTensorMode:
+    return FakeTensorMode(allow_non_fake_inputs=True)
+
+
+def fake_tensor(mode: FakeTensorMode, tensor: torch.Tensor, device: torch.device) -> FakeTensor:
+    """A fake copy of ``tensor`` (real or meta) on ``device``, with the same strides."""
     meta = tensor if tensor.is_meta else tensor.to("meta")
     return FakeTensor(mode, meta, device)
 
 
-def audit_fake(loaded: LoadedModel, settings: RunSettings) -> ModelReport:
-    """One forward pass of ``loaded`` on fake tensors, audited with ``settings``."""
-    device = torch.device(settings.device)
-    if device.type not in ("cpu", "cuda"):
-        raise UsageError(f"--device {settings.device!r}: fake mode models cpu and cuda only")
-    shape = settings.example_shape(loaded)
-    memory_format = channels_last_format(len(shape))
-    dtype = settings.dtype.torch_dtype
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
-    try:
-        model = convert_to_channels_last(loaded.module.to(dtype=dtype)).eval()
-        state = {
-            name: _fake(mode, tensor, device)
-            for name, tensor in (*model.named_parameters(), *model.named_buffers())
-        }
-        meta_input = torch.empty(shape, dtype=dtype, device="meta")
-        example = _fake(mode, meta_input.contiguous(memory_format=memory_format), device)
-    except Exception as e:
-        raise ModelFailedError("setup", loaded.name, e) from e
-    forward = lambda: functional_call(model, state, (example,))  # noqa: E731
-    return audited_forward(loaded.name, settings, model, forward, device, shape, mode)
+def fake_state(
+    mode: FakeTensorMode,
+    module: nn.Module,
+    device: torch.device,
+    memory_format: torch.memory_format | None = None,
+) -> dict[str, torch.Tensor]:
+    """Fake copies of ``module``'s parameters and buffers for ``functional_call``; with
+    ``memory_format``, every 4D and 5D tensor is restrided to it first."""
+
+    def restride(tensor: torch.Tensor) -> torch.Tensor:
+        if memory_format is None or tensor.dim() not in (4, 5):
+            return tensor
+        return tensor.to(memory_format=memory_format)
+
+    return {
+        name: fake_tensor(mode, restride(tensor), device)
+        for name, tensor in (*module.named_parameters(), *module.named_buffers())
+    }

@@ -1,4 +1,10 @@
-"""Report data model: frozen dataclasses and their versioned JSON envelope."""
+"""Report data model: frozen dataclasses and their versioned JSON envelopes.
+
+Version 2 (this one) sorts losses by what they mean: ``offenders`` are activation conversions
+that thrash (round trips) or that channels_last added (terminal, caused);
+``parameter_conversions`` and ``format_neutral`` are kept apart. Version 1 documents are still
+read: their offenders are taken as they were written, with the new lists empty.
+"""
 
 from __future__ import annotations
 
@@ -9,28 +15,64 @@ from enum import Enum, unique
 from importlib import resources
 from typing import Any
 
+from cl_audit.errors import Stage
 from cl_audit.layout import MemoryLayout
 
 __all__ = [
     "REPORT_FORMAT",
     "REPORT_VERSION",
+    "SWEEP_FORMAT",
+    "SWEEP_VERSION",
     "Conversion",
+    "Differential",
+    "DifferentialRun",
+    "DifferentialStatus",
     "Environment",
     "Finding",
+    "Mode",
     "ModelReport",
+    "ModelRow",
+    "ModelSource",
+    "OperatorCoverage",
     "Producer",
+    "Provenance",
+    "RegainSource",
     "ReportFormatError",
+    "Status",
     "Summary",
+    "SweepReport",
+    "SweepSummary",
+    "TensorMode",
     "TensorSummary",
+    "decode_document",
     "load_schema",
+    "summarise",
 ]
 
 REPORT_FORMAT = "cl-audit.report"
-REPORT_VERSION = 1
+REPORT_VERSION = 2
+_READABLE_VERSIONS = (1, 2)
 
 
 class ReportFormatError(ValueError):
     """A JSON document is not a cl-audit report this version can read."""
+
+
+@unique
+class TensorMode(str, Enum):
+    """How an audit ran its tensors."""
+
+    EAGER = "eager"  # kernels ran on real data
+    FAKE = "fake"  # FakeTensors: layouts from the operators' meta functions, a prediction
+
+
+@unique
+class ModelSource(str, Enum):
+    """Where a model of a sweep or a CLI run comes from."""
+
+    TORCHVISION = "torchvision"
+    TIMM = "timm"
+    USER = "user"  # module:factory or file.py:factory
 
 
 @unique
@@ -130,6 +172,9 @@ class Finding:
 
 @dataclass(frozen=True)
 class Summary:
+    """Counts over ``offenders`` (losses, round trips, terminal, offending ops) and regains;
+    the parameter and format-neutral lists are counted apart."""
+
     calls_checked: int
     distinct_ops: int
     offending_ops: int
@@ -137,7 +182,35 @@ class Summary:
     regains: int
     round_trips: int
     terminal_conversions: int
-    bytes_converted: int
+    bytes_converted: int  # written by the offenders and the regains
+    parameter_conversions: int = 0
+    parameter_bytes: int = 0
+    format_neutral: int = 0
+    format_neutral_bytes: int = 0
+
+
+def summarise(
+    calls_checked: int,
+    distinct_ops: int,
+    offenders: tuple[Finding, ...],
+    regains: tuple[Finding, ...],
+    parameter_conversions: tuple[Finding, ...] = (),
+    format_neutral: tuple[Finding, ...] = (),
+) -> Summary:
+    return Summary(
+        calls_checked=calls_checked,
+        distinct_ops=distinct_ops,
+        offending_ops=len({f.op_id for f in offenders}),
+        losses=sum(f.count for f in offenders),
+        regains=sum(f.count for f in regains),
+        round_trips=sum(f.round_trips for f in offenders),
+        terminal_conversions=sum(f.terminal for f in offenders),
+        bytes_converted=sum(f.bytes_converted for f in (*offenders, *regains)),
+        parameter_conversions=sum(f.count for f in parameter_conversions),
+        parameter_bytes=sum(f.bytes_converted for f in parameter_conversions),
+        format_neutral=sum(f.count for f in format_neutral),
+        format_neutral_bytes=sum(f.bytes_converted for f in format_neutral),
+    )
 
 
 @dataclass(frozen=True)
@@ -151,12 +224,30 @@ class Environment:
     dtype: str | None
     autocast: str | None
     engine: str
-    mode: str = "eager"  # "fake": fake tensors, no kernel ran (a prediction)
+    mode: TensorMode = TensorMode.EAGER
+
+
+@unique
+class DifferentialStatus(str, Enum):
+    """Whether terminal losses were compared with a forward run in NCHW."""
+
+    RAN = "ran"
+    NOT_NEEDED = "not-needed"  # no terminal activation loss to classify
+    SKIPPED = "skipped"  # not asked for (--no-differential, or the audit() context manager)
+    FAILED = "failed"  # the NCHW run failed: every terminal loss counts as caused
+
+
+@dataclass(frozen=True)
+class DifferentialRun:
+    status: DifferentialStatus
+    message: str | None = None  # why it was skipped or failed
+    unaligned: int = 0  # terminal losses with no counterpart in the NCHW run
 
 
 @dataclass(frozen=True)
 class ModelReport:
-    """Everything one audit saw. ``offenders`` holds losses only; regains are listed apart."""
+    """Everything one audit saw. ``offenders`` are the activation losses that thrash or that
+    channels_last added; regains, parameter conversions and format-neutral losses are apart."""
 
     model: str | None
     input_shape: tuple[int, ...] | None
@@ -164,7 +255,14 @@ class ModelReport:
     summary: Summary
     offenders: tuple[Finding, ...]
     regains: tuple[Finding, ...]
+    parameter_conversions: tuple[Finding, ...] = ()
+    format_neutral: tuple[Finding, ...] = ()
+    differential: DifferentialRun = DifferentialRun(DifferentialStatus.SKIPPED)
     unwrapped: tuple[str, ...] = field(default=())
+
+    @property
+    def predicted(self) -> bool:
+        return self.environment.mode is TensorMode.FAKE
 
     def to_dict(self) -> dict[str, Any]:
         body = asdict(self)
@@ -175,15 +273,19 @@ class ModelReport:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ModelReport:
-        check_envelope(data, REPORT_FORMAT, REPORT_VERSION)
+        version = check_envelope(data, REPORT_FORMAT)
         try:
+            differential = data.get("differential")
             return cls(
                 model=data["model"],
                 input_shape=_tuple_or_none(data["input_shape"]),
-                environment=Environment(**data["environment"]),
+                environment=_environment(data["environment"]),
                 summary=Summary(**data["summary"]),
-                offenders=tuple(_finding(f) for f in data["offenders"]),
-                regains=tuple(_finding(f) for f in data["regains"]),
+                offenders=_findings(data["offenders"]),
+                regains=_findings(data["regains"]),
+                parameter_conversions=_findings(data.get("parameter_conversions", ())),
+                format_neutral=_findings(data.get("format_neutral", ())),
+                differential=_differential(differential, version),
                 unwrapped=tuple(data.get("unwrapped", ())),
             )
         except (KeyError, TypeError, ValueError) as e:
@@ -201,23 +303,44 @@ def _parse_json(text: str) -> Any:
         raise ReportFormatError(f"not JSON: {e}") from None
 
 
-def check_envelope(data: Any, expected_format: str, expected_version: int) -> None:
-    """Refuse documents of another format or version with a message that says which."""
+_GZIP_MAGIC = b"\x1f\x8b"
+
+
+def decode_document(data: bytes) -> Any:
+    """A JSON document as written by ``--json``, gzip-compressed or not."""
+    if data[:2] == _GZIP_MAGIC:
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError) as e:
+            raise ReportFormatError(f"broken gzip data: {e}") from None
+    try:
+        return _parse_json(data.decode())
+    except UnicodeDecodeError as e:
+        raise ReportFormatError(f"not text: {e}") from None
+
+
+def check_envelope(data: Any, expected_format: str) -> int:
+    """The document's version; refuses other formats and versions with a message."""
     if not isinstance(data, dict) or "format" not in data:
         raise ReportFormatError(f"not a {expected_format} document (no 'format' key)")
     if data["format"] != expected_format:
         raise ReportFormatError(f"unknown format {data['format']!r}; expected {expected_format!r}")
-    if data.get("version") != expected_version:
+    version = data.get("version")
+    if version not in _READABLE_VERSIONS:
+        readable = " and ".join(map(str, _READABLE_VERSIONS))
         raise ReportFormatError(
-            f"unsupported {expected_format} version {data.get('version')!r}; "
-            f"this cl-audit reads version {expected_version}"
+            f"unsupported {expected_format} version {version!r}; this cl-audit reads versions "
+            f"{readable}"
         )
+    return version
 
 
-def load_schema(name: str = "report") -> dict[str, Any]:
-    """The JSON Schema shipped in the package for ``cl-audit.<name>`` documents."""
-    text = resources.files("cl_audit.schema").joinpath(f"{name}.schema.json").read_text()
-    return json.loads(text)
+def load_schema(name: str = "report", version: int = REPORT_VERSION) -> dict[str, Any]:
+    """The JSON Schema shipped in the package for ``cl-audit.<name>`` documents of ``version``
+    (the current one by default)."""
+    current = REPORT_VERSION if name == "report" else SWEEP_VERSION
+    file = f"{name}.schema.json" if version == current else f"{name}-v{version}.schema.json"
+    return json.loads(resources.files("cl_audit.schema").joinpath(file).read_text())
 
 
 def _plain(value: Any) -> Any:
@@ -234,6 +357,17 @@ def _tuple_or_none(value: list[int] | None) -> tuple[int, ...] | None:
     return None if value is None else tuple(value)
 
 
+def _environment(data: dict[str, Any]) -> Environment:
+    return Environment(**{**data, "mode": TensorMode(data.get("mode", "eager"))})
+
+
+def _differential(data: dict[str, Any] | None, version: int) -> DifferentialRun:
+    if data is None:
+        message = "version 1 report: made before differential audits" if version == 1 else None
+        return DifferentialRun(DifferentialStatus.SKIPPED, message)
+    return DifferentialRun(DifferentialStatus(data["status"]), data["message"], data["unaligned"])
+
+
 def _tensor(data: dict[str, Any]) -> TensorSummary:
     return TensorSummary(
         shape=tuple(data["shape"]),
@@ -246,6 +380,8 @@ def _tensor(data: dict[str, Any]) -> TensorSummary:
 
 def _finding(data: dict[str, Any]) -> Finding:
     root = data["root_cause"]
+    source = data.get("regain_source")
+    differential = data.get("differential")
     return Finding(
         kind=Conversion(data["kind"]),
         python_op=data["python_op"],
@@ -261,13 +397,20 @@ def _finding(data: dict[str, Any]) -> Finding:
         terminal=data["terminal"],
         mixed_formats=data["mixed_formats"],
         root_cause=None if root is None else Producer(**root),
+        provenance=Provenance(data.get("provenance", "batch")),
+        regain_source=None if source is None else RegainSource(source),
+        differential=None if differential is None else Differential(differential),
     )
+
+
+def _findings(items: Any) -> tuple[Finding, ...]:
+    return tuple(_finding(f) for f in items)
 
 
 # --- Sweeps -------------------------------------------------------------------------------
 
 SWEEP_FORMAT = "cl-audit.sweep"
-SWEEP_VERSION = 1
+SWEEP_VERSION = 2
 
 
 @unique
@@ -285,6 +428,8 @@ class Status(str, Enum):
 
 @unique
 class Mode(str, Enum):
+    """How a sweep's row was obtained."""
+
     EAGER = "eager"  # a real forward pass on the device
     FAKE = "fake"  # fake tensors: layouts from the ops' meta functions, no data
     CONFIRMED = "fake+eager"  # fake mode flagged or failed it, and this is the eager re-run
@@ -292,63 +437,77 @@ class Mode(str, Enum):
 
 @dataclass(frozen=True)
 class ModelRow:
-    """One model of a sweep. ``predicted`` rows come from fake tensors on a device not run."""
+    """One model of a sweep. Rows of fake mode are ``predicted``: nothing ran on the device."""
 
     name: str
-    source: str
+    source: ModelSource
     status: Status
     mode: Mode
-    predicted: bool
     input_shape: tuple[int, ...] | None
     parameters: int | None
     summary: Summary | None
     offenders: tuple[Finding, ...]
     message: str | None  # the error, or why it was skipped
-    stage: str | None
+    stage: Stage | None
     seconds: float
     peak_memory_mb: float | None
+    parameter_conversions: tuple[Finding, ...] = ()
+    format_neutral: tuple[Finding, ...] = ()
 
     @property
     def key(self) -> str:
-        return f"{self.source}:{self.name}"
+        return f"{self.source.value}:{self.name}"
+
+    @property
+    def predicted(self) -> bool:
+        return self.mode is Mode.FAKE
 
     @property
     def offending(self) -> bool:
         return self.status is Status.OK and bool(self.offenders)
 
     def to_dict(self) -> dict[str, Any]:
-        return _plain(asdict(self))
+        return {**_plain(asdict(self)), "predicted": self.predicted}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ModelRow:
         summary = data["summary"]
+        stage = data["stage"]
         return cls(
             name=data["name"],
-            source=data["source"],
+            source=ModelSource(data["source"]),
             status=Status(data["status"]),
             mode=Mode(data["mode"]),
-            predicted=data["predicted"],
             input_shape=_tuple_or_none(data["input_shape"]),
             parameters=data["parameters"],
             summary=None if summary is None else Summary(**summary),
-            offenders=tuple(_finding(f) for f in data["offenders"]),
+            offenders=_findings(data["offenders"]),
             message=data["message"],
-            stage=data["stage"],
+            stage=None if stage is None else Stage(stage),
             seconds=data["seconds"],
             peak_memory_mb=data["peak_memory_mb"],
+            parameter_conversions=_findings(data.get("parameter_conversions", ())),
+            format_neutral=_findings(data.get("format_neutral", ())),
         )
 
 
 @dataclass(frozen=True)
 class OperatorCoverage:
-    """How one offending operation breaks channels_last across the models of a sweep."""
+    """How one operation converts data across the models of a sweep: as an offender, as a
+    parameter conversion, and as a format-neutral loss, each counted apart."""
 
-    op: str  # the aten name where known, else the Python-level one
+    op: str  # Finding.op_id: the aten name where known, else the Python-level one
     python_ops: tuple[str, ...]
-    models: int
+    models: int  # models where it is an offender
     events: int
     bytes_converted: int
-    examples: tuple[str, ...]  # "model:module.path" for a few of the places
+    examples: tuple[str, ...]  # "model:module.path" for a few of the offender places
+    parameter_models: int = 0
+    parameter_events: int = 0
+    parameter_bytes: int = 0
+    neutral_models: int = 0
+    neutral_events: int = 0
+    neutral_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -374,7 +533,7 @@ class SweepReport:
         cls, environment: Environment, settings: dict[str, Any], rows: list[ModelRow]
     ) -> SweepReport:
         """Summary and operator coverage derived from the rows, in a stable order."""
-        ordered = tuple(sorted(rows, key=lambda r: (r.source, r.name)))
+        ordered = tuple(sorted(rows, key=lambda r: (r.source.value, r.name)))
         by_status: dict[str, int] = {s.value: 0 for s in Status}
         for row in ordered:
             by_status[row.status.value] += 1
@@ -389,17 +548,18 @@ class SweepReport:
         return cls(environment, settings, summary, ordered, operator_coverage(ordered))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"format": SWEEP_FORMAT, "version": SWEEP_VERSION, **_plain(asdict(self))}
+        body = {**_plain(asdict(self)), "models": [row.to_dict() for row in self.models]}
+        return {"format": SWEEP_FORMAT, "version": SWEEP_VERSION, **body}
 
     def to_json(self, indent: int | None = 1) -> str:
         return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SweepReport:
-        check_envelope(data, SWEEP_FORMAT, SWEEP_VERSION)
+        check_envelope(data, SWEEP_FORMAT)
         try:
             rows = [ModelRow.from_dict(r) for r in data["models"]]
-            return cls.build(Environment(**data["environment"]), dict(data["settings"]), rows)
+            return cls.build(_environment(data["environment"]), dict(data["settings"]), rows)
         except (KeyError, TypeError, ValueError) as e:
             raise ReportFormatError(f"malformed {SWEEP_FORMAT} document: {e!r}") from None
 
@@ -410,46 +570,59 @@ class SweepReport:
     @classmethod
     def from_bytes(cls, data: bytes) -> SweepReport:
         """JSON as written by ``--json``, gzip-compressed or not."""
-        if data[:2] == _GZIP_MAGIC:
-            try:
-                data = gzip.decompress(data)
-            except (OSError, EOFError) as e:
-                raise ReportFormatError(f"broken gzip data: {e}") from None
-        return cls.from_json(data.decode())
+        return cls.from_dict(decode_document(data))
 
 
 _EXAMPLES_PER_OPERATOR = 5
-_GZIP_MAGIC = b"\x1f\x8b"
+
+
+def _tally(tallies: dict[str, dict[str, Any]], row: ModelRow, finding: Finding, kind: str) -> None:
+    tally = tallies.setdefault(
+        finding.op_id,
+        {"python": set(), "examples": [], **{f"{k}_{n}": 0 for k in _KINDS for n in _NUMBERS}},
+    )
+    tally.setdefault(f"{kind}_keys", set()).add(row.key)
+    if finding.python_op:
+        tally["python"].add(finding.python_op)
+    tally[f"{kind}_events"] += finding.count
+    tally[f"{kind}_bytes"] += finding.bytes_converted
+    example = f"{row.name}:{finding.module_path}"
+    if kind == "offender" and len(tally["examples"]) < _EXAMPLES_PER_OPERATOR:
+        if example not in tally["examples"]:
+            tally["examples"].append(example)
+
+
+_KINDS = ("offender", "parameter", "neutral")
+_NUMBERS = ("events", "bytes")
 
 
 def operator_coverage(rows: tuple[ModelRow, ...]) -> tuple[OperatorCoverage, ...]:
-    """For each offending op: models broken, events, bytes and example places; worst first."""
+    """For each converting op: models, events and bytes as an offender, as a parameter
+    conversion and as a format-neutral loss, with example places; worst offenders first."""
     tallies: dict[str, dict[str, Any]] = {}
     for row in rows:
-        if not row.offending:
+        if row.status is not Status.OK:
             continue
-        for finding in row.offenders:
-            op = finding.aten_op or finding.python_op or "?"
-            tally = tallies.setdefault(
-                op, {"python": set(), "models": set(), "events": 0, "bytes": 0, "examples": []}
-            )
-            if finding.python_op:
-                tally["python"].add(finding.python_op)
-            tally["models"].add(row.key)
-            tally["events"] += finding.count
-            tally["bytes"] += finding.bytes_converted
-            example = f"{row.name}:{finding.module_path}"
-            if len(tally["examples"]) < _EXAMPLES_PER_OPERATOR and example not in tally["examples"]:
-                tally["examples"].append(example)
+        lists = (row.offenders, row.parameter_conversions, row.format_neutral)
+        for kind, findings in zip(_KINDS, lists, strict=True):
+            for finding in findings:
+                _tally(tallies, row, finding, kind)
     coverage = [
         OperatorCoverage(
             op=op,
             python_ops=tuple(sorted(t["python"])),
-            models=len(t["models"]),
-            events=t["events"],
-            bytes_converted=t["bytes"],
+            models=len(t.get("offender_keys", ())),
+            events=t["offender_events"],
+            bytes_converted=t["offender_bytes"],
             examples=tuple(t["examples"]),
+            parameter_models=len(t.get("parameter_keys", ())),
+            parameter_events=t["parameter_events"],
+            parameter_bytes=t["parameter_bytes"],
+            neutral_models=len(t.get("neutral_keys", ())),
+            neutral_events=t["neutral_events"],
+            neutral_bytes=t["neutral_bytes"],
         )
         for op, t in tallies.items()
     ]
-    return tuple(sorted(coverage, key=lambda c: (-c.models, -c.events, c.op)))
+    order = lambda c: (-c.models, -c.events, -c.parameter_models, -c.neutral_models, c.op)  # noqa: E731
+    return tuple(sorted(coverage, key=order))

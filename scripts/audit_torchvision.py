@@ -12,22 +12,12 @@ import time
 
 import torch
 
-from cl_audit.run import RunSettings, audit_loaded
-from cl_audit.sources import load_model
+from cl_audit.report import ModelSource
+from cl_audit.run import audit_loaded
+from cl_audit.settings import AuditSettings, Engine
+from cl_audit.sources import ModelRef, load_model
+from cl_audit.sources.torchvision_models import CHANNELS_LAST_TIER
 
-TUTORIAL_MODELS = (
-    "alexnet",
-    "mnasnet0_5", "mnasnet0_75", "mnasnet1_0", "mnasnet1_3",
-    "mobilenet_v2",
-    "resnet18", "resnet34", "resnet50", "resnet101", "resnet152",
-    "resnext50_32x4d",
-    "shufflenet_v2_x0_5", "shufflenet_v2_x1_0", "shufflenet_v2_x1_5", "shufflenet_v2_x2_0",
-    "squeezenet1_0", "squeezenet1_1",
-    "vgg11", "vgg11_bn", "vgg13", "vgg13_bn", "vgg16", "vgg16_bn", "vgg19", "vgg19_bn",
-    "wide_resnet50_2", "wide_resnet101_2",
-)  # fmt: skip
-EXTRA_MODELS = ("convnext_tiny", "efficientnet_b0", "vit_b_16", "maxvit_t", "deeplabv3_resnet50")
-MODELS = TUTORIAL_MODELS + EXTRA_MODELS
 REPORTS_FORMAT = "cl-audit.reports"
 
 
@@ -35,13 +25,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
     parser.add_argument("--engine", default="dispatch", choices=["dispatch", "patch"])
-    parser.add_argument("models", nargs="*", default=list(MODELS))
+    parser.add_argument("models", nargs="*", default=list(CHANNELS_LAST_TIER))
     args = parser.parse_args()
     torch.manual_seed(0)
     reports = []
     for name in args.models:
         start = time.perf_counter()
-        report = audit_loaded(load_model(name), RunSettings(engine=args.engine))
+        loaded = load_model(ModelRef(ModelSource.TORCHVISION, name))
+        report = audit_loaded(loaded, AuditSettings(engine=Engine(args.engine)))
         s = report.summary
         print(
             f"{name:22s} {time.perf_counter() - start:6.1f}s  losses {s.losses:3d} "

@@ -19,3 +19,11 @@ def channels_last(*shape: int) -> torch.Tensor:
 @pytest.fixture(params=["dispatch", "patch"])
 def engine(request: pytest.FixtureRequest) -> str:
     return request.param
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--update-golden",
+        action="store_true",
+        help="Rewrite the golden files of the rendering tests from the current output.",
+    )

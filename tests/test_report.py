@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import jsonschema
 import pytest
@@ -10,7 +11,9 @@ import torch
 import toy_models
 
 import cl_audit
-from cl_audit.report import ModelReport, ReportFormatError, load_schema
+from cl_audit.report import DifferentialStatus, ModelReport, ReportFormatError, load_schema
+
+DATA = Path(__file__).with_name("data")
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +29,7 @@ def test_real_report_validates_against_the_shipped_schema(report, engine):
 
 def test_envelope_and_contract_keys(report):
     data = json.loads(report.to_json())
-    assert (data["format"], data["version"]) == ("cl-audit.report", 1)
+    assert (data["format"], data["version"]) == ("cl-audit.report", 2)
     assert [f["kind"] for f in data["offenders"]] == ["loss"]
     assert all(f["kind"] == "regain" for f in data["regains"])
     env = data["environment"]
@@ -43,7 +46,7 @@ def test_round_trip_through_json(report):
     ("change", "message"),
     [
         ({"format": "cl-audit.sweep"}, "unknown format 'cl-audit.sweep'"),
-        ({"version": 2}, "unsupported cl-audit.report version 2"),
+        ({"version": 3}, "unsupported cl-audit.report version 3"),
         ({"format": None}, "unknown format None"),
     ],
 )
@@ -70,3 +73,14 @@ def test_autocast_is_recorded():
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16), cl_audit.audit() as audit:
         model(x)
     assert audit.report().environment.autocast == "cpu:bfloat16"
+
+
+def test_version_1_reports_are_still_read_with_empty_new_lists():
+    # As committed by the first release, whose environment had no "mode" yet (read as eager).
+    data = json.loads((DATA / "report-v1.json").read_text())
+    old = ModelReport.from_dict(data)
+    assert old.model == "shufflenet_v2_x0_5" and old.summary.losses == len(old.offenders) == 16
+    assert old.parameter_conversions == () and old.format_neutral == ()
+    assert old.differential.status is DifferentialStatus.SKIPPED
+    assert "version 1" in old.differential.message
+    jsonschema.validate(old.to_dict(), load_schema())  # written again as version 2

@@ -16,9 +16,10 @@ import jsonschema
 import pytest
 
 from cl_audit.errors import UsageError
-from cl_audit.report import SweepReport, load_schema
+from cl_audit.report import ModelSource, SweepReport, load_schema
+from cl_audit.sources import ModelRef
 from cl_audit.sweep.compare import compare, merge
-from cl_audit.sweep.plan import ModelRef, estimated_cost, parse_shard, select, shard
+from cl_audit.sweep.plan import estimated_cost, parse_shard, select, shard
 
 TESTS = Path(__file__).parent
 FAULTS = str(TESTS / "fault_models.py")
@@ -53,7 +54,7 @@ def test_select_all_torchvision_and_user_specs():
 
     refs = select([], [], ["all"], [])
     assert len(refs) == len(torchvision.models.list_models())
-    assert select([f"{FAULTS}:fine"], [], [], []) == [ModelRef("user", f"{FAULTS}:fine")]
+    assert select([f"{FAULTS}:fine"], [], [], []) == [ModelRef(ModelSource.USER, f"{FAULTS}:fine")]
 
 
 @pytest.mark.parametrize(
@@ -84,8 +85,8 @@ def test_every_model_lands_in_exactly_one_shard(count):
 
 def test_cost_prefers_known_parameter_counts_then_size_words():
     small, large = (
-        ModelRef("timm", "vit_tiny_patch16_224"),
-        ModelRef("timm", "vit_large_patch16_224"),
+        ModelRef(ModelSource.TIMM, "vit_tiny_patch16_224"),
+        ModelRef(ModelSource.TIMM, "vit_large_patch16_224"),
     )
     assert estimated_cost(large, {}) > estimated_cost(small, {})
     assert estimated_cost(small, {small.key: 10**9}) > estimated_cost(small, {})
@@ -281,12 +282,15 @@ def test_bad_baseline_is_a_usage_error(tmp_path):
 def test_zero_filled_build_is_restored_by_identity_and_keeps_verdicts():
     import torch
 
-    from cl_audit.run import RunSettings, audit_loaded
+    from cl_audit.run import audit_loaded
+    from cl_audit.settings import AuditSettings
     from cl_audit.sources import BuildOptions, building, load_model
+
+    shufflenet = ModelRef(ModelSource.TORCHVISION, "shufflenet_v2_x0_5")
 
     before = {n: getattr(torch.Tensor, n) for n in ("uniform_", "normal_")}
     own_entries = set(vars(torch.Tensor))
-    fast = load_model("shufflenet_v2_x0_5", options=BuildOptions(skip_random_init=True))
+    fast = load_model(shufflenet, BuildOptions(skip_random_init=True))
     assert not fast.module.conv1[0].weight.any()  # zero-filled, so the fill really applied
     assert {n: getattr(torch.Tensor, n) for n in before} == before
     assert set(vars(torch.Tensor)) == own_entries
@@ -295,8 +299,8 @@ def test_zero_filled_build_is_restored_by_identity_and_keeps_verdicts():
     assert all(getattr(torch.Tensor, n) is f for n, f in before.items())
     assert set(vars(torch.Tensor)) == own_entries
 
-    settings = RunSettings(input_size=(3, 128, 128))
-    normal = audit_loaded(load_model("shufflenet_v2_x0_5"), settings)
+    settings = AuditSettings(input_size=(3, 128, 128))
+    normal = audit_loaded(load_model(shufflenet), settings)
     zeroed = audit_loaded(fast, settings)
     assert {(f.op, f.call_site) for f in zeroed.offenders} == {
         (f.op, f.call_site) for f in normal.offenders

@@ -4,19 +4,17 @@ against the committed report (reports/torchvision-cpu.json) as a regression gate
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-from cl_audit.audit import Engine
-from cl_audit.report import ModelReport
-from cl_audit.run import RunSettings, audit_loaded
-from cl_audit.sources import load_model
+from cl_audit.report import ModelReport, ModelSource
+from cl_audit.run import audit_loaded
+from cl_audit.settings import AuditSettings, Engine
+from cl_audit.sources import LoadedModel, ModelRef, load_model
+from cl_audit.sources.torchvision_models import CHANNELS_LAST_TIER as MODELS
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
-from audit_torchvision import MODELS  # noqa: E402
 
 COMMITTED = {
     r["model"]: ModelReport.from_dict(r)
@@ -29,6 +27,10 @@ SHUFFLE = {m for m in MODELS if m.startswith("shufflenet")}
 SPECIAL = FLATTEN_ONLY | SHUFFLE | {"maxvit_t", "deeplabv3_resnet50"}
 
 
+def build(name: str) -> LoadedModel:
+    return load_model(ModelRef(ModelSource.TORCHVISION, name))
+
+
 def sites(report: ModelReport) -> set[tuple[str | None, str | None, str | None]]:
     return {(f.op, f.module_path, f.call_site) for f in report.offenders}
 
@@ -36,7 +38,7 @@ def sites(report: ModelReport) -> set[tuple[str | None, str | None, str | None]]
 @pytest.mark.slow
 @pytest.mark.parametrize("name", MODELS)
 def test_torchvision_model_matches_expectation_and_committed_report(name):
-    report = audit_loaded(load_model(name), RunSettings())
+    report = audit_loaded(build(name), AuditSettings())
     ops = {f.op for f in report.offenders}
     if name in FLATTEN_ONLY:
         (finding,) = report.offenders
@@ -65,7 +67,7 @@ def test_torchvision_model_matches_expectation_and_committed_report(name):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", MODELS)
 def test_patch_engine_finds_the_same_sites_as_the_dispatch_engine(name):
-    report = audit_loaded(load_model(name), RunSettings(engine=Engine.PATCH))
+    report = audit_loaded(build(name), AuditSettings(engine=Engine.PATCH))
     where = {(f.module_path, f.call_site) for f in report.offenders}
     assert where == {(f.module_path, f.call_site) for f in COMMITTED[name].offenders}
     assert report.summary.losses == COMMITTED[name].summary.losses
@@ -73,7 +75,7 @@ def test_patch_engine_finds_the_same_sites_as_the_dispatch_engine(name):
 
 @pytest.mark.slow
 def test_video_model_runs_5d_in_channels_last_3d():
-    report = audit_loaded(load_model("r3d_18"), RunSettings())
+    report = audit_loaded(build("r3d_18"), AuditSettings())
     assert report.input_shape == (2, 3, 16, 112, 112)
     assert report.summary.calls_checked > 50
     assert report.offenders == ()

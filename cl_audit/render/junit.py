@@ -23,7 +23,7 @@ def junit_xml(report: SweepReport) -> str:
     )
     for row in rows:
         case = ET.SubElement(
-            suite, "testcase", classname=row.source, name=row.name, time=f"{row.seconds:.3f}"
+            suite, "testcase", classname=row.source.value, name=row.name, time=f"{row.seconds:.3f}"
         )
         if row.offending:
             ops = sorted({f.op for f in row.offenders})
@@ -40,7 +40,10 @@ def junit_xml(report: SweepReport) -> str:
             )
         elif row.status.failed:
             error = ET.SubElement(
-                case, "error", type=row.status.value, message=f"{row.stage}: {row.message}"
+                case,
+                "error",
+                type=row.status.value,
+                message=f"{row.stage.value if row.stage else None}: {row.message}",
             )
             error.text = row.message
         elif row.status is Status.SKIPPED:

@@ -13,7 +13,7 @@ from rich.progress import (
 )
 
 from cl_audit.report import ModelRow, Status
-from cl_audit.sweep.plan import ModelRef
+from cl_audit.sources import ModelRef
 
 __all__ = ["SweepProgress"]
 
@@ -79,7 +79,8 @@ class SweepProgress:
         verdict = row.status.value
         if row.status is Status.OK:
             verdict = f"{len(row.offenders)} offenders" if row.offenders else "clean"
-        detail = f" ({row.stage}: {row.message})" if row.status.failed else ""
+        stage = row.stage.value if row.stage else "?"
+        detail = f" ({stage}: {row.message})" if row.status.failed else ""
         self._console.print(
             f"[{self._done}/{self._total}] {row.key} {row.mode.value}: {verdict}{detail} "
             f"{row.seconds:.1f}s",

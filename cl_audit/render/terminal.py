@@ -7,7 +7,14 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from cl_audit.report import Finding, ModelReport, Producer, SweepReport, TensorSummary
+from cl_audit.report import (
+    DifferentialStatus,
+    Finding,
+    ModelReport,
+    Producer,
+    SweepReport,
+    TensorSummary,
+)
 from cl_audit.sweep.compare import Comparison
 
 __all__ = [
@@ -58,26 +65,43 @@ def _producer_cell(producer: Producer | None, mixed: bool) -> str:
     return f"{op} in {where} at {producer.call_site or '?'}"
 
 
+def _differential_line(report: ModelReport) -> str:
+    run = report.differential
+    if run.status is DifferentialStatus.RAN:
+        line = "terminal losses compared with an NCHW run"
+        return line + (f" ({run.unaligned} unaligned, counted as caused)" if run.unaligned else "")
+    if run.status is DifferentialStatus.NOT_NEEDED:
+        return "no terminal loss to compare with an NCHW run"
+    return f"NCHW comparison {run.status.value}: {run.message}"
+
+
 def summary_text(report: ModelReport) -> Text:
     s, env = report.summary, report.environment
     amp = f", autocast {env.autocast}" if env.autocast else ""
+    mode = ", fake tensors (predicted)" if report.predicted else ""
     lines = [
         f"model {report.model or '(unnamed)'}  input {'x'.join(map(str, report.input_shape or ()))}"
-        f"  {env.device} {env.dtype}{amp}  engine {env.engine}",
+        f"  {env.device} {env.dtype}{amp}  engine {env.engine}{mode}",
         f"{s.calls_checked} calls checked, {s.distinct_ops} distinct ops",
         f"{s.losses} losses at {len(report.offenders)} sites ({s.offending_ops} distinct ops): "
         f"{s.round_trips} round trips, {s.terminal_conversions} terminal; {s.regains} regains; "
         f"{format_bytes(s.bytes_converted)} converted",
+        f"not offenders: {s.parameter_conversions} parameter conversions "
+        f"({format_bytes(s.parameter_bytes)}), {s.format_neutral} format-neutral losses "
+        f"({format_bytes(s.format_neutral_bytes)})",
+        _differential_line(report),
     ]
     return Text("\n".join(lines))
 
 
-def offenders_table(offenders: tuple[Finding, ...]) -> Table:
-    table = Table(title="Operations that lose channels_last", show_lines=True, expand=True)
+def offenders_table(
+    offenders: tuple[Finding, ...], title: str = "Operations that lose channels_last"
+) -> Table:
+    table = Table(title=title, show_lines=True, expand=True)
     table.add_column("op", style="bold", overflow="fold", ratio=2)
     table.add_column("where", overflow="fold", ratio=5)
     table.add_column("tensor: in -> out strides", overflow="fold", ratio=3)
-    table.add_column("count", justify="right", overflow="fold", ratio=1)
+    table.add_column("count", justify="right", no_wrap=True)
     for f in offenders:
         op = f"{f.python_op}\n{f.aten_op}" if f.python_op and f.aten_op else f.op
         where = f"{_where(f.module_path, f.module_class)}\n[cyan]{f.call_site or ''}[/cyan]"
@@ -87,11 +111,15 @@ def offenders_table(offenders: tuple[Finding, ...]) -> Table:
         kinds = [f"{f.round_trips} round trip"] * bool(f.round_trips) + [
             f"{f.terminal} terminal"
         ] * bool(f.terminal)
+        if f.terminal and f.differential:
+            kinds.append(f"({f.differential.value})")
         table.add_row(op, where, _tensors_cell(f), "\n".join([str(f.count), *kinds]))
     return table
 
 
-def render_report(report: ModelReport, console: Console) -> None:
+def render_report(report: ModelReport, console: Console, show_all: bool = False) -> None:
+    """The summary and the offenders; with ``show_all`` also the parameter conversions and
+    the format-neutral losses, which otherwise are one summary line each."""
     verdict = (
         "[red]loses channels_last[/red]"
         if report.offenders
@@ -100,6 +128,12 @@ def render_report(report: ModelReport, console: Console) -> None:
     console.print(Panel(summary_text(report), title=f"cl-audit: {verdict}", expand=False))
     if report.offenders:
         console.print(offenders_table(report.offenders))
+    if show_all and report.parameter_conversions:
+        title = "Conversions of parameter-derived data (not activations)"
+        console.print(offenders_table(report.parameter_conversions, title))
+    if show_all and report.format_neutral:
+        title = "Format-neutral losses (the same copy happens in NCHW)"
+        console.print(offenders_table(report.format_neutral, title))
     if report.unwrapped:
         console.print(Group(*(Text(f"not wrapped: {u}", style="dim") for u in report.unwrapped)))
 
@@ -110,30 +144,41 @@ def render_sweep(report: SweepReport, console: Console, top: int = 10) -> None:
     env = report.environment
     text = Text(
         f"{s.models} models: {s.clean} clean, {s.offending} offending, {s.failed} failed, "
-        f"{s.skipped} skipped  ({env.device} {env.dtype}, {env.mode} mode, engine {env.engine})"
+        f"{s.skipped} skipped  ({env.device} {env.dtype}, {env.mode.value} mode, "
+        f"engine {env.engine})"
     )
     console.print(Panel(text, title="cl-audit sweep", expand=False))
-    if report.operators:
-        table = Table(title=f"Top offending operations (of {len(report.operators)})", expand=True)
+    offending = [cov for cov in report.operators if cov.models]
+    if offending:
+        table = Table(title=f"Top offending operations (of {len(offending)})", expand=True)
         table.add_column("op", style="bold", overflow="fold", ratio=3)
         table.add_column("models", justify="right", no_wrap=True)
         table.add_column("events", justify="right", no_wrap=True)
         table.add_column("converted", justify="right", no_wrap=True)
+        table.add_column("param / neutral models", justify="right", no_wrap=True)
         table.add_column("for example", overflow="fold", ratio=5)
-        for cov in report.operators[:top]:
+        for cov in offending[:top]:
             name = cov.op if not cov.python_ops else f"{cov.op}\n{', '.join(cov.python_ops)}"
             table.add_row(
                 name,
                 str(cov.models),
                 str(cov.events),
                 format_bytes(cov.bytes_converted),
+                f"{cov.parameter_models} / {cov.neutral_models}",
                 "\n".join(cov.examples[:3]),
             )
         console.print(table)
+    parameter = sum(1 for r in report.models if r.parameter_conversions)
+    neutral = sum(1 for r in report.models if r.format_neutral)
+    console.print(
+        f"{parameter} models convert parameter-derived data, {neutral} have format-neutral "
+        "losses (not offenders; see the JSON report)"
+    )
     failed = [r for r in report.models if r.status.failed]
     for row in failed[:top]:
         console.print(
-            f"[red]{row.status.value}[/red] {row.key} ({row.stage or '?'}): {row.message}",
+            f"[red]{row.status.value}[/red] {row.key} "
+            f"({row.stage.value if row.stage else '?'}): {row.message}",
             highlight=False,
         )
     if len(failed) > top:

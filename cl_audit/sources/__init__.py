@@ -10,7 +10,35 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-__all__ = ["BuildOptions", "LoadedModel", "cap_input", "close_matches", "load_model"]
+from cl_audit.report import ModelSource
+
+__all__ = [
+    "BuildOptions",
+    "LoadedModel",
+    "ModelRef",
+    "cap_input",
+    "close_matches",
+    "load_model",
+    "positional_source",
+]
+
+
+def positional_source(spec: str) -> ModelSource:
+    """A positional model spec: ``module:factory`` / ``file.py:factory`` (it holds a colon) is
+    the user's, anything else a torchvision name."""
+    return ModelSource.USER if ":" in spec else ModelSource.TORCHVISION
+
+
+@dataclass(frozen=True, order=True)
+class ModelRef:
+    """A model to audit; for ``ModelSource.USER`` the name is the spec."""
+
+    source: ModelSource
+    name: str
+
+    @property
+    def key(self) -> str:
+        return f"{self.source.value}:{self.name}"
 
 
 @dataclass(frozen=True)
@@ -18,7 +46,6 @@ class LoadedModel:
     """A built model (random weights) and its per-sample input shape, e.g. ``(3, 224, 224)``."""
 
     name: str
-    source: str  # "torchvision", "timm" or "user"
     module: nn.Module
     input_shape: tuple[int, ...]
     capped: bool = False  # input_shape is smaller than the model's own, by BuildOptions
@@ -82,20 +109,17 @@ def building(options: BuildOptions) -> Iterator[None]:
         yield
 
 
-def load_model(
-    spec: str, *, timm: bool = False, options: BuildOptions | None = None
-) -> LoadedModel:
-    """Build ``spec``: a timm name with ``timm``, ``module:factory`` or ``file.py:factory``
-    when it holds a colon, a torchvision name otherwise."""
+def load_model(ref: ModelRef, options: BuildOptions | None = None) -> LoadedModel:
+    """Build the model ``ref`` names, with random weights (or none, on the meta device)."""
     options = options or BuildOptions()
-    if timm:
+    if ref.source is ModelSource.TIMM:
         from cl_audit.sources import timm_models
 
-        return timm_models.build(spec, options)
-    if ":" in spec:
+        return timm_models.build(ref.name, options)
+    if ref.source is ModelSource.USER:
         from cl_audit.sources import user
 
-        return user.build(spec, options)
+        return user.build(ref.name, options)
     from cl_audit.sources import torchvision_models
 
-    return torchvision_models.build(spec, options)
+    return torchvision_models.build(ref.name, options)

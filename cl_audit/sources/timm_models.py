@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cl_audit.errors import ModelFailedError, UsageError
+from cl_audit.errors import ModelFailedError, Stage, UsageError
 from cl_audit.sources import BuildOptions, LoadedModel, building, cap_input, close_matches
 
 __all__ = ["build", "names"]
@@ -36,5 +36,5 @@ def build(name: str, options: BuildOptions) -> LoadedModel:
                 shape = default  # this model cannot be built smaller: keep its own size
                 module = timm.create_model(name, pretrained=False)
     except Exception as e:
-        raise ModelFailedError("build", name, e) from e
-    return LoadedModel(name, "timm", module, shape, capped=shape != default)
+        raise ModelFailedError(Stage.BUILD, name, e) from e
+    return LoadedModel(name, module, shape, capped=shape != default)

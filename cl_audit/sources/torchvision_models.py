@@ -4,10 +4,25 @@ from __future__ import annotations
 
 import inspect
 
-from cl_audit.errors import ModelFailedError, UsageError
+from cl_audit.errors import ModelFailedError, Stage, UsageError
 from cl_audit.sources import BuildOptions, LoadedModel, building, cap_input, close_matches
 
-__all__ = ["build", "names"]
+__all__ = ["CHANNELS_LAST_TIER", "build", "names"]
+
+# The models PyTorch's memory-format tutorial lists as supporting channels_last, and a few known
+# not to: the tier that the slow tests and reports/torchvision-cpu.json cover.
+CHANNELS_LAST_TIER = (
+    "alexnet",
+    "mnasnet0_5", "mnasnet0_75", "mnasnet1_0", "mnasnet1_3",
+    "mobilenet_v2",
+    "resnet18", "resnet34", "resnet50", "resnet101", "resnet152",
+    "resnext50_32x4d",
+    "shufflenet_v2_x0_5", "shufflenet_v2_x1_0", "shufflenet_v2_x1_5", "shufflenet_v2_x2_0",
+    "squeezenet1_0", "squeezenet1_1",
+    "vgg11", "vgg11_bn", "vgg13", "vgg13_bn", "vgg16", "vgg16_bn", "vgg19", "vgg19_bn",
+    "wide_resnet50_2", "wide_resnet101_2",
+    "convnext_tiny", "efficientnet_b0", "vit_b_16", "maxvit_t", "deeplabv3_resnet50",
+)  # fmt: skip
 
 # Detection and optical-flow models take lists of images or image pairs, not one tensor.
 _UNSUPPORTED_FAMILIES = {"detection": "a list of images", "optical_flow": "a pair of images"}
@@ -66,10 +81,10 @@ def build(name: str, options: BuildOptions) -> LoadedModel:
         with building(options):
             module = builder(**kwargs)
     except Exception as e:
-        raise ModelFailedError("build", name, e) from e
+        raise ModelFailedError(Stage.BUILD, name, e) from e
     shape = _input_shape(name, family, options.max_input_size)
     native = _input_shape(name, family, None)
     built_for = getattr(module, "image_size", None)  # ViTs: weights=None builds them for 224
     if isinstance(built_for, int) and built_for != shape[-1]:
         shape = native = (*shape[:-2], built_for, built_for)
-    return LoadedModel(name, "torchvision", module, shape, capped=shape != native)
+    return LoadedModel(name, module, shape, capped=shape != native)

@@ -15,7 +15,7 @@ from types import ModuleType
 
 from torch import nn
 
-from cl_audit.errors import ModelFailedError, UsageError
+from cl_audit.errors import ModelFailedError, Stage, UsageError
 from cl_audit.sources import BuildOptions, LoadedModel, cap_input
 
 __all__ = ["build"]
@@ -36,16 +36,16 @@ def _import(target: str, spec: str) -> ModuleType:
         try:
             file_spec.loader.exec_module(module)
         except Exception as e:
-            raise ModelFailedError("import", spec, e) from e
+            raise ModelFailedError(Stage.IMPORT, spec, e) from e
         return module
     try:
         return importlib.import_module(target)
     except ModuleNotFoundError as e:
         if e.name and target.startswith(e.name):
             raise UsageError(f"{spec}: no module named {e.name!r}") from None
-        raise ModelFailedError("import", spec, e) from e
+        raise ModelFailedError(Stage.IMPORT, spec, e) from e
     except Exception as e:
-        raise ModelFailedError("import", spec, e) from e
+        raise ModelFailedError(Stage.IMPORT, spec, e) from e
 
 
 def build(spec: str, options: BuildOptions) -> LoadedModel:
@@ -59,7 +59,7 @@ def build(spec: str, options: BuildOptions) -> LoadedModel:
     try:
         made = factory()
     except Exception as e:
-        raise ModelFailedError("build", spec, e) from e
+        raise ModelFailedError(Stage.BUILD, spec, e) from e
     module, shape = made if isinstance(made, tuple) and len(made) == 2 else (made, _DEFAULT_SHAPE)
     if not isinstance(module, nn.Module):
         raise UsageError(
@@ -71,4 +71,4 @@ def build(spec: str, options: BuildOptions) -> LoadedModel:
     except (TypeError, ValueError):
         raise UsageError(f"{spec}: input_shape {shape!r} is not a sequence of ints") from None
     capped = cap_input(input_shape, options.max_input_size)
-    return LoadedModel(spec, "user", module, capped, capped=capped != input_shape)
+    return LoadedModel(spec, module, capped, capped=capped != input_shape)

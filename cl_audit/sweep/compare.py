@@ -35,7 +35,7 @@ def merge(reports: list[SweepReport], force: bool = False) -> SweepReport:
 
 def _offences(report: SweepReport) -> set[tuple[str, str]]:
     return {
-        (row.key, finding.aten_op or finding.python_op or "?")
+        (row.key, finding.op_id)
         for row in report.models
         if row.offending
         for finding in row.offenders

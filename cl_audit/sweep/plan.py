@@ -6,31 +6,19 @@ import fnmatch
 import functools
 import json
 import re
-from dataclasses import dataclass
 from importlib import resources
 
 from cl_audit.errors import UsageError
-from cl_audit.sources import close_matches
+from cl_audit.report import ModelSource
+from cl_audit.sources import ModelRef, close_matches, positional_source
 
-__all__ = ["ModelRef", "estimated_cost", "parse_shard", "select", "shard"]
+__all__ = ["estimated_cost", "parse_shard", "select", "shard"]
 
 _GLOB_CHARS = re.compile(r"[*?\[]")
 
 
-@dataclass(frozen=True, order=True)
-class ModelRef:
-    """A model to audit: ``source`` is "torchvision", "timm" or "user" (``name`` is the spec)."""
-
-    source: str
-    name: str
-
-    @property
-    def key(self) -> str:
-        return f"{self.source}:{self.name}"
-
-
-def _registry(source: str) -> list[str]:
-    if source == "timm":
+def _registry(source: ModelSource) -> list[str]:
+    if source is ModelSource.TIMM:
         from cl_audit.sources import timm_models
 
         return timm_models.names()
@@ -43,7 +31,7 @@ def _split(patterns: list[str]) -> list[str]:
     return [p.strip() for text in patterns for p in text.split(",") if p.strip()]
 
 
-def _expand(source: str, patterns: list[str]) -> list[str]:
+def _expand(source: ModelSource, patterns: list[str]) -> list[str]:
     if not patterns:
         return []  # and do not import the registry: importing timm costs seconds
     available = _registry(source)
@@ -54,14 +42,13 @@ def _expand(source: str, patterns: list[str]) -> list[str]:
         elif _GLOB_CHARS.search(pattern):
             matches = fnmatch.filter(available, pattern)
             if not matches:
-                raise UsageError(f"--{source} {pattern!r} matches no {source} model")
+                raise UsageError(f"--{source.value} {pattern!r} matches no {source.value} model")
         elif pattern in available:
             matches = [pattern]
         else:
-            hint = "; for a timm model use --timm" if source == "torchvision" else ""
-            raise UsageError(
-                f"unknown {source} model {pattern!r}{close_matches(pattern, available)}{hint}"
-            )
+            hint = "; for a timm model use --timm" if source is ModelSource.TORCHVISION else ""
+            matches_hint = close_matches(pattern, available)
+            raise UsageError(f"unknown {source.value} model {pattern!r}{matches_hint}{hint}")
         chosen.extend(matches)
     return chosen
 
@@ -75,13 +62,15 @@ def select(
     """Positional models (torchvision names or ``file.py:factory`` specs), then the
     ``--torchvision`` and ``--timm`` patterns; ``exclude`` globs drop names; no duplicates."""
     refs: list[ModelRef] = []
+    tv, tm = ModelSource.TORCHVISION, ModelSource.TIMM
     for spec in models:
-        if ":" in spec:
-            refs.append(ModelRef("user", spec))
+        source = positional_source(spec)
+        if source is ModelSource.USER:
+            refs.append(ModelRef(source, spec))
         else:
-            refs.extend(ModelRef("torchvision", n) for n in _expand("torchvision", [spec]))
-    refs.extend(ModelRef("torchvision", n) for n in _expand("torchvision", torchvision))
-    refs.extend(ModelRef("timm", n) for n in _expand("timm", timm))
+            refs.extend(ModelRef(tv, n) for n in _expand(tv, [spec]))
+    refs.extend(ModelRef(tv, n) for n in _expand(tv, torchvision))
+    refs.extend(ModelRef(tm, n) for n in _expand(tm, timm))
     excluded = _split(exclude)
     seen: set[ModelRef] = set()
     selected = []

@@ -22,11 +22,12 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
-from cl_audit.report import Mode, ModelRow, ReportFormatError, Status
-from cl_audit.sweep.plan import ModelRef, estimated_cost
-from cl_audit.sweep.worker import SweepSettings, audit_ref, failed_row
+from cl_audit.errors import Stage
+from cl_audit.report import ModelRow, ReportFormatError, Status
+from cl_audit.sweep.plan import estimated_cost
+from cl_audit.sweep.worker import Job, audit_job, failed_row
 
-__all__ = ["Checkpoint", "run_models"]
+__all__ = ["Checkpoint", "run_jobs"]
 
 _POLL_SECONDS = 0.2
 
@@ -79,7 +80,7 @@ def private_memory_mb(pid: int) -> float | None:
     return kib / 1024
 
 
-def _child(ref: ModelRef, settings: SweepSettings, mode: Mode, conn: Connection) -> None:
+def _child(job: Job, conn: Connection) -> None:
     """Runs in the forked worker. Its output goes to /dev/null: models print warnings, and
     anything that matters reaches the parent as the row."""
     import torch
@@ -88,27 +89,27 @@ def _child(ref: ModelRef, settings: SweepSettings, mode: Mode, conn: Connection)
     os.dup2(devnull, 1)
     os.dup2(devnull, 2)
     torch.set_num_threads(1)
-    stage = [None]
+    stage: list[Stage | None] = [None]
 
-    def on_stage(name: str) -> None:
+    def on_stage(name: Stage) -> None:
         stage[0] = name
-        conn.send(("stage", name))
+        conn.send(("stage", name.value))
 
     try:
-        row = audit_ref(ref, settings, mode, on_stage)
+        row = audit_job(job, on_stage)
     except Exception as e:  # a failure outside the model's own build and forward
-        row = failed_row(ref, mode, Status.ERROR, f"{type(e).__name__}: {e}", stage[0])
+        row = failed_row(job, Status.ERROR, f"{type(e).__name__}: {e}", stage[0])
     conn.send(("row", row.to_dict()))
     conn.close()
 
 
 @dataclass
-class _Job:
-    ref: ModelRef
+class _Running:
+    job: Job
     process: Any
     conn: Connection
     started: float
-    stage: str | None = None
+    stage: Stage | None = None
     peak_mb: float = 0.0
     sampled: float = 0.0  # when memory was last read: at most every _POLL_SECONDS
 
@@ -122,18 +123,18 @@ def _signal_name(exitcode: int | None) -> str:
     return f"exited with code {exitcode} before reporting"
 
 
-def _failed_row(job: _Job, mode: Mode, status: Status, message: str, elapsed: float) -> ModelRow:
-    peak = round(job.peak_mb, 1) or None
-    return failed_row(job.ref, mode, status, message, job.stage, round(elapsed, 3), peak)
+def _failed_row(run: _Running, status: Status, message: str, elapsed: float) -> ModelRow:
+    peak = round(run.peak_mb, 1) or None
+    return failed_row(run.job, status, message, run.stage, round(elapsed, 3), peak)
 
 
-def _drain(job: _Job) -> ModelRow | None:
+def _drain(job: _Running) -> ModelRow | None:
     """Read what the child sent; the row if it has arrived."""
     try:
         while job.conn.poll():
             kind, payload = job.conn.recv()
             if kind == "stage":
-                job.stage = payload
+                job.stage = Stage(payload)
             else:
                 return ModelRow.from_dict(payload)
     except (EOFError, OSError):
@@ -141,47 +142,46 @@ def _drain(job: _Job) -> ModelRow | None:
     return None
 
 
-def _stop(job: _Job) -> None:
+def _stop(job: _Running) -> None:
     if job.process.is_alive():
         job.process.kill()
     job.process.join()
     job.conn.close()
 
 
-def run_models(
-    refs: Iterable[ModelRef],
-    settings: SweepSettings,
-    mode: Mode,
+def run_jobs(
+    jobs: Iterable[Job],
+    parallel: int,
     checkpoint: Checkpoint,
-    on_start: Callable[[ModelRef], None],
+    on_start: Callable[[Job], None],
     on_finish: Callable[[ModelRow], None],
 ) -> None:
-    """Audit every ref in a worker of its own, costliest first so the tail is short; each row
-    goes to the checkpoint, then to ``on_finish``. On Ctrl-C the workers are killed and the
-    KeyboardInterrupt goes on: every finished row has been delivered by then."""
+    """Audit every job in a worker of its own, ``parallel`` at a time, costliest first so the
+    tail is short; each row goes to the checkpoint, then to ``on_finish``. On Ctrl-C the
+    workers are killed and the KeyboardInterrupt goes on: every finished row has been delivered
+    by then."""
     context = multiprocessing.get_context("fork")
-    pending = sorted(refs, key=lambda r: (-estimated_cost(r), r))
-    running: list[_Job] = []
+    pending = sorted(jobs, key=lambda j: (-estimated_cost(j.ref), j.ref))
+    running: list[_Running] = []
 
-    def finish(job: _Job, row: ModelRow) -> None:
+    def finish(job: _Running, row: ModelRow) -> None:
         _stop(job)
         running.remove(job)
+        # The peak is the one figure only the parent measures; the worker leaves it empty.
         row = replace(row, peak_memory_mb=round(job.peak_mb, 1) or None)
         checkpoint.append(row)
         on_finish(row)
 
     try:
         while pending or running:
-            while pending and len(running) < settings.jobs:
-                ref = pending.pop(0)
+            while pending and len(running) < parallel:
+                job = pending.pop(0)
                 receiver, sender = context.Pipe(duplex=False)
-                process = context.Process(
-                    target=_child, args=(ref, settings, mode, sender), daemon=True
-                )
+                process = context.Process(target=_child, args=(job, sender), daemon=True)
                 process.start()
                 sender.close()
-                running.append(_Job(ref, process, receiver, time.monotonic()))
-                on_start(ref)
+                running.append(_Running(job, process, receiver, time.monotonic()))
+                on_start(job)
             wait([job.conn for job in running], timeout=_POLL_SECONDS)
             for job in list(running):
                 elapsed = time.monotonic() - job.started
@@ -192,19 +192,19 @@ def run_models(
                     job.process.join()
                     row = _drain(job)  # it may have reported just before exiting
                     message = _signal_name(job.process.exitcode)
-                    failed = _failed_row(job, mode, Status.ERROR, message, elapsed)
+                    failed = _failed_row(job, Status.ERROR, message, elapsed)
                     finish(job, row or failed)
-                elif elapsed > settings.timeout:
-                    message = f"no result after {settings.timeout:g} s"
-                    finish(job, _failed_row(job, mode, Status.TIMEOUT, message, elapsed))
+                elif elapsed > job.job.settings.timeout:
+                    message = f"no result after {job.job.settings.timeout:g} s"
+                    finish(job, _failed_row(job, Status.TIMEOUT, message, elapsed))
                 elif time.monotonic() - job.sampled >= _POLL_SECONDS:
                     job.sampled = time.monotonic()
                     used = private_memory_mb(job.process.pid) or 0.0
                     job.peak_mb = max(job.peak_mb, used)
-                    cap = settings.max_memory_mb
+                    cap = job.job.settings.max_memory_mb
                     if cap is not None and used > cap:
                         message = f"used {used:.0f} MB, over the {cap:g} MB cap"
-                        finish(job, _failed_row(job, mode, Status.OUT_OF_MEMORY, message, elapsed))
+                        finish(job, _failed_row(job, Status.OUT_OF_MEMORY, message, elapsed))
     except KeyboardInterrupt:
         for job in running:
             _stop(job)

@@ -1,4 +1,8 @@
-"""What a sweep worker does for one model: build it, audit it, and describe it as a row."""
+"""What a sweep worker does for one model: build it, audit it, and describe it as a row.
+
+Rows are built here, once, with everything they carry; the runner builds the rows of workers
+that died (crash, timeout, memory cap) with the same ``failed_row``.
+"""
 
 from __future__ import annotations
 
@@ -7,50 +11,85 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from cl_audit.errors import ModelFailedError, UsageError
-from cl_audit.report import Mode, ModelRow, Status
-from cl_audit.run import RunSettings, audit_loaded
-from cl_audit.sources import BuildOptions, load_model
-from cl_audit.sweep.plan import ModelRef
+from cl_audit.errors import ModelFailedError, Stage, UsageError
+from cl_audit.report import Mode, ModelRow, Status, TensorMode
+from cl_audit.run import audit_loaded
+from cl_audit.settings import AuditSettings
+from cl_audit.sources import BuildOptions, ModelRef, load_model
 
-__all__ = ["MIN_VERDICT_SIDE", "SweepSettings", "audit_ref", "failed_row"]
+__all__ = ["MIN_VERDICT_SIDE", "Job", "SweepSettings", "audit_job", "failed_row", "parse_memory"]
 
 MIN_VERDICT_SIDE = 128  # below this, 1x1 maps make verdicts ambiguous (3 of 79 models flipped)
 
 
 @dataclass(frozen=True)
 class SweepSettings:
-    run: RunSettings = field(default_factory=RunSettings)
-    fake: bool = False
-    confirm: bool = False
+    audit: AuditSettings = field(default_factory=AuditSettings)
+    confirm: bool = False  # re-run in eager mode what fake mode flagged or failed
     max_input_size: int | None = 256
     timeout: float = 300.0
     max_memory_mb: float | None = 4096.0
     jobs: int = 2
 
     def to_dict(self) -> dict[str, Any]:
+        """As the sweep report's ``settings`` records them."""
         data = asdict(self)
-        run = data.pop("run")
-        return {**{k: getattr(v, "value", v) for k, v in run.items()}, **data}
+        audit = {k: getattr(v, "value", v) for k, v in data.pop("audit").items()}
+        fake = audit.pop("tensor_mode") == TensorMode.FAKE.value
+        return {**audit, "fake": fake, **data}
+
+
+def parse_memory(text: str) -> float:
+    """'2GB', '512MB', '1.5G' to megabytes."""
+    units = {"": 1.0, "M": 1.0, "MB": 1.0, "MIB": 1.0, "G": 1024.0, "GB": 1024.0, "GIB": 1024.0}
+    cleaned = text.strip().upper()
+    digits = cleaned.rstrip("BGIM ")
+    unit = cleaned[len(digits) :].strip()
+    try:
+        value = float(digits)
+    except ValueError:
+        value = -1.0
+    if value <= 0 or unit not in units:
+        raise UsageError(f"--max-memory {text!r}: expected a size such as 2GB or 512MB")
+    return value * units[unit]
+
+
+@dataclass(frozen=True)
+class Job:
+    """One model to audit. A confirming job re-runs in eager mode a model fake mode flagged
+    or failed; ``fake_verdict`` (what fake mode had flagged) then goes into a failure's message,
+    so an eager failure does not hide the prediction."""
+
+    ref: ModelRef
+    settings: SweepSettings
+    confirming: bool = False
+    fake_verdict: str | None = None
+
+    @property
+    def mode(self) -> Mode:
+        if self.confirming:
+            return Mode.CONFIRMED
+        return Mode.FAKE if self.settings.audit.tensor_mode is TensorMode.FAKE else Mode.EAGER
 
 
 def failed_row(
-    ref: ModelRef,
-    mode: Mode,
+    job: Job,
     status: Status,
     message: str,
-    stage: str | None,
+    stage: Stage | None,
     seconds: float = 0.0,
     peak_memory_mb: float | None = None,
+    input_shape: tuple[int, ...] | None = None,
 ) -> ModelRow:
     """A row for a model that did not give a verdict: failed, or skipped with the reason."""
+    if status.failed and job.fake_verdict:
+        message = f"{message}; {job.fake_verdict}"
     return ModelRow(
-        name=ref.name,
-        source=ref.source,
+        name=job.ref.name,
+        source=job.ref.source,
         status=status,
-        mode=mode,
-        predicted=mode is Mode.FAKE,
-        input_shape=None,
+        mode=job.mode,
+        input_shape=input_shape,
         parameters=None,
         summary=None,
         offenders=(),
@@ -61,66 +100,52 @@ def failed_row(
     )
 
 
-def audit_ref(
-    ref: ModelRef,
-    settings: SweepSettings,
-    mode: Mode,
-    on_stage: Callable[[str], None] = lambda stage: None,
-) -> ModelRow:
+def audit_job(job: Job, on_stage: Callable[[Stage], None] = lambda stage: None) -> ModelRow:
     """Audit one model; every outcome, failures included, becomes a row."""
     start = time.perf_counter()
     try:
-        return _audit(ref, settings, mode, on_stage, start)
+        return _audit(job, on_stage, start)
     except UsageError as e:
-        return replace(failed_row(ref, mode, Status.SKIPPED, str(e), None), seconds=_since(start))
+        return failed_row(job, Status.SKIPPED, str(e), None, _since(start))
     except ModelFailedError as e:
         message = f"{type(e.cause).__name__}: {e.cause}".strip()
-        row = failed_row(ref, mode, Status.ERROR, message, e.stage)
-        return replace(row, seconds=_since(start))
+        return failed_row(job, Status.ERROR, message, e.stage, _since(start))
 
 
-def _audit(
-    ref: ModelRef,
-    settings: SweepSettings,
-    mode: Mode,
-    on_stage: Callable[[str], None],
-    start: float,
-) -> ModelRow:
-    from cl_audit.fake import audit_fake
-
-    run = settings.run
-    fake = mode is Mode.FAKE
+def _audit(job: Job, on_stage: Callable[[Stage], None], start: float) -> ModelRow:
+    settings = job.settings.audit
+    if job.confirming:
+        settings = replace(settings, tensor_mode=TensorMode.EAGER)
+    fake = settings.tensor_mode is TensorMode.FAKE
     options = BuildOptions(
-        max_input_size=settings.max_input_size, meta=fake, skip_random_init=not fake
+        max_input_size=job.settings.max_input_size, meta=fake, skip_random_init=not fake
     )
-    on_stage("build")
-    loaded = load_model(ref.name, timm=ref.source == "timm", options=options)
-    shape = run.input_size or loaded.input_shape
-    if run.input_size is None and min(shape[-2:]) < MIN_VERDICT_SIDE:
+    on_stage(Stage.BUILD)
+    loaded = load_model(job.ref, options)
+    shape = settings.input_size or loaded.input_shape
+    if settings.input_size is None and min(shape[-2:]) < MIN_VERDICT_SIDE:
         side = "x".join(map(str, shape[-2:]))
         message = f"input {side} is below {MIN_VERDICT_SIDE} px, where 1x1 maps make "
-        row = failed_row(ref, mode, Status.SKIPPED, message + "verdicts ambiguous", None)
-        return replace(row, input_shape=(run.batch_size, *shape), seconds=_since(start))
-    on_stage("forward")
-    audit_one = audit_fake if fake else audit_loaded
+        message += "verdicts ambiguous"
+        shape = settings.input_shape(shape)
+        return failed_row(job, Status.SKIPPED, message, None, _since(start), input_shape=shape)
+    on_stage(Stage.FORWARD)
     try:
-        report = audit_one(loaded, run)
+        report = audit_loaded(loaded, settings)
     except ModelFailedError:
-        if not loaded.capped or run.input_size is not None:
+        if not loaded.capped or settings.input_size is not None:
             raise
         # Some models cannot run below their own size (a patch size that does not divide the
         # cap, twin branches of fixed sizes): audit those at their own size.
-        on_stage("build")
-        uncapped = replace(options, max_input_size=None)
-        loaded = load_model(ref.name, timm=ref.source == "timm", options=uncapped)
-        on_stage("forward")
-        report = audit_one(loaded, run)
+        on_stage(Stage.BUILD)
+        loaded = load_model(job.ref, replace(options, max_input_size=None))
+        on_stage(Stage.FORWARD)
+        report = audit_loaded(loaded, settings)
     return ModelRow(
-        name=ref.name,
-        source=ref.source,
+        name=job.ref.name,
+        source=job.ref.source,
         status=Status.OK,
-        mode=mode,
-        predicted=fake,
+        mode=job.mode,
         input_shape=report.input_shape,
         parameters=sum(p.numel() for p in loaded.module.parameters()),
         summary=report.summary,
@@ -129,6 +154,8 @@ def _audit(
         stage=None,
         seconds=_since(start),
         peak_memory_mb=None,
+        parameter_conversions=report.parameter_conversions,
+        format_neutral=report.format_neutral,
     )
 
 

@@ -1,0 +1,58 @@
+"""Memory-format conversion of models and inputs, as users apply channels_last.
+
+``to_channels_last`` reproduces ``Module.to(memory_format=torch.channels_last)`` (what fastai,
+Composer and PyTorch's tutorial do), rank by rank; ``to_nchw`` undoes it for the NCHW run of a
+differential audit.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["channels_last_format", "input_to_channels_last", "to_channels_last", "to_nchw"]
+
+
+def channels_last_format(rank: int) -> torch.memory_format:
+    """``channels_last`` for 4D tensors, ``channels_last_3d`` for 5D ones."""
+    if rank == 4:
+        return torch.channels_last
+    if rank == 5:
+        return torch.channels_last_3d
+    raise ValueError(f"channels_last needs a 4D or 5D input, got {rank}D")
+
+
+def _restride(module: nn.Module, channels_last: bool) -> nn.Module:
+    def convert(tensor: torch.Tensor) -> torch.Tensor:
+        if tensor.dim() not in (4, 5):
+            return tensor
+        target = channels_last_format(tensor.dim()) if channels_last else torch.contiguous_format
+        return tensor.to(memory_format=target)
+
+    return module._apply(convert)
+
+
+def to_channels_last(module: nn.Module) -> nn.Module:
+    """Parameters and buffers in place: 4D to channels_last, 5D to channels_last_3d.
+
+    ``Module.to(memory_format=...)`` applies one format to every 4D and 5D tensor and fails on
+    models that hold both (timm's lambda layers keep a 5D weight in a 2D network). Each tensor
+    goes through ``Tensor.to(memory_format=...)`` as there, not ``contiguous()``: for a 1x1
+    kernel, ``contiguous`` keeps NCHW strides (it already counts as channels_last), ``to``
+    restrides it, and convolutions pick their output format from those strides.
+    """
+    return _restride(module, channels_last=True)
+
+
+def to_nchw(module: nn.Module) -> nn.Module:
+    """Parameters and buffers in place: every 4D and 5D tensor back to NCHW (NCDHW) strides."""
+    return _restride(module, channels_last=False)
+
+
+def input_to_channels_last(value: Any) -> Any:
+    """A 4D/5D tensor copied to channels_last; anything else unchanged."""
+    if isinstance(value, torch.Tensor) and value.dim() in (4, 5):
+        return value.contiguous(memory_format=channels_last_format(value.dim()))
+    return value

@@ -1,0 +1,37 @@
+"""Reading and writing reports: '-' is stdout, a name ending in .gz is gzip-compressed."""
+
+from __future__ import annotations
+
+import gzip
+import sys
+from pathlib import Path
+
+from cl_audit.errors import UsageError
+from cl_audit.report import ReportFormatError, SweepReport
+
+__all__ = ["read_sweep", "write_text"]
+
+
+def write_text(path: Path, text: str, option: str) -> None:
+    """Write ``text`` to ``path`` (gzip for .gz, stdout for '-'); ``option`` names the flag in
+    the error of an unwritable path."""
+    if str(path) == "-":
+        sys.stdout.write(text)
+        return
+    try:
+        if path.suffix == ".gz":
+            path.write_bytes(gzip.compress(text.encode(), mtime=0))
+        else:
+            path.write_text(text)
+    except OSError as e:
+        raise UsageError(f"{option} {path}: {e.strerror}") from None
+
+
+def read_sweep(path: Path) -> SweepReport:
+    """A sweep report written by ``--json`` (any readable version, gzip or not)."""
+    try:
+        return SweepReport.from_bytes(path.read_bytes())
+    except OSError as e:
+        raise UsageError(f"{path}: {e.strerror}") from None
+    except ReportFormatError as e:
+        raise UsageError(f"{path}: {e}") from None

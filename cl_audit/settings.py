@@ -1,0 +1,128 @@
+"""What one audit runs with: enums for every choice a user makes, and one frozen settings object.
+
+The CLI parses strings into these at its boundary; the Python API, the single-model CLI and the
+sweep worker all audit through ``cl_audit.run.audit_module`` with an ``AuditSettings``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from enum import Enum, unique
+
+import torch
+
+from cl_audit.environment import autocast_name
+from cl_audit.errors import UsageError
+from cl_audit.report import TensorMode
+
+__all__ = [
+    "Amp",
+    "AuditSettings",
+    "DType",
+    "Engine",
+    "Strategy",
+    "TensorMode",
+    "parse_input_size",
+    "resolve_device",
+]
+
+
+@unique
+class Engine(str, Enum):
+    DISPATCH = "dispatch"  # aten-level TorchDispatchMode, named by a TorchFunctionMode
+    PATCH = "patch"  # wraps the public callables of torch, torch.Tensor and F
+
+
+@unique
+class Strategy(str, Enum):
+    """How model and input are converted before the audited forward."""
+
+    CHANNELS_LAST = "channels-last"  # as Module.to(memory_format=torch.channels_last) does
+    AS_GIVEN = "as-given"  # nothing converted: the caller chose the format
+
+
+@unique
+class DType(str, Enum):
+    FLOAT32 = "float32"
+    BFLOAT16 = "bfloat16"
+    FLOAT16 = "float16"
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return getattr(torch, self.value)
+
+
+@unique
+class Amp(str, Enum):
+    BF16 = "bf16"
+    FP16 = "fp16"
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return torch.bfloat16 if self is Amp.BF16 else torch.float16
+
+
+@dataclass(frozen=True)
+class AuditSettings:
+    """Everything that decides what one audit runs. ``input_size`` is per sample (None: the
+    model's own); ``differential`` re-runs the forward in NCHW to classify terminal losses.
+    The training phase is the next dimension to join these."""
+
+    batch_size: int = 2
+    input_size: tuple[int, ...] | None = None
+    device: str = "cpu"
+    dtype: DType = DType.FLOAT32
+    amp: Amp | None = None
+    engine: Engine = Engine.DISPATCH
+    tensor_mode: TensorMode = TensorMode.EAGER
+    strategy: Strategy = Strategy.CHANNELS_LAST
+    differential: bool = True
+    seed: int = 0
+
+    @property
+    def predicted(self) -> bool:
+        """Fake tensors compute nothing: their verdicts are predictions."""
+        return self.tensor_mode is TensorMode.FAKE
+
+    def input_shape(self, model_shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The batched input shape, from ``input_size`` or the model's per-sample shape."""
+        return (self.batch_size, *(self.input_size or model_shape))
+
+    def autocast(self) -> contextlib.AbstractContextManager[object]:
+        if self.amp is None:
+            return contextlib.nullcontext()
+        return torch.autocast(torch.device(self.device).type, dtype=self.amp.torch_dtype)
+
+    @property
+    def autocast_description(self) -> str | None:
+        """As the report writes it, e.g. "cpu:bfloat16"."""
+        if self.amp is None:
+            return None
+        return autocast_name(torch.device(self.device).type, self.amp.torch_dtype)
+
+
+def parse_input_size(text: str) -> tuple[int, ...]:
+    """``3x224x224`` (images) or ``3x16x112x112`` (clips) to a tuple."""
+    try:
+        dims = tuple(int(part) for part in text.lower().split("x"))
+    except ValueError:
+        dims = ()
+    if len(dims) not in (3, 4) or min(dims) < 1:
+        raise UsageError(f"--input-size {text!r}: expected CxHxW or CxTxHxW, e.g. 3x224x224")
+    return dims
+
+
+def resolve_device(text: str, tensor_mode: TensorMode = TensorMode.EAGER) -> torch.device:
+    """A torch device that can run: CUDA must be present for eager runs; fake mode models
+    cpu and cuda without either being present."""
+    try:
+        device = torch.device(text)
+    except RuntimeError:
+        raise UsageError(f"--device {text!r}: not a torch device") from None
+    if tensor_mode is TensorMode.FAKE:
+        if device.type not in ("cpu", "cuda"):
+            raise UsageError(f"--device {text!r}: fake mode models cpu and cuda only")
+    elif device.type == "cuda" and not torch.cuda.is_available():
+        raise UsageError(f"--device {text!r}: CUDA is not available on this machine")
+    return device

@@ -1,0 +1,168 @@
+"""A whole sweep: selected models in, a ``SweepReport`` out.
+
+The session owns what a sweep decides beyond one model: the checkpoint (its default path,
+``--resume``), the pass in fake or eager mode, the eager confirmation of what fake mode flagged
+and its policy for large models, and the environment the report records. Progress goes to the
+callbacks the caller gives; rendering and exit codes stay with the caller.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Protocol
+
+from cl_audit.environment import probe
+from cl_audit.report import Mode, ModelRow, ModelSource, SweepReport
+from cl_audit.sources import ModelRef
+from cl_audit.sweep.runner import Checkpoint, run_jobs
+from cl_audit.sweep.worker import Job, SweepSettings
+
+__all__ = [
+    "CONFIRM_LARGE_SIDE",
+    "LARGE_MODEL_PARAMETERS",
+    "Progress",
+    "SweepOutcome",
+    "confirm_jobs",
+    "default_checkpoint",
+    "run_sweep",
+]
+
+LARGE_MODEL_PARAMETERS = 250_000_000  # confirmed in eager mode at CONFIRM_LARGE_SIDE px
+CONFIRM_LARGE_SIDE = 160
+
+
+class Progress(Protocol):
+    """What a pass reports to: a model started, a row finished."""
+
+    def start(self, ref: ModelRef) -> None: ...
+
+    def finish(self, row: ModelRow) -> None: ...
+
+
+# (models in this pass including those already done, already done) -> a progress display
+ProgressFactory = Callable[[int, int], AbstractContextManager[Progress]]
+
+
+@dataclass(frozen=True)
+class SweepOutcome:
+    report: SweepReport
+    interrupted: bool
+    selected: int
+    checkpoint: Path
+
+
+def default_checkpoint(
+    json_path: Path | None, selection: dict[str, Any], settings: SweepSettings
+) -> Path:
+    """``--json``'s path plus ``.jsonl``, else a file named by a hash of the settings."""
+    if json_path is not None and str(json_path) != "-":
+        return json_path.with_name(json_path.name + ".jsonl")
+    config = json.dumps([selection, settings.to_dict()], sort_keys=True, default=str)
+    return Path(".cl-audit") / f"sweep-{hashlib.sha1(config.encode()).hexdigest()[:12]}.jsonl"
+
+
+def _warm_imports(refs: list[ModelRef]) -> None:
+    """Import once in the parent, so every forked worker starts warm."""
+    import torchvision  # noqa: F401
+
+    import cl_audit.run  # noqa: F401
+
+    if any(ref.source is ModelSource.TIMM for ref in refs):
+        import timm  # noqa: F401
+
+
+def run_sweep(
+    refs: list[ModelRef],
+    settings: SweepSettings,
+    selection: dict[str, Any],
+    checkpoint_path: Path,
+    resume: bool,
+    progress: ProgressFactory,
+    notify: Callable[[str], None],
+) -> SweepOutcome:
+    """Audit every ref (those already in the checkpoint skipped with ``resume``), confirm
+    in eager mode what fake mode flagged when asked, and build the report; Ctrl-C ends the
+    sweep with every finished row kept (``interrupted``)."""
+    _warm_imports(refs)
+    checkpoint = Checkpoint(checkpoint_path)
+    wanted = {ref.key for ref in refs}
+    done = {k: r for k, r in checkpoint.read().items() if k in wanted} if resume else {}
+    checkpoint.start(keep=resume)
+    rows: dict[str, ModelRow] = dict(done)
+    jobs = [Job(ref, settings) for ref in refs if ref.key not in done]
+    interrupted = False
+    try:
+        _run_pass(jobs, settings.jobs, checkpoint, progress, rows, len(done))
+        if settings.confirm:
+            _confirm(rows, settings, checkpoint, progress, notify)
+    except KeyboardInterrupt:
+        interrupted = True  # every finished row is already in ``rows`` and the checkpoint
+    audit = settings.audit
+    environment = probe(
+        device=audit.device,
+        dtype=audit.dtype.value,
+        autocast=audit.autocast_description,
+        engine=audit.engine.value,
+        mode=audit.tensor_mode,
+    )
+    report = SweepReport.build(
+        environment, {**selection, **settings.to_dict()}, list(rows.values())
+    )
+    return SweepOutcome(report, interrupted, len(refs), checkpoint.path)
+
+
+def confirm_jobs(rows: dict[str, ModelRow], settings: SweepSettings) -> list[Job]:
+    """Eager re-runs of every model fake mode flagged or failed; models over
+    ``LARGE_MODEL_PARAMETERS`` at ``CONFIRM_LARGE_SIDE`` px. A failure's message keeps what
+    fake mode had flagged."""
+    smaller = replace(
+        settings,
+        max_input_size=min(settings.max_input_size or CONFIRM_LARGE_SIDE, CONFIRM_LARGE_SIDE),
+    )
+    jobs = []
+    for row in rows.values():
+        if row.mode is not Mode.FAKE or not (row.offending or row.status.failed):
+            continue
+        large = (row.parameters or 0) > LARGE_MODEL_PARAMETERS
+        verdict = None
+        if row.offending:
+            verdict = "fake mode had flagged: " + ", ".join(sorted({f.op for f in row.offenders}))
+        ref = ModelRef(row.source, row.name)
+        jobs.append(Job(ref, smaller if large else settings, True, verdict))
+    return jobs
+
+
+def _confirm(
+    rows: dict[str, ModelRow],
+    settings: SweepSettings,
+    checkpoint: Checkpoint,
+    progress: ProgressFactory,
+    notify: Callable[[str], None],
+) -> None:
+    jobs = confirm_jobs(rows, settings)
+    if jobs:
+        notify(f"confirming {len(jobs)} models flagged in fake mode, in eager mode")
+        _run_pass(jobs, settings.jobs, checkpoint, progress, rows)
+
+
+def _run_pass(
+    jobs: list[Job],
+    parallel: int,
+    checkpoint: Checkpoint,
+    progress: ProgressFactory,
+    rows: dict[str, ModelRow],
+    already_done: int = 0,
+) -> None:
+    """One pass with its own progress display; each row lands in ``rows`` as it finishes."""
+    with progress(len(jobs) + already_done, already_done) as display:
+
+        def finished(row: ModelRow) -> None:
+            rows[row.key] = row
+            display.finish(row)
+
+        run_jobs(jobs, parallel, checkpoint, lambda job: display.start(job.ref), finished)

@@ -1,0 +1,130 @@
+"""Reports built from literal data, for unit tests of everything downstream of an audit."""
+
+from __future__ import annotations
+
+from cl_audit.errors import Stage
+from cl_audit.layout import MemoryLayout
+from cl_audit.report import (
+    Conversion,
+    Differential,
+    DifferentialRun,
+    DifferentialStatus,
+    Environment,
+    Finding,
+    Mode,
+    ModelReport,
+    ModelRow,
+    ModelSource,
+    Producer,
+    Provenance,
+    Status,
+    SweepReport,
+    TensorMode,
+    TensorSummary,
+    summarise,
+)
+
+ENVIRONMENT = Environment(
+    tool="0.1.0",
+    python="3.11.7",
+    torch="2.14.1",
+    torchvision="0.29.1",
+    timm="1.0.31",
+    device="cpu",
+    dtype="float32",
+    autocast=None,
+    engine="dispatch",
+    mode=TensorMode.EAGER,
+)
+CL_IN = TensorSummary((2, 8, 4, 4), (128, 1, 32, 8), "float32", "cpu", MemoryLayout.CHANNELS_LAST)
+NCHW_OUT = TensorSummary((2, 8, 4, 4), (128, 16, 4, 1), "float32", "cpu", MemoryLayout.CONTIGUOUS)
+
+
+def finding(
+    python_op: str = "torch.cat",
+    aten_op: str | None = "aten.cat",
+    module_path: str = "stage2.1",
+    call_site: str = "models/net.py:95",
+    count: int = 1,
+    round_trips: int = 1,
+    provenance: Provenance = Provenance.BATCH,
+    differential: Differential | None = None,
+    root_cause: Producer | None = None,
+) -> Finding:
+    return Finding(
+        kind=Conversion.LOSS,
+        python_op=python_op,
+        aten_op=aten_op,
+        module_path=module_path,
+        module_class="InvertedResidual",
+        call_site=call_site,
+        inputs=(CL_IN,),
+        outputs=(NCHW_OUT,),
+        count=count,
+        bytes_converted=1024 * count,
+        round_trips=round_trips,
+        terminal=count - round_trips,
+        mixed_formats=root_cause is not None,
+        root_cause=root_cause,
+        provenance=provenance,
+        differential=differential,
+    )
+
+
+SHUFFLE = Producer("Tensor.contiguous", "aten.clone", "stage2.0", "InvertedResidual", "net.py:35")
+
+
+def model_report() -> ModelReport:
+    offenders = (
+        finding(count=3, round_trips=3, root_cause=SHUFFLE),
+        finding(
+            "torch.flatten",
+            "aten.clone",
+            "",
+            "models/net.py:120",
+            round_trips=0,
+            differential=Differential.CAUSED,
+        ),
+    )
+    parameters = (finding("F.batch_norm", "aten.clone", "conv1", provenance=Provenance.PARAMETER),)
+    neutral = (finding("F.softmax", "aten._softmax", "attn", round_trips=0),)
+    return ModelReport(
+        model="net",
+        input_shape=(2, 3, 32, 32),
+        environment=ENVIRONMENT,
+        summary=summarise(120, 14, offenders, (), parameters, neutral),
+        offenders=offenders,
+        regains=(),
+        parameter_conversions=parameters,
+        format_neutral=neutral,
+        differential=DifferentialRun(DifferentialStatus.RAN),
+    )
+
+
+def row(
+    name: str,
+    offenders: tuple[Finding, ...] = (),
+    status: Status = Status.OK,
+    source: ModelSource = ModelSource.TIMM,
+    message: str | None = None,
+) -> ModelRow:
+    ok = status is Status.OK
+    return ModelRow(
+        name=name,
+        source=source,
+        status=status,
+        mode=Mode.EAGER,
+        input_shape=(2, 3, 224, 224) if ok else None,
+        parameters=1000 if ok else None,
+        summary=summarise(10, 5, offenders, ()) if ok else None,
+        offenders=offenders,
+        message=message,
+        stage=None if ok or status is Status.SKIPPED else Stage.FORWARD,
+        seconds=1.5,
+        peak_memory_mb=None,
+    )
+
+
+def sweep(*rows: ModelRow, tool: str = "0.1.0") -> SweepReport:
+    environment = Environment(**{**ENVIRONMENT.__dict__, "tool": tool})
+    return SweepReport.build(environment, {"fake": False}, list(rows))
