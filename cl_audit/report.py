@@ -172,8 +172,9 @@ class Finding:
 
 @dataclass(frozen=True)
 class Summary:
-    """Counts over ``offenders`` (losses, round trips, terminal, offending ops) and regains;
-    the parameter and format-neutral lists are counted apart."""
+    """Counts over ``offenders`` (losses, round trips, terminal, offending ops) and the regains
+    of activations (a convolution that regains from a standardised weight is a parameter
+    matter); the parameter and format-neutral lists are counted apart."""
 
     calls_checked: int
     distinct_ops: int
@@ -182,7 +183,7 @@ class Summary:
     regains: int
     round_trips: int
     terminal_conversions: int
-    bytes_converted: int  # written by the offenders and the regains
+    bytes_converted: int  # written by the offenders and the regains of activations
     parameter_conversions: int = 0
     parameter_bytes: int = 0
     format_neutral: int = 0
@@ -197,15 +198,16 @@ def summarise(
     parameter_conversions: tuple[Finding, ...] = (),
     format_neutral: tuple[Finding, ...] = (),
 ) -> Summary:
+    activations = tuple(f for f in regains if f.provenance is Provenance.BATCH)
     return Summary(
         calls_checked=calls_checked,
         distinct_ops=distinct_ops,
         offending_ops=len({f.op_id for f in offenders}),
         losses=sum(f.count for f in offenders),
-        regains=sum(f.count for f in regains),
+        regains=sum(f.count for f in activations),
         round_trips=sum(f.round_trips for f in offenders),
         terminal_conversions=sum(f.terminal for f in offenders),
-        bytes_converted=sum(f.bytes_converted for f in (*offenders, *regains)),
+        bytes_converted=sum(f.bytes_converted for f in (*offenders, *activations)),
         parameter_conversions=sum(f.count for f in parameter_conversions),
         parameter_bytes=sum(f.bytes_converted for f in parameter_conversions),
         format_neutral=sum(f.count for f in format_neutral),

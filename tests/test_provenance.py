@@ -32,6 +32,10 @@ def test_weight_standardisation_is_a_parameter_loss_beside_a_batch_one(engine):
     assert regain.provenance is Provenance.PARAMETER
     assert regain.regain_source is RegainSource.LOSS
     assert regain.root_cause.python_op == "Tensor.reshape"
+    # the regain from the standardised weight is a parameter matter: not in the summary's
+    # count of activation regains, nor in its bytes (the softmax's alone)
+    assert report.summary.regains == 0
+    assert report.summary.bytes_converted == activation.bytes_converted
 
 
 def test_weight_standardisation_without_a_model_argument_learns_the_parameters(engine):
