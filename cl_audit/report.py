@@ -455,6 +455,7 @@ class ModelRow:
     peak_memory_mb: float | None
     parameter_conversions: tuple[Finding, ...] = ()
     format_neutral: tuple[Finding, ...] = ()
+    regains: tuple[Finding, ...] = ()  # each names its source: no regain goes unexplained
 
     @property
     def key(self) -> str:
@@ -490,6 +491,7 @@ class ModelRow:
             peak_memory_mb=data["peak_memory_mb"],
             parameter_conversions=_findings(data.get("parameter_conversions", ())),
             format_neutral=_findings(data.get("format_neutral", ())),
+            regains=_findings(data.get("regains", ())),
         )
 
 

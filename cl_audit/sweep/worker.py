@@ -156,6 +156,7 @@ def _audit(job: Job, on_stage: Callable[[Stage], None], start: float) -> ModelRo
         peak_memory_mb=None,
         parameter_conversions=report.parameter_conversions,
         format_neutral=report.format_neutral,
+        regains=report.regains,
     )
 
 
