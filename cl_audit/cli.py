@@ -12,11 +12,12 @@ from typing import Annotated, Any, Optional
 
 import click
 import typer
+from click.core import ParameterSource
 from rich.console import Console
 from typer.core import TyperGroup
 
 from cl_audit.errors import ModelFailedError, UsageError
-from cl_audit.files import read_sweep, write_text
+from cl_audit.files import check_writable, read_sweep, write_text
 from cl_audit.report import SweepReport
 from cl_audit.settings import Amp, AuditSettings, DType, Engine, TensorMode, parse_input_size
 from cl_audit.sources import ModelRef
@@ -50,11 +51,13 @@ def _help() -> None:
     [bold]cl-audit merge[/bold] combines sweep reports.
 
     [bold]Exit codes[/bold]: 0 no offender, 1 offenders found (with --baseline: new offences
-    or failures), 2 usage error (unknown model, bad option), 3 the model failed to build or
+    or failures), 2 usage error (unknown model, bad option, every model of a sweep
+    skipped), 3 the model failed to build or
     run (a sweep: some model failed and none offended), 130 interrupted.
     """
 
 
+_COMMAND_LINE = ParameterSource.COMMANDLINE
 _MODELS_HELP = "torchvision names or globs, or module:factory / path/file.py:factory."
 _DIFFERENTIAL_HELP = "Re-run in NCHW to tell caused terminal losses from format-neutral ones."
 _CHECKPOINT_HELP = "Sweep: JSON Lines of finished rows (default: --json's path + .jsonl)."
@@ -69,8 +72,13 @@ def _fail(message: str, code: int) -> typer.Exit:
     return typer.Exit(code)
 
 
+# Options that only a sweep uses; given for one model they are reported as not applied.
+_SWEEP_ONLY = ("jobs", "timeout", "max_memory", "max_input_size", "checkpoint", "confirm")
+
+
 @app.command("audit")
 def audit_command(
+    ctx: typer.Context,
     models: Annotated[Patterns, typer.Argument(help=_MODELS_HELP, show_default=False)] = None,
     timm_models: Annotated[Patterns, _opt("--timm", help="timm names, globs, 'all'.")] = None,
     torchvision_models: Annotated[
@@ -111,7 +119,8 @@ def audit_command(
     a worker of its own.
 
     [bold]Exit codes[/bold]: 0 no offender, 1 offenders found (with --baseline: new offences
-    or failures), 2 usage error (unknown model, bad option), 3 the model failed to build or
+    or failures), 2 usage error (unknown model, bad option, every model of a sweep
+    skipped), 3 the model failed to build or
     run (a sweep: some model failed and none offended), 130 interrupted.
     """
     console = Console(stderr=json_path is not None and str(json_path) == "-")
@@ -137,7 +146,17 @@ def audit_command(
             raise typer.Exit(EXIT_CLEAN)
         if not refs:
             raise UsageError("no model selected: give a model name, --timm or --torchvision")
+        for path, option in ((json_path, "--json"), (junit, "--junit")):
+            check_writable(path, option)
         if len(refs) == 1 and not (junit or baseline or resume or shard_spec):
+            given = [o for o in _SWEEP_ONLY if ctx.get_parameter_source(o) is _COMMAND_LINE]
+            if given:
+                flags = ", ".join("--" + o.replace("_", "-") for o in given)
+                Console(stderr=True).print(
+                    f"note: {flags} apply to sweeps (several models, or --junit, --baseline, "
+                    "--shard, --resume): not applied to one model",
+                    highlight=False,
+                )
             code = _single(refs[0], settings, json_path, show_all, console)
         else:
             sweep = SweepSettings(
@@ -232,9 +251,15 @@ def _sweep(
 
 
 def _sweep_exit(report: SweepReport) -> int:
-    if report.summary.offending:
+    s = report.summary
+    if s.offending:
         return EXIT_OFFENDERS
-    return EXIT_MODEL_FAILED if report.summary.failed else EXIT_CLEAN
+    if s.failed:
+        return EXIT_MODEL_FAILED
+    if s.models and s.skipped == s.models:
+        reason = next(r.message for r in report.models)
+        raise UsageError(f"no model was audited: all {s.models} were skipped ({reason})")
+    return EXIT_CLEAN
 
 
 @app.command("merge")

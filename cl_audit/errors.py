@@ -29,11 +29,12 @@ class UsageError(ValueError):
 class ModelFailedError(RuntimeError):
     """The model failed to build or run. Exit code 3; ``stage`` says where."""
 
-    def __init__(self, stage: Stage, model: str, cause: BaseException) -> None:
+    def __init__(
+        self, stage: Stage, model: str, cause: BaseException, hint: str | None = None
+    ) -> None:
         self.stage = stage
         self.model = model
         self.cause = cause
         detail = str(cause).strip().splitlines()[0] if str(cause).strip() else ""
-        super().__init__(
-            f"{model}: {stage.value} failed: {type(cause).__name__}: {detail}".rstrip(": ")
-        )
+        message = f"{model}: {stage.value} failed: {type(cause).__name__}: {detail}".rstrip(": ")
+        super().__init__(message + (f" (hint: {hint})" if hint else ""))

@@ -3,13 +3,27 @@
 from __future__ import annotations
 
 import gzip
+import os
 import sys
 from pathlib import Path
 
 from cl_audit.errors import UsageError
 from cl_audit.report import ReportFormatError, SweepReport
 
-__all__ = ["read_sweep", "write_text"]
+__all__ = ["check_writable", "read_sweep", "write_text"]
+
+
+def check_writable(path: Path | None, option: str) -> None:
+    """Refuse, before any model runs, an output path that cannot be written."""
+    if path is None or str(path) == "-":
+        return
+    folder = path.parent
+    if path.is_dir():
+        raise UsageError(f"{option} {path}: is a directory")
+    if not folder.is_dir():
+        raise UsageError(f"{option} {path}: no such directory {str(folder)!r}")
+    if not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise UsageError(f"{option} {path}: not writable")
 
 
 def write_text(path: Path, text: str, option: str) -> None:

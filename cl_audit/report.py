@@ -38,12 +38,14 @@ __all__ = [
     "Provenance",
     "RegainSource",
     "ReportFormatError",
+    "SiteGroup",
     "Status",
     "Summary",
     "SweepReport",
     "SweepSummary",
     "TensorMode",
     "TensorSummary",
+    "by_call_site",
     "decode_document",
     "load_schema",
     "summarise",
@@ -168,6 +170,50 @@ class Finding:
     def op_id(self) -> str:
         """The identity of the operation (``aten.clone``), for grouping and comparing."""
         return self.aten_op or self.python_op or "?"
+
+
+@dataclass(frozen=True)
+class SiteGroup:
+    """The findings of one operation at one call site, folded over the modules it ran in (a
+    block repeated 22 times is one group). ``first`` is the largest and stands for the rest."""
+
+    first: Finding
+    module_paths: tuple[str | None, ...]
+    count: int
+    bytes_converted: int
+    round_trips: int
+    terminal: int
+
+
+def by_call_site(findings: tuple[Finding, ...]) -> tuple[SiteGroup, ...]:
+    """Findings grouped by op, call site, root cause and verdict; most bytes first."""
+    groups: dict[tuple[Any, ...], list[Finding]] = {}
+    for f in findings:
+        cause = f.root_cause
+        key = (
+            f.python_op,
+            f.aten_op,
+            f.call_site,
+            None if cause is None else (cause.python_op, cause.aten_op, cause.call_site),
+            f.differential,
+            f.provenance,
+        )
+        groups.setdefault(key, []).append(f)
+    folded = []
+    for members in groups.values():
+        members.sort(key=lambda f: -f.bytes_converted)
+        paths = tuple(dict.fromkeys(f.module_path for f in members))
+        folded.append(
+            SiteGroup(
+                first=members[0],
+                module_paths=paths,
+                count=sum(f.count for f in members),
+                bytes_converted=sum(f.bytes_converted for f in members),
+                round_trips=sum(f.round_trips for f in members),
+                terminal=sum(f.terminal for f in members),
+            )
+        )
+    return tuple(sorted(folded, key=lambda g: (-g.bytes_converted, -g.count)))
 
 
 @dataclass(frozen=True)

@@ -201,7 +201,21 @@ def audit_loaded(loaded: LoadedModel, settings: AuditSettings) -> ModelReport:
             module = loaded.module.to(device=device, dtype=dtype)
     except Exception as e:
         raise ModelFailedError(Stage.SETUP, loaded.name, e) from e
-    return audit_module(module, (example,), settings, name=loaded.name)
+    try:
+        return audit_module(module, (example,), settings, name=loaded.name)
+    except ModelFailedError as e:
+        if e.stage is not Stage.FORWARD or not _looks_batched(loaded, settings):
+            raise
+        hint = (
+            f"the factory's input_shape {loaded.input_shape} is per sample and 4 dims are read "
+            f"as a clip (C, T, H, W), so the input was {shape}; for images return (C, H, W)"
+        )
+        raise ModelFailedError(e.stage, e.model, e.cause, hint) from e.cause
+
+
+def _looks_batched(loaded: LoadedModel, settings: AuditSettings) -> bool:
+    """A declared 4-dim shape that failed: most often an image shape given with its batch."""
+    return loaded.declared and settings.input_size is None and len(loaded.input_shape) == 4
 
 
 def audit_model(

@@ -7,6 +7,7 @@ sweep worker all audit through ``cl_audit.run.audit_module`` with an ``AuditSett
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import Enum, unique
 
@@ -90,9 +91,15 @@ class AuditSettings:
         return (self.batch_size, *(self.input_size or model_shape))
 
     def autocast(self) -> contextlib.AbstractContextManager[object]:
+        """``torch.autocast`` for the device; on fake CUDA without a GPU, the same state set
+        directly, since ``torch.autocast("cuda")`` disables itself when CUDA is absent."""
         if self.amp is None:
             return contextlib.nullcontext()
-        return torch.autocast(torch.device(self.device).type, dtype=self.amp.torch_dtype)
+        device_type = torch.device(self.device).type
+        fake = self.tensor_mode is TensorMode.FAKE
+        if device_type == "cuda" and fake and not torch.cuda.is_available():
+            return _fake_cuda_autocast(self.amp.torch_dtype)
+        return torch.autocast(device_type, dtype=self.amp.torch_dtype)
 
     @property
     def autocast_description(self) -> str | None:
@@ -100,6 +107,21 @@ class AuditSettings:
         if self.amp is None:
             return None
         return autocast_name(torch.device(self.device).type, self.amp.torch_dtype)
+
+
+@contextlib.contextmanager
+def _fake_cuda_autocast(dtype: torch.dtype) -> Iterator[None]:
+    """Autocast for fake CUDA tensors on a machine without CUDA: the public switches that
+    ``torch.autocast`` uses, restored on exit. A test proves a convolution's output dtype."""
+    enabled, previous = torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda")
+    torch.set_autocast_enabled("cuda", True)
+    torch.set_autocast_dtype("cuda", dtype)
+    try:
+        yield
+    finally:
+        torch.set_autocast_enabled("cuda", enabled)
+        torch.set_autocast_dtype("cuda", previous)
+        torch.clear_autocast_cache()
 
 
 def parse_input_size(text: str) -> tuple[int, ...]:

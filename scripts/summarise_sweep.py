@@ -39,7 +39,8 @@ def main() -> None:
         print("\n| model | status | stage | message |\n|---|---|---|---|")
         for row in failed:
             message = (row.message or "").replace("|", "/").replace("\n", " ")[:140]
-            print(f"| {row.name} | {row.status.value} | {row.stage or ''} | {message} |")
+            stage = row.stage.value if row.stage else ""
+            print(f"| {row.name} | {row.status.value} | {stage} | {message} |")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ import argparse
 import json
 from pathlib import Path
 
-from cl_audit.report import SweepReport
+from cl_audit.report import ModelSource, SweepReport
 
 TABLE = Path(__file__).resolve().parents[1] / "cl_audit" / "sweep" / "parameters.json"
 
@@ -21,7 +21,7 @@ def main() -> None:
     table = json.loads(TABLE.read_text())
     for path in args.reports:
         for row in SweepReport.from_bytes(path.read_bytes()).models:
-            if row.parameters is not None and row.source != "user":
+            if row.parameters is not None and row.source is not ModelSource.USER:
                 table[row.key] = row.parameters
     TABLE.write_text(json.dumps(dict(sorted(table.items())), indent=0) + "\n")
     print(f"{len(table)} parameter counts in {TABLE}")

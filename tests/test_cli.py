@@ -174,3 +174,47 @@ def test_interrupt_exits_130_without_traceback():
     interrupted = run_cli(f"{TOYS}:interrupting")
     assert interrupted.returncode == 130
     assert "interrupted" in interrupted.stderr and "Traceback" not in interrupted.stderr
+
+
+# --- defects found by a new user ------------------------------------------------------------
+
+
+def test_an_unwritable_json_path_is_refused_before_the_model_is_built(tmp_path):
+    # failing_factory would exit 3 at its build: exit 2 proves the path was checked first
+    result = invoke(f"{TOYS}:failing_factory", "--json", str(tmp_path / "missing" / "r.json"))
+    assert result.exit_code == 2, result.output
+    assert "no such directory" in result.output and "Traceback" not in result.output
+    sweep = invoke(f"{TOYS}:clean_net", "resnet18", "--junit", str(tmp_path))
+    assert sweep.exit_code == 2 and "is a directory" in sweep.output
+
+
+def test_a_model_file_can_import_its_sibling_modules(tmp_path):
+    (tmp_path / "blocks.py").write_text(
+        "import torch\n\ndef block():\n    return torch.nn.Conv2d(3, 4, 3)\n"
+    )
+    (tmp_path / "net.py").write_text(
+        "import blocks\n\ndef build():\n    return blocks.block(), (3, 16, 16)\n"
+    )
+    result = run_cli(f"{tmp_path / 'net.py'}:build")
+    assert result.returncode == 0, result.stderr
+    assert "keeps channels_last" in result.stdout
+
+
+def test_a_batched_factory_shape_gets_a_one_line_hint():
+    result = invoke(f"{TOYS}:batched_shape")
+    assert result.exit_code == 3
+    assert "hint: the factory's input_shape (2, 3, 16, 16) is per sample" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_sweep_only_options_are_reported_for_one_model():
+    result = invoke(f"{TOYS}:clean_net", "--timeout", "5", "--max-memory", "1GB")
+    assert result.exit_code == 0
+    assert "note: --timeout, --max-memory apply to sweeps" in result.output
+
+
+def test_a_sweep_in_which_every_model_was_skipped_does_not_exit_0(tmp_path):
+    result = run_cli("r3d_18", "mc3_18", "--json", str(tmp_path / "s.json"))
+    assert result.returncode == 2, result.stderr
+    assert "no model was audited: all 2 were skipped" in result.stderr
+    assert json.loads((tmp_path / "s.json").read_text())["summary"]["skipped"] == 2

@@ -149,3 +149,29 @@ def test_context_manager_never_classifies(engine_name):
     report = active.report()
     assert report.differential.status is DifferentialStatus.SKIPPED
     assert report.offenders[0].differential is None
+
+
+class DtypeProbe(torch.nn.Module):
+    """Remembers the dtype its convolution produced."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3)
+        self.seen: list[torch.dtype] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv(x)
+        self.seen.append(y.dtype)
+        return y.softmax(dim=1)
+
+
+def test_fake_cuda_amp_takes_effect_without_a_gpu_and_is_restored():
+    from cl_audit.settings import Amp
+
+    probe = DtypeProbe()
+    settings = AuditSettings(device="cuda", tensor_mode=TensorMode.FAKE, amp=Amp.FP16)
+    report = audit_module(probe, (torch.randn(2, 3, 8, 8),), settings)
+    assert probe.seen[0] == torch.float16  # the channels_last run ran under fp16 autocast
+    assert report.environment.autocast == "cuda:float16"
+    assert report.environment.device == "cuda" and report.predicted
+    assert not torch.is_autocast_enabled("cuda")

@@ -58,3 +58,23 @@ def test_sweep_and_comparison(request):
         render_comparison(compare(old, new), console)
 
     check("sweep.txt", rendered(draw), request)
+
+
+def test_one_row_per_op_and_call_site_with_modules_folded_at_80_columns(request):
+    from dataclasses import replace
+
+    report = model_report()
+    repeated = tuple(
+        finding("Tensor.contiguous", "aten.clone", f"stages.{i}.blocks.0.attn", "maxxvit.py:233")
+        for i in range(22)
+    )
+    report = replace(report, offenders=repeated + report.offenders)
+    buffer = io.StringIO()
+    render_report(report, Console(file=buffer, width=80, color_system=None))
+    text = buffer.getvalue()
+    assert text.count("maxxvit.py:233") == 1
+    assert "21 more modules" in text
+    for word in ("Tensor.contiguous", "torch.flatten", "aten.clone", "maxxvit.py:233"):
+        assert word in text  # never broken mid-word at 80 columns
+    assert max(len(line) for line in text.splitlines()) <= 80
+    check("single-80.txt", text, request)

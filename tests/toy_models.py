@@ -150,3 +150,8 @@ def dict_output() -> tuple[nn.Module, tuple[int, ...]]:
 
 def interrupting() -> tuple[nn.Module, tuple[int, ...]]:
     return Interrupting(), (3, 8, 8)
+
+
+def batched_shape() -> tuple[nn.Module, tuple[int, ...]]:
+    """A common mistake: the input shape given with its batch."""
+    return CleanNet(), (2, 3, 16, 16)

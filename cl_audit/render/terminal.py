@@ -12,8 +12,10 @@ from cl_audit.report import (
     Finding,
     ModelReport,
     Producer,
+    SiteGroup,
     SweepReport,
     TensorSummary,
+    by_call_site,
 )
 from cl_audit.sweep.compare import Comparison
 
@@ -83,7 +85,8 @@ def summary_text(report: ModelReport) -> Text:
         f"model {report.model or '(unnamed)'}  input {'x'.join(map(str, report.input_shape or ()))}"
         f"  {env.device} {env.dtype}{amp}  engine {env.engine}{mode}",
         f"{s.calls_checked} calls checked, {s.distinct_ops} distinct ops",
-        f"{s.losses} losses at {len(report.offenders)} sites ({s.offending_ops} distinct ops): "
+        f"{s.losses} losses at {len(by_call_site(report.offenders))} call sites "
+        f"({s.offending_ops} distinct ops): "
         f"{s.round_trips} round trips, {s.terminal_conversions} terminal; {s.regains} regains; "
         f"{format_bytes(s.bytes_converted)} converted",
         f"not offenders: {s.parameter_conversions} parameter conversions "
@@ -94,26 +97,37 @@ def summary_text(report: ModelReport) -> Text:
     return Text("\n".join(lines))
 
 
+def _modules_cell(group: SiteGroup) -> str:
+    first = group.first
+    where = _where(group.module_paths[0], first.module_class)
+    others = len(group.module_paths) - 1
+    return where + (f" and {others} more module{'s' * (others > 1)}" if others else "")
+
+
 def offenders_table(
-    offenders: tuple[Finding, ...], title: str = "Operations that lose channels_last"
+    findings: tuple[Finding, ...], title: str = "Operations that lose channels_last"
 ) -> Table:
+    """One row per operation and call site, the modules it ran in folded into the row."""
     table = Table(title=title, show_lines=True, expand=True)
-    table.add_column("op", style="bold", overflow="fold", ratio=2)
-    table.add_column("where", overflow="fold", ratio=5)
-    table.add_column("tensor: in -> out strides", overflow="fold", ratio=3)
+    table.add_column("op", style="bold", no_wrap=True)
+    table.add_column("where", ratio=3)
+    table.add_column("tensor: in -> out strides", ratio=2)
     table.add_column("count", justify="right", no_wrap=True)
-    for f in offenders:
+    for group in by_call_site(findings):
+        f = group.first
         op = f"{f.python_op}\n{f.aten_op}" if f.python_op and f.aten_op else f.op
-        where = f"{_where(f.module_path, f.module_class)}\n[cyan]{f.call_site or ''}[/cyan]"
+        where = f"[cyan]{f.call_site or '?'}[/cyan]\n{_modules_cell(group)}"
         cause = _producer_cell(f.root_cause, f.mixed_formats)
         if cause:
             where += f"\n[magenta]root cause: {cause}[/magenta]"
-        kinds = [f"{f.round_trips} round trip"] * bool(f.round_trips) + [
-            f"{f.terminal} terminal"
-        ] * bool(f.terminal)
-        if f.terminal and f.differential:
+        trips = f"{group.round_trips} round trip{'s' * (group.round_trips > 1)}"
+        kinds = [trips] * bool(group.round_trips) + [f"{group.terminal} terminal"] * bool(
+            group.terminal
+        )
+        if group.terminal and f.differential:
             kinds.append(f"({f.differential.value})")
-        table.add_row(op, where, _tensors_cell(f), "\n".join([str(f.count), *kinds]))
+        kinds.append(format_bytes(group.bytes_converted))
+        table.add_row(op, where, _tensors_cell(f), "\n".join([str(group.count), *kinds]))
     return table
 
 

@@ -49,12 +49,14 @@ class LoadedModel:
     module: nn.Module
     input_shape: tuple[int, ...]
     capped: bool = False  # input_shape is smaller than the model's own, by BuildOptions
+    declared: bool = False  # input_shape is the user's own, audited as declared
 
 
 @dataclass(frozen=True)
 class BuildOptions:
-    """``max_input_size`` caps the spatial sides of the default input (models with a fixed input
-    size are built smaller where they allow it); ``meta`` builds without allocating weights;
+    """``max_input_size`` caps the spatial sides of a registry model's default input (models
+    with a fixed input size are built smaller where they allow it; a user factory's declared
+    shape is never capped); ``meta`` builds without allocating weights;
     ``skip_random_init`` zero-fills instead of drawing random weights (see ``building``)."""
 
     max_input_size: int | None = None

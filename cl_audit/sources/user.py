@@ -16,7 +16,7 @@ from types import ModuleType
 from torch import nn
 
 from cl_audit.errors import ModelFailedError, Stage, UsageError
-from cl_audit.sources import BuildOptions, LoadedModel, cap_input
+from cl_audit.sources import BuildOptions, LoadedModel
 
 __all__ = ["build"]
 
@@ -27,6 +27,11 @@ def _import(target: str, spec: str) -> ModuleType:
     if target.endswith(".py") or os.sep in target:
         if not os.path.isfile(target):
             raise UsageError(f"{spec}: no such file {target!r}")
+        # As ``python file.py`` does: the file's folder first on sys.path, so the file can import
+        # its sibling modules.
+        folder = os.path.dirname(os.path.abspath(target))
+        if folder not in sys.path:
+            sys.path.insert(0, folder)
         name = "cl_audit_user_" + os.path.splitext(os.path.basename(target))[0]
         file_spec = importlib.util.spec_from_file_location(name, target)
         if file_spec is None or file_spec.loader is None:
@@ -49,7 +54,8 @@ def _import(target: str, spec: str) -> ModuleType:
 
 
 def build(spec: str, options: BuildOptions) -> LoadedModel:
-    """The factory runs as written: ``options.meta`` does not apply to user code."""
+    """The factory runs as written: ``options`` do not apply to user code (no meta build, and
+    the declared input shape is audited as declared, never capped)."""
     target, _, attribute = spec.rpartition(":")
     if not target or not attribute:
         raise UsageError(f"{spec!r}: expected module:factory or file.py:factory")
@@ -70,5 +76,4 @@ def build(spec: str, options: BuildOptions) -> LoadedModel:
         input_shape = tuple(int(d) for d in shape)
     except (TypeError, ValueError):
         raise UsageError(f"{spec}: input_shape {shape!r} is not a sequence of ints") from None
-    capped = cap_input(input_shape, options.max_input_size)
-    return LoadedModel(spec, module, capped, capped=capped != input_shape)
+    return LoadedModel(spec, module, input_shape, declared=True)

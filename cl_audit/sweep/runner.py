@@ -11,6 +11,7 @@ appended to a JSON Lines checkpoint at once, so an interrupted sweep can ``--res
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import multiprocessing
 import os
@@ -88,6 +89,7 @@ def _child(job: Job, conn: Connection) -> None:
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
     os.dup2(devnull, 2)
+    faulthandler.disable()  # a crash becomes a row; a parent's fault handler would print here
     torch.set_num_threads(1)
     stage: list[Stage | None] = [None]
 

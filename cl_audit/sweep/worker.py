@@ -123,7 +123,8 @@ def _audit(job: Job, on_stage: Callable[[Stage], None], start: float) -> ModelRo
     on_stage(Stage.BUILD)
     loaded = load_model(job.ref, options)
     shape = settings.input_size or loaded.input_shape
-    if settings.input_size is None and min(shape[-2:]) < MIN_VERDICT_SIDE:
+    guarded = settings.input_size is None and not loaded.declared  # a registry default size
+    if guarded and min(shape[-2:]) < MIN_VERDICT_SIDE:
         side = "x".join(map(str, shape[-2:]))
         message = f"input {side} is below {MIN_VERDICT_SIDE} px, where 1x1 maps make "
         message += "verdicts ambiguous"

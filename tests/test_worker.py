@@ -1,0 +1,78 @@
+"""The sweep worker and runner directly: one model to one row, and forked workers with limits."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cl_audit.errors import Stage
+from cl_audit.report import Mode, ModelRow, ModelSource, Status, TensorMode
+from cl_audit.settings import AuditSettings
+from cl_audit.sources import ModelRef
+from cl_audit.sweep.runner import Checkpoint, run_jobs
+from cl_audit.sweep.worker import Job, SweepSettings, audit_job, parse_memory
+
+TESTS = Path(__file__).parent
+TOYS, FAULTS = TESTS / "toy_models.py", TESTS / "fault_models.py"
+
+
+def job(spec: str, **audit: object) -> Job:
+    return Job(ModelRef(ModelSource.USER, spec), SweepSettings(audit=AuditSettings(**audit)))
+
+
+def test_a_row_carries_the_whole_verdict():
+    row = audit_job(job(f"{TOYS}:channel_shuffle", input_size=(3, 128, 128)))
+    assert row.status is Status.OK and row.mode is Mode.EAGER and not row.predicted
+    assert [f.python_op for f in row.offenders] == ["Tensor.contiguous"]
+    assert row.summary.round_trips == 1 and row.regains and row.parameters > 0
+    assert row.input_shape == (2, 3, 128, 128) and row.stage is None and row.seconds > 0
+
+
+def test_fake_rows_are_predicted():
+    row = audit_job(job(f"{TOYS}:clean_net", input_size=(3, 128, 128), tensor_mode=TensorMode.FAKE))
+    assert row.status is Status.OK and row.mode is Mode.FAKE and row.predicted
+
+
+def test_small_registry_defaults_are_skipped_with_the_reason():
+    video = Job(ModelRef(ModelSource.TORCHVISION, "r3d_18"), SweepSettings())
+    row = audit_job(video)  # torchvision documents 112 px clips
+    assert row.status is Status.SKIPPED and "below 128 px" in row.message
+    assert row.input_shape == (2, 3, 16, 112, 112)
+
+
+def test_a_user_factory_is_audited_at_its_declared_size():
+    row = audit_job(job(f"{TOYS}:clean_net"))  # the factory declares 16x16
+    assert row.status is Status.OK and row.input_shape == (2, 3, 16, 16)
+
+
+@pytest.mark.parametrize(
+    ("spec", "stage", "text"),
+    [
+        (f"{TOYS}:broken", Stage.FORWARD, "RuntimeError"),
+        (f"{TOYS}:failing_factory", Stage.BUILD, ""),
+    ],
+)
+def test_failures_become_rows_naming_their_stage(spec, stage, text):
+    row = audit_job(job(spec, input_size=(3, 128, 128)))
+    assert row.status is Status.ERROR and row.stage is stage and text in row.message
+
+
+def test_run_jobs_forks_checkpoints_and_turns_a_crash_into_a_row(tmp_path):
+    checkpoint = Checkpoint(tmp_path / "rows.jsonl")
+    checkpoint.start(keep=False)
+    jobs = [job(f"{FAULTS}:fine"), job(f"{FAULTS}:segfaults")]
+    started: list[str] = []
+    finished: list[ModelRow] = []
+    run_jobs(jobs, 2, checkpoint, lambda j: started.append(j.ref.name), finished.append)
+    rows = {r.name.rsplit(":", 1)[1]: r for r in finished}
+    assert rows["fine"].status is Status.OK
+    assert rows["segfaults"].status is Status.ERROR and "SIGSEGV" in rows["segfaults"].message
+    assert rows["segfaults"].stage is Stage.FORWARD
+    assert sorted(started) == sorted(j.ref.name for j in jobs)
+    assert set(checkpoint.read()) == {r.key for r in finished}
+
+
+@pytest.mark.parametrize(("text", "megabytes"), [("2GB", 2048), ("512MB", 512), ("1.5G", 1536)])
+def test_memory_sizes_parse(text, megabytes):
+    assert parse_memory(text) == megabytes
