@@ -10,9 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
-import click
 import typer
-from click.core import ParameterSource
 from rich.console import Console
 from typer.core import TyperGroup
 
@@ -32,7 +30,7 @@ EXIT_CLEAN, EXIT_OFFENDERS, EXIT_USAGE, EXIT_MODEL_FAILED, EXIT_INTERRUPTED = 0,
 class _AuditByDefault(TyperGroup):
     """``cl-audit MODEL ...`` runs the ``audit`` command; ``merge`` is a command of its own."""
 
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         if not args or (args[0] not in self.commands and args[0] != "--help"):
             args = ["audit", *args]
         return super().parse_args(ctx, args)
@@ -57,7 +55,6 @@ def _help() -> None:
     """
 
 
-_COMMAND_LINE = ParameterSource.COMMANDLINE
 _MODELS_HELP = "torchvision names or globs, or module:factory / path/file.py:factory."
 _DIFFERENTIAL_HELP = "Re-run in NCHW to tell caused terminal losses from format-neutral ones."
 _CHECKPOINT_HELP = "Sweep: JSON Lines of finished rows (default: --json's path + .jsonl)."
@@ -65,6 +62,12 @@ _CHECKPOINT_HELP = "Sweep: JSON Lines of finished rows (default: --json's path +
 
 def _opt(*names: str, help: str) -> Any:
     return typer.Option(*names, help=help, show_default=False)
+
+
+def _given(ctx: typer.Context, name: str) -> bool:
+    """Whether the option was on the command line (not a default)."""
+    source = ctx.get_parameter_source(name)
+    return source is not None and source.name == "COMMANDLINE"
 
 
 def _fail(message: str, code: int) -> typer.Exit:
@@ -149,7 +152,7 @@ def audit_command(
         for path, option in ((json_path, "--json"), (junit, "--junit")):
             check_writable(path, option)
         if len(refs) == 1 and not (junit or baseline or resume or shard_spec):
-            given = [o for o in _SWEEP_ONLY if ctx.get_parameter_source(o) is _COMMAND_LINE]
+            given = [o for o in _SWEEP_ONLY if _given(ctx, o)]
             if given:
                 flags = ", ".join("--" + o.replace("_", "-") for o in given)
                 Console(stderr=True).print(

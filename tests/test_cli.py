@@ -218,3 +218,13 @@ def test_a_sweep_in_which_every_model_was_skipped_does_not_exit_0(tmp_path):
     assert result.returncode == 2, result.stderr
     assert "no model was audited: all 2 were skipped" in result.stderr
     assert json.loads((tmp_path / "s.json").read_text())["summary"]["skipped"] == 2
+
+
+def test_fake_cuda_with_amp_reports_what_ran():
+    result = invoke(
+        f"{TOYS}:clean_net", "--fake", "--device", "cuda", "--amp", "fp16", "--json", "-"
+    )
+    assert result.exit_code == 0, result.output
+    env = json.loads(result.stdout)["environment"]
+    assert (env["device"], env["autocast"], env["mode"]) == ("cuda", "cuda:float16", "fake")
+    assert "Disabling autocast" not in result.output
