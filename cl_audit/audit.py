@@ -88,7 +88,8 @@ class Audit:
     Audits do not nest: entering one while another is active raises ``AuditError``. Whatever
     happens inside, torch is restored on exit. Nothing is printed: render ``report()`` yourself.
     ``parameters`` adds tensors that count as parameters beside ``model``'s own (the fake
-    copies of a functional call).
+    copies of a functional call); ``timeline`` records every operation with a 4D/5D output
+    for the HTML report's format timeline (a stack walk each: slower).
     """
 
     def __init__(
@@ -96,9 +97,10 @@ class Audit:
         engine: Engine | str = Engine.DISPATCH,
         model: nn.Module | None = None,
         parameters: Iterable[torch.Tensor] = (),
+        timeline: bool = False,
     ) -> None:
         self.engine = _engine(engine)
-        self._recorder = Recorder(ModuleNames(model), parameters=parameters)
+        self._recorder = Recorder(ModuleNames(model), parameters=parameters, timeline=timeline)
         self._impl = _ENGINES[self.engine](self._recorder)
         self._entered = False
         self._autocast: str | None = None
@@ -164,6 +166,7 @@ class Audit:
             parameter_conversions=parameters,
             differential=_NOT_COMPARED,
             unwrapped=self._impl.unwrapped,
+            timeline=tuple(self._recorder.timeline or ()),
         )
 
 
@@ -172,10 +175,11 @@ def audit(
     *,
     model: nn.Module | None = None,
     parameters: Iterable[torch.Tensor] = (),
+    timeline: bool = False,
 ) -> Audit:
     """``with cl_audit.audit() as a: model(x)`` then ``a.report()``.
 
     Passing ``model`` names modules from it and tells its parameters and buffers apart from
     activations; without it modules are learned from the call stack.
     """
-    return Audit(engine, model, parameters)
+    return Audit(engine, model, parameters, timeline)

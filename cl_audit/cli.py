@@ -15,7 +15,7 @@ from rich.console import Console
 from typer.core import TyperGroup
 
 from cl_audit.errors import ModelFailedError, UsageError
-from cl_audit.files import check_writable, read_sweep, write_text
+from cl_audit.files import check_writable, read_report, read_sweep, write_text
 from cl_audit.report import SweepReport
 from cl_audit.settings import Amp, AuditSettings, DType, Engine, TensorMode, parse_input_size
 from cl_audit.sources import ModelRef
@@ -46,7 +46,8 @@ def _help() -> None:
     """Find where PyTorch models lose the channels_last memory format.
 
     [bold]cl-audit MODEL... [OPTIONS][/bold] audits (see [bold]cl-audit audit --help[/bold]);
-    [bold]cl-audit merge[/bold] combines sweep reports.
+    [bold]cl-audit merge[/bold] combines sweep reports; [bold]cl-audit render[/bold] turns a
+    saved report into HTML.
 
     [bold]Exit codes[/bold]: 0 no offender, 1 offenders found (with --baseline: new offences
     or failures), 2 usage error (unknown model, bad option, every model of a sweep
@@ -102,6 +103,7 @@ def audit_command(
     show_all: Annotated[bool, _opt(help="List parameter and format-neutral losses too.")] = False,
     confirm: Annotated[bool, _opt(help="With --fake: eager re-run of what it flagged.")] = False,
     json_path: Annotated[OptionalPath, _opt("--json", help="JSON report ('-': stdout).")] = None,
+    html: Annotated[OptionalPath, _opt(help="Self-contained HTML report.")] = None,
     jobs: Annotated[int, typer.Option(min=1, help="Sweep: models audited at once.")] = 2,
     timeout: Annotated[float, typer.Option(min=1, help="Sweep: seconds per model.")] = 300.0,
     max_memory: Annotated[str, typer.Option(help="Sweep: memory cap per model.")] = "4GB",
@@ -139,6 +141,7 @@ def audit_command(
             engine=engine,
             tensor_mode=TensorMode.FAKE if fake else TensorMode.EAGER,
             differential=differential,
+            timeline=html is not None,
         )
         refs = select(models or [], timm_models or [], torchvision_models or [], exclude or [])
         if shard_spec is not None:
@@ -149,7 +152,7 @@ def audit_command(
             raise typer.Exit(EXIT_CLEAN)
         if not refs:
             raise UsageError("no model selected: give a model name, --timm or --torchvision")
-        for path, option in ((json_path, "--json"), (junit, "--junit")):
+        for path, option in ((json_path, "--json"), (junit, "--junit"), (html, "--html")):
             check_writable(path, option)
         if len(refs) == 1 and not (junit or baseline or resume or shard_spec):
             given = [o for o in _SWEEP_ONLY if _given(ctx, o)]
@@ -160,7 +163,7 @@ def audit_command(
                     "--shard, --resume): not applied to one model",
                     highlight=False,
                 )
-            code = _single(refs[0], settings, json_path, show_all, console)
+            code = _single(refs[0], settings, json_path, html, show_all, console)
         else:
             sweep = SweepSettings(
                 audit=settings,
@@ -177,7 +180,7 @@ def audit_command(
                 "exclude": exclude or [],
                 "shard": shard_spec,
             }
-            outputs = {"json": json_path, "junit": junit, "checkpoint": checkpoint}
+            outputs = {"json": json_path, "junit": junit, "html": html, "checkpoint": checkpoint}
             code = _sweep(refs, sweep, selection, outputs, baseline, resume, console)
     except UsageError as e:
         raise _fail(str(e), EXIT_USAGE) from None
@@ -192,6 +195,7 @@ def _single(
     ref: ModelRef,
     settings: AuditSettings,
     json_path: Path | None,
+    html: Path | None,
     show_all: bool,
     console: Console,
 ) -> int:
@@ -204,6 +208,10 @@ def _single(
     render_report(report, console, show_all)
     if json_path is not None:
         write_text(json_path, report.to_json() + "\n", "--json")
+    if html is not None:
+        from cl_audit.render.html import model_html
+
+        write_text(html, model_html(report), "--html")
     return EXIT_OFFENDERS if report.offenders else EXIT_CLEAN
 
 
@@ -240,6 +248,10 @@ def _sweep(
         write_text(json_path, report.to_json() + "\n", "--json")
     if junit is not None:
         write_text(junit, junit_xml(report), "--junit")
+    if outputs["html"] is not None:
+        from cl_audit.render.html import sweep_html
+
+        write_text(outputs["html"], sweep_html(report), "--html")
     if outcome.interrupted:
         err.print(
             f"interrupted: {report.summary.models} of {outcome.selected} models done; "
@@ -289,6 +301,26 @@ def merge_command(
         f"merged {len(reports)} reports: {s.models} models, {s.offending} offending, "
         f"{s.failed} failed"
     )
+
+
+@app.command("render")
+def render_command(
+    report_path: Annotated[Path, typer.Argument(help="A model or sweep JSON report (.gz too).")],
+    html: Annotated[Path, typer.Option("--html", help="Write the HTML report here.")],
+) -> None:
+    """Render a saved report (any version) as one self-contained HTML file.
+
+    Exit codes: 0 written, 2 unreadable report or unwritable path.
+    """
+    from cl_audit.render.html import model_html, sweep_html
+
+    try:
+        check_writable(html, "--html")
+        report = read_report(report_path)
+        page = sweep_html(report) if isinstance(report, SweepReport) else model_html(report)
+        write_text(html, page, "--html")
+    except UsageError as e:
+        raise _fail(str(e), EXIT_USAGE) from None
 
 
 def main() -> None:

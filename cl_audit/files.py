@@ -8,9 +8,16 @@ import sys
 from pathlib import Path
 
 from cl_audit.errors import UsageError
-from cl_audit.report import ReportFormatError, SweepReport
+from cl_audit.report import (
+    REPORT_FORMAT,
+    SWEEP_FORMAT,
+    ModelReport,
+    ReportFormatError,
+    SweepReport,
+    decode_document,
+)
 
-__all__ = ["check_writable", "read_sweep", "write_text"]
+__all__ = ["check_writable", "read_report", "read_sweep", "write_text"]
 
 
 def check_writable(path: Path | None, option: str) -> None:
@@ -45,6 +52,22 @@ def read_sweep(path: Path) -> SweepReport:
     """A sweep report written by ``--json`` (any readable version, gzip or not)."""
     try:
         return SweepReport.from_bytes(path.read_bytes())
+    except OSError as e:
+        raise UsageError(f"{path}: {e.strerror}") from None
+    except ReportFormatError as e:
+        raise UsageError(f"{path}: {e}") from None
+
+
+def read_report(path: Path) -> ModelReport | SweepReport:
+    """A model or sweep report written by ``--json`` (any readable version, gzip or not)."""
+    try:
+        data = decode_document(path.read_bytes())
+        kind = data.get("format") if isinstance(data, dict) else None
+        if kind == SWEEP_FORMAT:
+            return SweepReport.from_dict(data)
+        if kind == REPORT_FORMAT:
+            return ModelReport.from_dict(data)
+        raise ReportFormatError(f"not a cl-audit report (format {kind!r})")
     except OSError as e:
         raise UsageError(f"{path}: {e.strerror}") from None
     except ReportFormatError as e:

@@ -45,6 +45,7 @@ __all__ = [
     "SweepSummary",
     "TensorMode",
     "TensorSummary",
+    "TimelineEvent",
     "by_call_site",
     "decode_document",
     "load_schema",
@@ -170,6 +171,19 @@ class Finding:
     def op_id(self) -> str:
         """The identity of the operation (``aten.clone``), for grouping and comparing."""
         return self.aten_op or self.python_op or "?"
+
+
+@dataclass(frozen=True)
+class TimelineEvent:
+    """One operation with a 4D/5D output, in the order the forward ran them: the format
+    timeline of the HTML report. ``mark`` says when the operation lost or regained the format."""
+
+    op: str
+    module_path: str | None
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    layout: MemoryLayout
+    mark: Conversion | None
 
 
 @dataclass(frozen=True)
@@ -307,6 +321,7 @@ class ModelReport:
     format_neutral: tuple[Finding, ...] = ()
     differential: DifferentialRun = DifferentialRun(DifferentialStatus.SKIPPED)
     unwrapped: tuple[str, ...] = field(default=())
+    timeline: tuple[TimelineEvent, ...] = ()  # recorded when asked (--html): it costs time
 
     @property
     def predicted(self) -> bool:
@@ -335,6 +350,7 @@ class ModelReport:
                 format_neutral=_findings(data.get("format_neutral", ())),
                 differential=_differential(differential, version),
                 unwrapped=tuple(data.get("unwrapped", ())),
+                timeline=tuple(_event(e) for e in data.get("timeline", ())),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise ReportFormatError(f"malformed {REPORT_FORMAT} document: {e!r}") from None
@@ -423,6 +439,18 @@ def _tensor(data: dict[str, Any]) -> TensorSummary:
         dtype=data["dtype"],
         device=data["device"],
         layout=MemoryLayout(data["layout"]),
+    )
+
+
+def _event(data: dict[str, Any]) -> TimelineEvent:
+    mark = data["mark"]
+    return TimelineEvent(
+        op=data["op"],
+        module_path=data["module_path"],
+        shape=tuple(data["shape"]),
+        strides=tuple(data["strides"]),
+        layout=MemoryLayout(data["layout"]),
+        mark=None if mark is None else Conversion(mark),
     )
 
 

@@ -137,7 +137,12 @@ def audit_module(
             torch.no_grad(),
             settings.autocast(),
             run.tensor_mode(),
-            audit(settings.engine, model=model, parameters=run.parameters) as active,
+            audit(
+                settings.engine,
+                model=model,
+                parameters=run.parameters,
+                timeline=settings.timeline,
+            ) as active,
         ):
             forward()
     except Exception as e:

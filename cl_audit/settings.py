@@ -79,6 +79,7 @@ class AuditSettings:
     tensor_mode: TensorMode = TensorMode.EAGER
     strategy: Strategy = Strategy.CHANNELS_LAST
     differential: bool = True
+    timeline: bool = False  # record the format timeline for the HTML report
     seed: int = 0
 
     @property

@@ -26,12 +26,14 @@ from cl_audit.report import (
     Producer,
     Provenance,
     RegainSource,
-    Summary,
     TensorSummary,
+    TimelineEvent,
 )
 from cl_audit.rule import SPATIAL_RANKS, is_copy_op, is_loss, provenance, regain_source
 
-__all__ = ["Recorder"]
+__all__ = ["TIMELINE_LIMIT", "Recorder"]
+
+TIMELINE_LIMIT = 20_000  # events kept in a report's format timeline
 
 _CL = MemoryLayout.CHANNELS_LAST
 _CONTIGUOUS = MemoryLayout.CONTIGUOUS
@@ -118,8 +120,19 @@ class Recorder:
     parameter provenance; those of every root module ``names`` learns are added as it learns them.
     """
 
-    def __init__(self, names: ModuleNames, parameters: Iterable[torch.Tensor] = ()) -> None:
+    def __init__(
+        self,
+        names: ModuleNames,
+        parameters: Iterable[torch.Tensor] = (),
+        timeline: bool = False,
+    ) -> None:
         self._names = names
+        # The format timeline: each operation with a 4D/5D output, in order, with its module
+        # (a stack walk per such operation, so only when asked for).
+        self.timeline: list[TimelineEvent] | None = [] if timeline else None
+        self._mark: Conversion | None = None
+        if timeline:
+            self.observe = self._observe_with_timeline  # type: ignore[method-assign]
         self.calls_checked = 0
         self.first_spatial: tuple[str, str] | None = (
             None  # (device, dtype) of the first 4D/5D input
@@ -266,6 +279,32 @@ class Recorder:
         for key in spatial_contiguous:
             origins[key] = origin
 
+    def _observe_with_timeline(
+        self, aten_op: object, python_op: object, args: Any, kwargs: Any, result: Any
+    ) -> None:
+        self._mark = None
+        Recorder.observe(self, aten_op, python_op, args, kwargs, result)
+        timeline = self.timeline
+        if timeline is None or len(timeline) >= TIMELINE_LIMIT:
+            return
+        if isinstance(result, _Tensor):
+            outputs = [result]
+        else:
+            outputs = _tensors(result) if type(result) in _SEQUENCES else []
+        spatial = next((t for t in outputs if t.dim() in _SPATIAL_RANKS), None)
+        if spatial is None:
+            return
+        name = python_op_name(python_op) if python_op is not None else aten_op_name(aten_op)
+        event = TimelineEvent(
+            op=name,
+            module_path=self._locate().module_path,
+            shape=tuple(spatial.shape),
+            strides=tuple(spatial.stride()),
+            layout=layout_of(spatial),
+            mark=self._mark,
+        )
+        timeline.append(event)
+
     def _is_copy(self, aten_op: object, python_op: object) -> bool:
         copy = is_copy_op(
             None if aten_op is None else aten_op_name(aten_op),
@@ -376,6 +415,7 @@ class Recorder:
             None,
         )
         tally.count += 1
+        self._mark = Conversion.LOSS
         tally.bytes_converted += _nbytes([t for t, _ in lost])
         # Downstream, the contiguous data still traces back to the root cause, if there is one,
         # and derives from this occurrence and from the losses its inputs derive from.
@@ -409,6 +449,7 @@ class Recorder:
             regain_source(from_loss is not None, cause is not None),
         )
         tally.count += 1
+        self._mark = Conversion.REGAIN
         tally.bytes_converted += _nbytes(regained)
         for origin in found:
             for occurrence in origin.occurrences:
@@ -451,15 +492,3 @@ class Recorder:
             for op in self._ops_seen
             if op is not None
         }
-
-    def summary(self, losses: list[Finding], regains: list[Finding]) -> Summary:
-        return Summary(
-            calls_checked=self.calls_checked,
-            distinct_ops=self.distinct_ops,
-            offending_ops=len({f.aten_op or f.python_op for f in losses}),
-            losses=sum(f.count for f in losses),
-            regains=sum(f.count for f in regains),
-            round_trips=sum(f.round_trips for f in losses),
-            terminal_conversions=sum(f.terminal for f in losses),
-            bytes_converted=sum(f.bytes_converted for f in losses + regains),
-        )

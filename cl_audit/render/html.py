@@ -1,0 +1,399 @@
+"""Self-contained HTML for a model report or a sweep: CSS and JavaScript inline, the report's
+JSON embedded, nothing fetched. Every string from a report goes through ``html.escape`` (and
+the embedded JSON escapes ``<``, ``>`` and ``&``), so a hostile name renders as text.
+
+Pure functions from a report to a string; the script only sorts, filters and jumps.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from html import escape
+
+from cl_audit.layout import MemoryLayout
+from cl_audit.report import (
+    Finding,
+    ModelReport,
+    ModelRow,
+    Producer,
+    SiteGroup,
+    Status,
+    SweepReport,
+    by_call_site,
+)
+
+__all__ = ["model_html", "sweep_html"]
+
+_CSS = """
+body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#1d2330;background:#fff}
+h1{font-size:1.4em;margin:0 0 .3em}h2{font-size:1.1em;margin:1.6em 0 .4em}
+.verdict-bad{color:#b3261e}.verdict-good{color:#1e7d32}.dim{color:#667}
+table{border-collapse:collapse;margin:.4em 0;width:100%}
+th,td{border:1px solid #d7dae0;padding:.25em .45em;text-align:left;vertical-align:top}
+th{background:#f1f3f6;cursor:pointer;user-select:none;white-space:nowrap}
+td.num,th.num{text-align:right}code{font-size:.92em}
+tr.target{outline:2px solid #f0a020}
+.cards{display:flex;gap:.6em;flex-wrap:wrap}.card{border:1px solid #d7dae0;border-radius:6px;
+padding:.4em .8em}.card b{display:block;font-size:1.3em}
+.strip{display:flex;flex-wrap:wrap;gap:1px;margin:.4em 0}
+.ev{width:7px;height:18px;border-top:4px solid transparent}
+.ev.channels_last{background:#3b82c4}.ev.contiguous{background:#e0a030}
+.ev.ambiguous{background:#b9c2cf}.ev.other{background:#8a6fb3}
+.ev.loss{border-top-color:#d62d20}.ev.regain{border-top-color:#1e9e48}
+.legend span{display:inline-block;margin-right:1em}.legend i{display:inline-block;width:12px;
+height:12px;margin-right:.3em;vertical-align:middle}
+.heat td.cell{width:1.6em;text-align:center;cursor:pointer;font-size:.8em}
+.heat th.rot{writing-mode:vertical-rl;transform:rotate(180deg);cursor:default}
+input[type=search],select{font:inherit;padding:.2em .4em;margin-right:.6em}
+details{margin:.3em 0}
+"""
+
+_SCRIPT = """
+document.querySelectorAll('table.sortable').forEach(function (table) {
+  table.querySelectorAll('th').forEach(function (th, column) {
+    th.addEventListener('click', function () {
+      var body = table.tBodies[0];
+      var rows = Array.prototype.slice.call(body.rows);
+      var numeric = th.classList.contains('num');
+      var descending = th.dataset.order !== 'desc';
+      th.dataset.order = descending ? 'desc' : 'asc';
+      rows.sort(function (a, b) {
+        var x = a.cells[column].dataset.value || a.cells[column].textContent;
+        var y = b.cells[column].dataset.value || b.cells[column].textContent;
+        var order = numeric ? parseFloat(x) - parseFloat(y) : x.localeCompare(y);
+        return descending ? -order : order;
+      });
+      rows.forEach(function (row) { body.appendChild(row); });
+    });
+  });
+});
+function applyFilter() {
+  var text = document.getElementById('filter');
+  var status = document.getElementById('status-filter');
+  if (!text) { return; }
+  var needle = text.value.toLowerCase();
+  document.querySelectorAll('#models tbody tr').forEach(function (row) {
+    var matches = row.textContent.toLowerCase().indexOf(needle) >= 0;
+    var wanted = !status.value || row.dataset.status === status.value;
+    row.style.display = matches && wanted ? '' : 'none';
+  });
+}
+['filter', 'status-filter'].forEach(function (id) {
+  var input = document.getElementById(id);
+  if (input) { input.addEventListener('input', applyFilter); }
+});
+document.querySelectorAll('[data-jump]').forEach(function (cell) {
+  cell.addEventListener('click', function () {
+    var target = document.getElementById(cell.dataset.jump);
+    if (!target) { return; }
+    if (target.tagName === 'DETAILS') { target.open = true; }
+    target.scrollIntoView();
+    document.querySelectorAll('.target').forEach(function (t) { t.classList.remove('target'); });
+    target.classList.add('target');
+  });
+});
+"""
+
+_LAYOUT_COLOURS = {
+    MemoryLayout.CHANNELS_LAST: "#3b82c4",
+    MemoryLayout.CONTIGUOUS: "#e0a030",
+    MemoryLayout.AMBIGUOUS: "#b9c2cf",
+    MemoryLayout.OTHER: "#8a6fb3",
+}
+
+
+def _e(value: object) -> str:
+    return escape("" if value is None else str(value), quote=True)
+
+
+def _bytes(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} GiB"
+
+
+def _page(title: str, body: str, data: dict[str, object]) -> str:
+    embedded = (
+        json.dumps(data, allow_nan=False)
+        .replace("&", "\\u0026")
+        .replace("<", "\\u003c")
+        .replace(">", "\\u003e")
+    )
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>\n{body}\n"
+        f'<script type="application/json" id="cl-audit-data">{embedded}</script>\n'
+        f"<script>{_SCRIPT}</script></body></html>\n"
+    )
+
+
+def _producer(producer: Producer | None, anchors: dict[tuple, str]) -> str:
+    if producer is None:
+        return ""
+    name = _e(producer.python_op or producer.aten_op)
+    where = f"{_e(producer.module_path or '(root)')} at <code>{_e(producer.call_site)}</code>"
+    anchor = anchors.get((producer.python_op, producer.aten_op, producer.call_site))
+    if anchor:
+        return f'<a href="#{anchor}" data-jump="{anchor}">{name}</a> in {where}'
+    return f"{name} in {where}"
+
+
+def _site_rows(groups: tuple[SiteGroup, ...], prefix: str, anchors: dict[tuple, str]) -> str:
+    rows = []
+    for index, group in enumerate(groups):
+        f = group.first
+        anchor = anchors.get((f.python_op, f.aten_op, f.call_site), f"{prefix}-{index}")
+        modules = "".join(
+            f"<li><code>{_e(path or '(root)')}</code></li>" for path in group.module_paths
+        )
+        folded = (
+            f"<details><summary>{len(group.module_paths)} modules ({_e(f.module_class)})"
+            f"</summary><ul>{modules}</ul></details>"
+        )
+        source, output = (f.inputs[0] if f.inputs else None), (f.outputs[0] if f.outputs else None)
+        strides = ""
+        if source is not None and output is not None:
+            strides = f"{_e(source.shape)}<br>{_e(source.strides)} &rarr; {_e(output.strides)}"
+        verdict = f.differential.value if f.differential else ""
+        rows.append(
+            f'<tr id="{_e(anchor)}"><td><code>{_e(f.python_op or "")}</code><br>'
+            f"<code>{_e(f.aten_op or '')}</code></td><td><code>{_e(f.call_site)}</code></td>"
+            f"<td>{folded}</td><td>{strides}</td>"
+            f'<td class="num">{group.count}</td><td class="num">{group.round_trips}</td>'
+            f'<td class="num">{group.terminal}</td><td>{_e(verdict)}</td>'
+            f'<td class="num" data-value="{group.bytes_converted}">'
+            f"{_bytes(group.bytes_converted)}</td>"
+            f"<td>{_producer(f.root_cause, anchors)}</td></tr>"
+        )
+    return "".join(rows)
+
+
+_SITE_HEAD = (
+    "<thead><tr><th>op</th><th>call site</th><th>modules</th><th>tensor: in &rarr; out strides"
+    '</th><th class="num">count</th><th class="num">round trips</th><th class="num">terminal'
+    '</th><th>NCHW comparison</th><th class="num">converted</th><th>root cause</th></tr></thead>'
+)
+
+
+def _sites_table(findings: tuple[Finding, ...], prefix: str, anchors: dict[tuple, str]) -> str:
+    if not findings:
+        return '<p class="dim">none</p>'
+    body = _site_rows(by_call_site(findings), prefix, anchors)
+    return f'<table class="sortable" id="{_e(prefix)}">{_SITE_HEAD}<tbody>{body}</tbody></table>'
+
+
+def _timeline(report: ModelReport) -> str:
+    if not report.timeline:
+        return (
+            '<p class="dim">No timeline in this report: it is recorded when the audit is run '
+            "with --html.</p>"
+        )
+    cells = []
+    for index, event in enumerate(report.timeline):
+        mark = f" {event.mark.value}" if event.mark is not None else ""
+        tip = (
+            f"#{index} {event.op} in {event.module_path or '(root)'}: shape {event.shape}, "
+            f"strides {event.strides}, {event.layout.value}"
+            + (f", {event.mark.value}" if event.mark is not None else "")
+        )
+        cells.append(f'<div class="ev {event.layout.value}{mark}" title="{_e(tip)}"></div>')
+    legend = "".join(
+        f'<span><i style="background:{colour}"></i>{layout.value}</span>'
+        for layout, colour in _LAYOUT_COLOURS.items()
+    )
+    legend += (
+        '<span><i style="border-top:4px solid #d62d20"></i>loss</span>'
+        '<span><i style="border-top:4px solid #1e9e48"></i>regain</span>'
+    )
+    marks = sum(1 for e in report.timeline if e.mark is not None)
+    return (
+        f'<p class="dim">{len(report.timeline)} operations with a 4D/5D output, in order, '
+        f"coloured by the layout of their output; {marks} lost or regained the format. "
+        "Hover for op, module and strides.</p>"
+        f'<div class="legend">{legend}</div><div class="strip" id="timeline">{"".join(cells)}</div>'
+    )
+
+
+def _anchors(report: ModelReport) -> dict[tuple, str]:
+    """Where each site's row is, so root causes can link to the row of their producer."""
+    anchors: dict[tuple, str] = {}
+    for prefix, findings in (
+        ("offender", report.offenders),
+        ("parameter", report.parameter_conversions),
+        ("neutral", report.format_neutral),
+    ):
+        for index, group in enumerate(by_call_site(findings)):
+            f = group.first
+            anchors.setdefault((f.python_op, f.aten_op, f.call_site), f"{prefix}-{index}")
+    return anchors
+
+
+def _source(finding: Finding) -> str:
+    return finding.regain_source.value if finding.regain_source else ""
+
+
+def model_html(report: ModelReport) -> str:
+    """One audit: the summary, the offenders by call site with links to their root causes,
+    the lists kept apart, the regains, and the format timeline."""
+    s, env = report.summary, report.environment
+    bad = bool(report.offenders)
+    verdict = "loses channels_last" if bad else "keeps channels_last"
+    anchors = _anchors(report)
+    cards = "".join(
+        f'<div class="card"><b>{value}</b>{_e(label)}</div>'
+        for label, value in (
+            ("losses (offenders)", s.losses),
+            ("round trips", s.round_trips),
+            ("terminal", s.terminal_conversions),
+            ("regains", s.regains),
+            ("converted", _bytes(s.bytes_converted)),
+            ("parameter conversions", s.parameter_conversions),
+            ("format-neutral", s.format_neutral),
+        )
+    )
+    regains = "".join(
+        f"<tr><td><code>{_e(f.op)}</code></td><td><code>{_e(f.call_site)}</code></td>"
+        f"<td>{_e(f.module_path or '(root)')}</td><td>{_e(_source(f))}</td>"
+        f'<td class="num">{f.count}</td><td>{_e(f.provenance.value)}</td>'
+        f"<td>{_producer(f.root_cause, anchors)}</td></tr>"
+        for f in report.regains
+    )
+    predicted = " (predicted: fake tensors, nothing ran)" if report.predicted else ""
+    body = (
+        f'<h1>cl-audit: {_e(report.model or "(unnamed)")} <span class="'
+        f'{"verdict-bad" if bad else "verdict-good"}">{verdict}</span></h1>'
+        f'<p class="dim">input {_e(report.input_shape)}, {_e(env.device)} {_e(env.dtype)}'
+        f"{', autocast ' + _e(env.autocast) if env.autocast else ''}, engine {_e(env.engine)}, "
+        f"{_e(env.mode.value)} mode{predicted}; {s.calls_checked} calls checked; NCHW comparison "
+        f"{_e(report.differential.status.value)}"
+        f"{': ' + _e(report.differential.message) if report.differential.message else ''}; "
+        f"cl-audit {_e(env.tool)}, torch {_e(env.torch)}</p>"
+        f'<div class="cards">{cards}</div>'
+        "<h2>Offenders, by operation and call site</h2>"
+        + _sites_table(report.offenders, "offender", anchors)
+        + "<h2>Format timeline</h2>"
+        + _timeline(report)
+        + "<details><summary><b>Conversions of parameter-derived data</b> "
+        f"({s.parameter_conversions}, {_bytes(s.parameter_bytes)} per forward)</summary>"
+        + _sites_table(report.parameter_conversions, "parameter", anchors)
+        + "</details><details><summary><b>Format-neutral losses</b> "
+        f"({s.format_neutral}, the same copy happens in NCHW)</summary>"
+        + _sites_table(report.format_neutral, "neutral", anchors)
+        + f"</details><details><summary><b>Regains</b> ({len(report.regains)} sites)</summary>"
+        '<table class="sortable" id="regains"><thead><tr><th>op</th><th>call site</th>'
+        '<th>module</th><th>source</th><th class="num">count</th><th>provenance</th>'
+        f"<th>root cause</th></tr></thead><tbody>{regains}</tbody></table></details>"
+    )
+    return _page(f"cl-audit: {report.model or 'report'}", body, report.to_dict())
+
+
+def _model_row(row: ModelRow) -> str:
+    s = row.summary
+    converted = s.bytes_converted if s else 0
+    return (
+        f'<tr data-status="{_e(row.status.value)}"><td><a href="#model-{_e(row.key)}" '
+        f'data-jump="model-{_e(row.key)}">{_e(row.name)}</a></td><td>{_e(row.source.value)}</td>'
+        f"<td>{_e(row.status.value)}</td><td>{_e(row.mode.value)}</td>"
+        f'<td class="num">{len(row.offenders)}</td>'
+        f'<td class="num">{s.losses if s else 0}</td>'
+        f'<td class="num" data-value="{converted}">{_bytes(converted)}</td>'
+        f'<td class="num">{s.parameter_conversions if s else 0}</td>'
+        f'<td class="num">{s.format_neutral if s else 0}</td>'
+        f"<td>{_e(row.message or '')}</td></tr>"
+    )
+
+
+def _heatmap(report: SweepReport) -> str:
+    offending = [row for row in report.models if row.offending]
+    ops = [cov.op for cov in report.operators if cov.models]
+    if not offending:
+        return '<p class="dim">No model offends.</p>'
+    events: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for row in offending:
+        for finding in row.offenders:
+            events[row.key][finding.op_id] += finding.count
+    peak = max(n for per_op in events.values() for n in per_op.values())
+    head = "".join(f'<th class="rot" title="{_e(op)}">{_e(op)}</th>' for op in ops)
+    rows = []
+    for row in offending:
+        cells = []
+        for op in ops:
+            n = events[row.key].get(op, 0)
+            alpha = 0.15 + 0.85 * n / peak if n else 0
+            style = f' style="background:rgba(214,45,32,{alpha:.2f})"' if n else ""
+            cells.append(
+                f'<td class="cell"{style} title="{_e(row.name)} / {_e(op)}: {n} events" '
+                f'data-jump="model-{_e(row.key)}">{n or ""}</td>'
+            )
+        rows.append(
+            f'<tr><th data-jump="model-{_e(row.key)}">{_e(row.name)}</th>{"".join(cells)}</tr>'
+        )
+    return (
+        f'<table class="heat" id="heatmap"><thead><tr><th>model</th>{head}</tr></thead>'
+        f"<tbody>{''.join(rows)}</tbody></table>"
+    )
+
+
+def _findings_by_model(report: SweepReport) -> str:
+    parts = []
+    for row in report.models:
+        if not row.offending:
+            continue
+        table = _sites_table(row.offenders, f"sites-{row.key}", {})
+        parts.append(
+            f'<details id="model-{_e(row.key)}"><summary><b>{_e(row.name)}</b> '
+            f"({_e(row.source.value)}, {len(row.offenders)} offenders)</summary>{table}</details>"
+        )
+    return "".join(parts)
+
+
+def sweep_html(report: SweepReport) -> str:
+    """A sweep: status counts, the models (sortable, filterable), the operator index, and the
+    models by operators matrix of the offending models, each linked to its findings."""
+    s, env = report.summary, report.environment
+    cards = "".join(
+        f'<div class="card"><b>{value}</b>{_e(label)}</div>'
+        for label, value in (
+            ("models", s.models),
+            ("clean", s.clean),
+            ("offending", s.offending),
+            ("failed", s.failed),
+            ("skipped", s.skipped),
+        )
+    )
+    statuses = "".join(f'<option value="{st.value}">{st.value}</option>' for st in Status)
+    operators = "".join(
+        f"<tr><td><code>{_e(c.op)}</code></td><td>{_e(', '.join(c.python_ops))}</td>"
+        f'<td class="num">{c.models}</td><td class="num">{c.events}</td>'
+        f'<td class="num" data-value="{c.bytes_converted}">{_bytes(c.bytes_converted)}</td>'
+        f'<td class="num">{c.parameter_models}</td><td class="num">{c.neutral_models}</td>'
+        f"<td>{_e(', '.join(c.examples[:3]))}</td></tr>"
+        for c in report.operators
+    )
+    body = (
+        f"<h1>cl-audit sweep: {s.models} models</h1>"
+        f'<p class="dim">{_e(env.device)} {_e(env.dtype)}, {_e(env.mode.value)} mode, engine '
+        f"{_e(env.engine)}; cl-audit {_e(env.tool)}, torch {_e(env.torch)}</p>"
+        f'<div class="cards">{cards}</div><h2>Models</h2>'
+        '<input type="search" id="filter" placeholder="filter models">'
+        f'<select id="status-filter"><option value="">any status</option>{statuses}</select>'
+        '<table class="sortable" id="models"><thead><tr><th>model</th><th>source</th>'
+        '<th>status</th><th>mode</th><th class="num">offender sites</th>'
+        '<th class="num">losses</th><th class="num">converted</th>'
+        '<th class="num">parameter</th><th class="num">neutral</th><th>message</th></tr>'
+        f"</thead><tbody>{''.join(_model_row(r) for r in report.models)}</tbody></table>"
+        "<h2>Operator coverage</h2>"
+        '<table class="sortable" id="operators"><thead><tr><th>op</th><th>Python-level calls'
+        '</th><th class="num">models</th><th class="num">events</th><th class="num">converted'
+        '</th><th class="num">parameter models</th><th class="num">neutral models</th>'
+        f"<th>for example</th></tr></thead><tbody>{operators}</tbody></table>"
+        "<h2>Offending models by operator (events)</h2>"
+        + _heatmap(report)
+        + "<h2>Findings of each offending model</h2>"
+        + _findings_by_model(report)
+    )
+    return _page("cl-audit sweep", body, report.to_dict())

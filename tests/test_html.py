@@ -1,0 +1,144 @@
+"""The HTML report: self-contained, escaped, and working in a real headless Chromium.
+
+The browser tests drive Debian's ``chromium`` through ``chromedriver`` with Selenium (no
+browser download); ``.ci/run`` installs all three. Without them those tests skip, saying why.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+import toy_models
+from literal_reports import finding, row, sweep
+
+from cl_audit.render.html import model_html, sweep_html
+from cl_audit.report import ModelSource, Status
+from cl_audit.run import audit_module
+from cl_audit.settings import AuditSettings
+
+HOSTILE = '<script>window.pwned=1</script><img src=x onerror="window.pwned=2">'
+
+
+def shuffle_report():
+    settings = AuditSettings(timeline=True)
+    return audit_module(toy_models.MixedConcat(), (torch.randn(2, 3, 16, 16),), settings)
+
+
+def hostile_sweep():
+    bad = finding(module_path=HOSTILE, call_site=HOSTILE)
+    rows = [
+        row("resnet_a", (finding(count=4, round_trips=4),)),
+        row("zz_clean"),
+        row(HOSTILE, (bad,), source=ModelSource.USER),
+        row("crashy", status=Status.ERROR, message=HOSTILE),
+        row("small", status=Status.SKIPPED, message="below 128 px"),
+    ]
+    return sweep(*rows)
+
+
+def test_pages_are_self_contained_and_escape_every_string():
+    page = sweep_html(hostile_sweep())
+    assert HOSTILE not in page and "&lt;script&gt;window.pwned=1&lt;/script&gt;" in page
+    assert not re.search(r"<(link|img)\b|src=|https?://", page.replace("src=x", ""))
+    assert page.count("<script") == 2  # the embedded data and the page's own script
+    data = re.search(r'id="cl-audit-data">(.*?)</script>', page, re.S).group(1)
+    assert json.loads(data)["format"] == "cl-audit.sweep"
+    single = model_html(shuffle_report())
+    assert "<style>" in single and "stylesheet" not in single
+
+
+def test_a_report_without_a_timeline_says_how_to_get_one():
+    report = replace(shuffle_report(), timeline=())
+    assert "recorded when the audit is run with --html" in model_html(report)
+
+
+# --- in a real browser -------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def browser():
+    chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
+    if chromium is None or driver is None:
+        pytest.skip("needs Debian's chromium and chromium-driver (apt-get install, as .ci/run)")
+    webdriver = pytest.importorskip("selenium.webdriver", reason="needs selenium (test extra)")
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1400,1000"):
+        options.add_argument(argument)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    session = webdriver.Chrome(service=Service(executable_path=driver), options=options)
+    yield session
+    session.quit()
+
+
+def load(browser, page: str, path: Path) -> None:
+    path.write_text(page)
+    browser.get(path.as_uri())
+    assert browser.execute_script("return document.readyState") == "complete"
+
+
+def console_errors(browser) -> list[str]:
+    return [e["message"] for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+
+
+def visible_names(browser) -> list[str]:
+    return browser.execute_script(
+        "return Array.from(document.querySelectorAll('#models tbody tr'))"
+        ".filter(r => r.style.display !== 'none').map(r => r.cells[0].textContent)"
+    )
+
+
+def test_sweep_page_sorts_filters_and_renders_hostile_names_inert(browser, tmp_path):
+    load(browser, sweep_html(hostile_sweep()), tmp_path / "sweep.html")
+    assert console_errors(browser) == []
+    assert browser.execute_script("return window.pwned") is None
+    assert browser.execute_script("return document.scripts.length") == 2
+    assert HOSTILE in visible_names(browser)  # shown as text, not run
+    assert len(visible_names(browser)) == 5
+
+    losses = browser.find_element("xpath", "//table[@id='models']//th[text()='losses']")
+    losses.click()
+    assert visible_names(browser)[0] == "resnet_a"  # 4 losses: most first
+    losses.click()
+    assert visible_names(browser)[-1] == "resnet_a"
+
+    browser.find_element("id", "filter").send_keys("resnet")
+    assert visible_names(browser) == ["resnet_a"]
+    browser.find_element("id", "filter").clear()
+    browser.execute_script(
+        "var s = document.getElementById('status-filter'); s.value = 'error';"
+        "s.dispatchEvent(new Event('input'));"
+    )
+    assert visible_names(browser) == ["crashy"]
+
+    cell = browser.find_element("css selector", "#heatmap td.cell[title^='resnet_a']")
+    assert cell.text == "4"
+    cell.click()
+    opened = browser.execute_script("return document.getElementById('model-timm:resnet_a').open")
+    assert opened is True
+    browser.save_screenshot(str(tmp_path / "sweep.png"))
+    assert console_errors(browser) == []
+
+
+def test_model_page_shows_sites_root_cause_links_and_the_timeline(browser, tmp_path):
+    report = shuffle_report()
+    load(browser, model_html(report), tmp_path / "model.html")
+    assert console_errors(browser) == []
+    rows = browser.find_elements("css selector", "#offender tbody tr")
+    assert len(rows) == len(report.offenders) == 1
+    assert "torch.cat" in rows[0].text and "F.interpolate" in rows[0].text
+    strip = browser.find_elements("css selector", "#timeline .ev")
+    assert len(strip) == len(report.timeline) > 5
+    assert len(browser.find_elements("css selector", "#timeline .ev.loss")) == 1
+    assert len(browser.find_elements("css selector", "#timeline .ev.regain")) == 1
+    tip = strip[0].get_attribute("title")
+    assert "torch.conv2d in conv" in tip and "strides" in tip
+    browser.save_screenshot(str(tmp_path / "model.png"))
