@@ -12,6 +12,7 @@ from collections import defaultdict
 from html import escape
 
 from cl_audit.layout import MemoryLayout
+from cl_audit.render import format_bytes
 from cl_audit.report import (
     Finding,
     ModelReport,
@@ -107,13 +108,10 @@ def _e(value: object) -> str:
     return escape("" if value is None else str(value), quote=True)
 
 
-def _bytes(n: int) -> str:
-    size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{size:.1f} GiB"
+def _cards(pairs: tuple[tuple[str, object], ...]) -> str:
+    return "".join(
+        f'<div class="card"><b>{_e(value)}</b>{_e(label)}</div>' for label, value in pairs
+    )
 
 
 def _page(title: str, body: str, data: dict[str, object]) -> str:
@@ -166,7 +164,7 @@ def _site_rows(groups: tuple[SiteGroup, ...], prefix: str, anchors: dict[tuple, 
             f'<td class="num">{group.count}</td><td class="num">{group.round_trips}</td>'
             f'<td class="num">{group.terminal}</td><td>{_e(verdict)}</td>'
             f'<td class="num" data-value="{group.bytes_converted}">'
-            f"{_bytes(group.bytes_converted)}</td>"
+            f"{format_bytes(group.bytes_converted)}</td>"
             f"<td>{_producer(f.root_cause, anchors)}</td></tr>"
         )
     return "".join(rows)
@@ -243,14 +241,13 @@ def model_html(report: ModelReport) -> str:
     bad = bool(report.offenders)
     verdict = "loses channels_last" if bad else "keeps channels_last"
     anchors = _anchors(report)
-    cards = "".join(
-        f'<div class="card"><b>{value}</b>{_e(label)}</div>'
-        for label, value in (
+    cards = _cards(
+        (
             ("losses (offenders)", s.losses),
             ("round trips", s.round_trips),
             ("terminal", s.terminal_conversions),
             ("regains", s.regains),
-            ("converted", _bytes(s.bytes_converted)),
+            ("converted", format_bytes(s.bytes_converted)),
             ("parameter conversions", s.parameter_conversions),
             ("format-neutral", s.format_neutral),
         )
@@ -278,7 +275,7 @@ def model_html(report: ModelReport) -> str:
         + "<h2>Format timeline</h2>"
         + _timeline(report)
         + "<details><summary><b>Conversions of parameter-derived data</b> "
-        f"({s.parameter_conversions}, {_bytes(s.parameter_bytes)} per forward)</summary>"
+        f"({s.parameter_conversions}, {format_bytes(s.parameter_bytes)} per forward)</summary>"
         + _sites_table(report.parameter_conversions, "parameter", anchors)
         + "</details><details><summary><b>Format-neutral losses</b> "
         f"({s.format_neutral}, the same copy happens in NCHW)</summary>"
@@ -300,7 +297,7 @@ def _model_row(row: ModelRow) -> str:
         f"<td>{_e(row.status.value)}</td><td>{_e(row.mode.value)}</td>"
         f'<td class="num">{len(row.offenders)}</td>'
         f'<td class="num">{s.losses if s else 0}</td>'
-        f'<td class="num" data-value="{converted}">{_bytes(converted)}</td>'
+        f'<td class="num" data-value="{converted}">{format_bytes(converted)}</td>'
         f'<td class="num">{s.parameter_conversions if s else 0}</td>'
         f'<td class="num">{s.format_neutral if s else 0}</td>'
         f"<td>{_e(row.message or '')}</td></tr>"
@@ -355,9 +352,8 @@ def sweep_html(report: SweepReport) -> str:
     """A sweep: status counts, the models (sortable, filterable), the operator index, and the
     models by operators matrix of the offending models, each linked to its findings."""
     s, env = report.summary, report.environment
-    cards = "".join(
-        f'<div class="card"><b>{value}</b>{_e(label)}</div>'
-        for label, value in (
+    cards = _cards(
+        (
             ("models", s.models),
             ("clean", s.clean),
             ("offending", s.offending),
@@ -369,7 +365,7 @@ def sweep_html(report: SweepReport) -> str:
     operators = "".join(
         f"<tr><td><code>{_e(c.op)}</code></td><td>{_e(', '.join(c.python_ops))}</td>"
         f'<td class="num">{c.models}</td><td class="num">{c.events}</td>'
-        f'<td class="num" data-value="{c.bytes_converted}">{_bytes(c.bytes_converted)}</td>'
+        f'<td class="num" data-value="{c.bytes_converted}">{format_bytes(c.bytes_converted)}</td>'
         f'<td class="num">{c.parameter_models}</td><td class="num">{c.neutral_models}</td>'
         f"<td>{_e(', '.join(c.examples[:3]))}</td></tr>"
         for c in report.operators

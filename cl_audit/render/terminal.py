@@ -7,6 +7,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from cl_audit.render import format_bytes
 from cl_audit.report import (
     DifferentialStatus,
     Finding,
@@ -27,15 +28,6 @@ __all__ = [
     "render_sweep",
     "summary_text",
 ]
-
-
-def format_bytes(n: int) -> str:
-    size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    raise AssertionError("unreachable")
 
 
 def _strides(t: TensorSummary) -> str:
