@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from cl_audit.report import ModelReport, ModelSource
+from cl_audit.report import Differential, ModelReport, ModelSource
 from cl_audit.run import audit_loaded
 from cl_audit.settings import AuditSettings, Engine
 from cl_audit.sources import LoadedModel, ModelRef, load_model
@@ -44,6 +44,7 @@ def test_torchvision_model_matches_expectation_and_committed_report(name):
         (finding,) = report.offenders
         assert finding.op == "torch.flatten" and finding.aten_op == "aten.clone"
         assert finding.terminal == 1
+        assert finding.differential is Differential.CAUSED  # a free view in NCHW
     elif name in SHUFFLE:
         assert ops == {"Tensor.contiguous", "torch.cat"}
         roots = {f.root_cause.python_op for f in report.offenders if f.op == "torch.cat"}
@@ -52,6 +53,7 @@ def test_torchvision_model_matches_expectation_and_committed_report(name):
     elif name == "maxvit_t":
         adds = [f for f in report.offenders if f.op == "Tensor.add"]
         assert adds and all(f.root_cause.module_class == "WindowDepartition" for f in adds)
+        assert report.summary.round_trips == report.summary.losses  # the MBConv converts back
     elif name == "deeplabv3_resnet50":
         (finding,) = report.offenders
         assert finding.op == "torch.cat"
@@ -60,6 +62,7 @@ def test_torchvision_model_matches_expectation_and_committed_report(name):
     else:
         assert name not in SPECIAL
         assert report.offenders == (), f"{name}: {ops}"
+    assert all(f.regain_source is not None for f in report.regains)
     assert sites(report) == sites(COMMITTED[name])
     assert report.summary == COMMITTED[name].summary
 

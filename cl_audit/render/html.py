@@ -38,7 +38,7 @@ tr.target{outline:2px solid #f0a020}
 .cards{display:flex;gap:.6em;flex-wrap:wrap}.card{border:1px solid #d7dae0;border-radius:6px;
 padding:.4em .8em}.card b{display:block;font-size:1.3em}
 .strip{display:flex;flex-wrap:wrap;gap:1px;margin:.4em 0}
-.ev{width:7px;height:18px;border-top:4px solid transparent}
+.ev{width:9px;height:22px;border-top:5px solid transparent}
 .ev.channels_last{background:#3b82c4}.ev.contiguous{background:#e0a030}
 .ev.ambiguous{background:#b9c2cf}.ev.other{background:#8a6fb3}
 .ev.loss{border-top-color:#d62d20}.ev.regain{border-top-color:#1e9e48}
