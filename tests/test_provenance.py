@@ -84,13 +84,29 @@ def test_parameter_provenance_splits_identical_events(engine):
     assert [f.provenance for f in report.parameter_conversions] == [Provenance.PARAMETER]
 
 
-def test_constants_made_in_the_forward_count_as_parameters(engine):
+class MakesAGrid(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        grid = torch.ones(2, 8, 6, 6).contiguous(memory_format=torch.channels_last)
+        return torch.flatten(grid, 1) + x.mean()
+
+
+def test_constants_the_model_makes_count_as_parameters(engine):
+    model = MakesAGrid()
+    with torch.no_grad(), cl_audit.audit(engine, model=model) as audit:
+        model(torch.randn(2))
+    report = audit.report()
+    assert report.offenders == ()
+    assert [f.provenance for f in report.parameter_conversions] == [Provenance.PARAMETER]
+
+
+def test_an_input_made_inside_the_audit_block_is_batch_data(engine):
+    """The control: the same tensor made by the caller, outside any module, is the batch."""
     with torch.no_grad(), cl_audit.audit(engine) as audit:
         grid = torch.ones(2, 8, 6, 6).contiguous(memory_format=torch.channels_last)
         torch.flatten(grid, 1)
     report = audit.report()
-    assert report.offenders == ()
-    assert [f.provenance for f in report.parameter_conversions] == [Provenance.PARAMETER]
+    assert [f.provenance for f in report.offenders] == [Provenance.BATCH]
+    assert report.parameter_conversions == ()
 
 
 def test_reused_storage_of_parameter_data_is_forgotten(engine):

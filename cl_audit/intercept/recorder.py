@@ -169,11 +169,15 @@ class Recorder:
 
         # Provenance and storage reuse, on every operation (a storage key costs ~0.2 us).
         parameters = self._parameters
-        from_parameters = True  # also for no tensor input at all: a constant
+        from_parameters = True
         for tensor in inputs:
             if tensor.untyped_storage()._cdata not in parameters:
                 from_parameters = False
                 break
+        if not inputs:
+            # Made from no data: a constant when the model's own code makes it (an index, a
+            # grid), the batch when the caller does (an input made inside ``with audit():``).
+            from_parameters = self._locate().module_class is not None
         out_keys = [t.untyped_storage()._cdata for t in outputs]
         origins = self._origins
         cl_ordered = self._cl_ordered
