@@ -157,21 +157,23 @@ def render_sweep(report: SweepReport, console: Console, top: int = 10) -> None:
     offending = [cov for cov in report.operators if cov.models]
     if offending:
         table = Table(title=f"Top offending operations (of {len(offending)})", expand=True)
-        table.add_column("op", style="bold", overflow="fold", ratio=3)
+        table.add_column("op", style="bold", no_wrap=True)
         table.add_column("models", justify="right", no_wrap=True)
         table.add_column("events", justify="right", no_wrap=True)
         table.add_column("converted", justify="right", no_wrap=True)
-        table.add_column("param / neutral models", justify="right", no_wrap=True)
-        table.add_column("for example", overflow="fold", ratio=5)
+        table.add_column("param/\nneutral", justify="right", no_wrap=True)
+        table.add_column("for example", overflow="fold")
         for cov in offending[:top]:
-            name = cov.op if not cov.python_ops else f"{cov.op}\n{', '.join(cov.python_ops)}"
+            more = len(cov.python_ops) - 2
+            name = "\n".join((cov.op, *cov.python_ops[:2], *[f"+{more} more"] * (more > 0)))
+            models = list(dict.fromkeys(e.split(":", 1)[0] for e in cov.examples))
             table.add_row(
                 name,
                 str(cov.models),
                 str(cov.events),
                 format_bytes(cov.bytes_converted),
                 f"{cov.parameter_models} / {cov.neutral_models}",
-                "\n".join(cov.examples[:3]),
+                "\n".join(models[:3]),
             )
         console.print(table)
     parameter = sum(1 for r in report.models if r.parameter_conversions)
