@@ -4,7 +4,8 @@
 
 Writes reports/html/torchvision-sweep.html from the sweep report, audits shufflenet_v2_x1_0 and
 maxvit_t (eager CPU, with the format timeline) into reports/html/<model>.html, and saves a
-screenshot of each page beside it. Needs chromium, chromedriver and selenium, as the tests.
+screenshot of each page beside it (and one of the sweep's models x operators matrix). Needs
+chromium, chromedriver and selenium, as the tests.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ OUT = Path(__file__).resolve().parents[1] / "reports" / "html"
 MODELS = ("shufflenet_v2_x1_0", "maxvit_t")
 
 
-def screenshot(page: Path, png: Path) -> None:
+def screenshot(page: Path, png: Path, section: str | None = None) -> None:
+    """The top of ``page``, or the element with id ``section`` scrolled into view."""
     options = webdriver.ChromeOptions()
     options.binary_location = shutil.which("chromium") or "chromium"
     for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1400,1800"):
@@ -37,6 +39,8 @@ def screenshot(page: Path, png: Path) -> None:
     )
     try:
         driver.get(page.resolve().as_uri())
+        if section is not None:
+            driver.execute_script(f"document.getElementById('{section}').scrollIntoView()")
         driver.save_screenshot(str(png))
     finally:
         driver.quit()
@@ -58,6 +62,9 @@ def main() -> None:
         write_text(page, html, "--html")
         screenshot(page, OUT / f"{name}.png")
         print(f"{page} and {name}.png")
+    matrix = OUT / "torchvision-sweep-matrix.png"
+    screenshot(OUT / "torchvision-sweep.html", matrix, section="heatmap")
+    print(matrix)
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ h1{font-size:1.4em;margin:0 0 .3em}h2{font-size:1.1em;margin:1.6em 0 .4em}
 table{border-collapse:collapse;margin:.4em 0;width:100%}
 th,td{border:1px solid #d7dae0;padding:.25em .45em;text-align:left;vertical-align:top}
 th{background:#f1f3f6;cursor:pointer;user-select:none;white-space:nowrap}
-td.num,th.num{text-align:right}code{font-size:.92em}
+td.num,th.num{text-align:right}code{font-size:.92em;overflow-wrap:anywhere}
 tr.target{outline:2px solid #f0a020}
 .cards{display:flex;gap:.6em;flex-wrap:wrap}.card{border:1px solid #d7dae0;border-radius:6px;
 padding:.4em .8em}.card b{display:block;font-size:1.3em}
@@ -44,7 +44,7 @@ padding:.4em .8em}.card b{display:block;font-size:1.3em}
 .ev.loss{border-top-color:#d62d20}.ev.regain{border-top-color:#1e9e48}
 .legend span{display:inline-block;margin-right:1em}.legend i{display:inline-block;width:12px;
 height:12px;margin-right:.3em;vertical-align:middle}
-.heat td.cell{width:1.6em;text-align:center;cursor:pointer;font-size:.8em}
+.heat{width:auto}.heat td.cell{width:1.6em;text-align:center;cursor:pointer;font-size:.8em}
 .heat th.rot{writing-mode:vertical-rl;transform:rotate(180deg);cursor:default}
 input[type=search],select{font:inherit;padding:.2em .4em;margin-right:.6em}
 details{margin:.3em 0}
@@ -343,7 +343,7 @@ def _findings_by_model(report: SweepReport) -> str:
         table = _sites_table(row.offenders, f"sites-{row.key}", {})
         parts.append(
             f'<details id="model-{_e(row.key)}"><summary><b>{_e(row.name)}</b> '
-            f"({_e(row.source.value)}, {len(row.offenders)} offenders)</summary>{table}</details>"
+            f"({_e(row.source.value)}, {len(row.offenders)} offender findings)</summary>{table}</details>"
         )
     return "".join(parts)
 
