@@ -343,7 +343,8 @@ def _findings_by_model(report: SweepReport) -> str:
         table = _sites_table(row.offenders, f"sites-{row.key}", {})
         parts.append(
             f'<details id="model-{_e(row.key)}"><summary><b>{_e(row.name)}</b> '
-            f"({_e(row.source.value)}, {len(row.offenders)} offender findings)</summary>{table}</details>"
+            f"({_e(row.source.value)}, {len(row.offenders)} offender findings)</summary>"
+            f"{table}</details>"
         )
     return "".join(parts)
 
