@@ -199,6 +199,7 @@ def _single(
     show_all: bool,
     console: Console,
 ) -> int:
+    from cl_audit.render.outputs import write_outputs
     from cl_audit.render.terminal import render_report
     from cl_audit.run import audit_loaded
     from cl_audit.sources import BuildOptions, load_model
@@ -206,12 +207,7 @@ def _single(
     loaded = load_model(ref, BuildOptions(meta=settings.tensor_mode is TensorMode.FAKE))
     report = audit_loaded(loaded, settings)
     render_report(report, console, show_all)
-    if json_path is not None:
-        write_text(json_path, report.to_json() + "\n", "--json")
-    if html is not None:
-        from cl_audit.render.html import model_html
-
-        write_text(html, model_html(report), "--html")
+    write_outputs(report, json_path, html)
     return EXIT_OFFENDERS if report.offenders else EXIT_CLEAN
 
 
@@ -224,7 +220,7 @@ def _sweep(
     resume: bool,
     console: Console,
 ) -> int:
-    from cl_audit.render.junit import junit_xml
+    from cl_audit.render.outputs import write_outputs
     from cl_audit.render.progress import SweepProgress
     from cl_audit.render.terminal import render_comparison, render_sweep
     from cl_audit.sweep.compare import compare
@@ -232,7 +228,7 @@ def _sweep(
 
     err = Console(stderr=True)
     baseline = read_sweep(baseline_path) if baseline_path is not None else None
-    json_path, junit = outputs["json"], outputs["junit"]
+    json_path = outputs["json"]
     outcome = run_sweep(
         refs,
         settings,
@@ -244,14 +240,7 @@ def _sweep(
     )
     report = outcome.report
     render_sweep(report, console)
-    if json_path is not None:
-        write_text(json_path, report.to_json() + "\n", "--json")
-    if junit is not None:
-        write_text(junit, junit_xml(report), "--junit")
-    if outputs["html"] is not None:
-        from cl_audit.render.html import sweep_html
-
-        write_text(outputs["html"], sweep_html(report), "--html")
+    write_outputs(report, json_path, outputs["html"], outputs["junit"])
     if outcome.interrupted:
         err.print(
             f"interrupted: {report.summary.models} of {outcome.selected} models done; "
@@ -312,13 +301,11 @@ def render_command(
 
     Exit codes: 0 written, 2 unreadable report or unwritable path.
     """
-    from cl_audit.render.html import model_html, sweep_html
+    from cl_audit.render.outputs import write_outputs
 
     try:
         check_writable(html, "--html")
-        report = read_report(report_path)
-        page = sweep_html(report) if isinstance(report, SweepReport) else model_html(report)
-        write_text(html, page, "--html")
+        write_outputs(read_report(report_path), html=html)
     except UsageError as e:
         raise _fail(str(e), EXIT_USAGE) from None
 

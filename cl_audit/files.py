@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gzip
 import os
 import sys
 from pathlib import Path
@@ -15,6 +14,7 @@ from cl_audit.report import (
     ReportFormatError,
     SweepReport,
     decode_document,
+    encode_document,
 )
 
 __all__ = ["check_writable", "read_report", "read_sweep", "write_text"]
@@ -41,7 +41,7 @@ def write_text(path: Path, text: str, option: str) -> None:
         return
     try:
         if path.suffix == ".gz":
-            path.write_bytes(gzip.compress(text.encode(), mtime=0))
+            path.write_bytes(encode_document(text, compress=True))
         else:
             path.write_text(text)
     except OSError as e:

@@ -48,6 +48,7 @@ __all__ = [
     "TimelineEvent",
     "by_call_site",
     "decode_document",
+    "encode_document",
     "load_schema",
     "summarise",
 ]
@@ -368,6 +369,12 @@ def _parse_json(text: str) -> Any:
 
 
 _GZIP_MAGIC = b"\x1f\x8b"
+
+
+def encode_document(text: str, compress: bool) -> bytes:
+    """What ``decode_document`` reads: UTF-8, gzip-compressed (reproducibly) when asked."""
+    data = text.encode()
+    return gzip.compress(data, mtime=0) if compress else data
 
 
 def decode_document(data: bytes) -> Any:

@@ -42,7 +42,7 @@ def _tensors_cell(finding: Finding) -> str:
     if source is None or output is None:
         return ""
     shape = "x".join(map(str, source.shape))
-    return f"{shape} {source.dtype}\n{_strides(source)} -> {_strides(output)}"
+    return f"{shape} {source.dtype} {_strides(source)} -> {_strides(output)}"
 
 
 def _where(module_path: str | None, module_class: str | None) -> str:
@@ -102,13 +102,15 @@ def offenders_table(
     """One row per operation and call site, the modules it ran in folded into the row."""
     table = Table(title=title, show_lines=True, expand=True)
     table.add_column("op", style="bold", no_wrap=True)
-    table.add_column("where", ratio=3)
-    table.add_column("tensor: in -> out strides", ratio=2)
+    table.add_column("where; tensor: in -> out strides", overflow="fold", ratio=1)
     table.add_column("count", justify="right", no_wrap=True)
     for group in by_call_site(findings):
         f = group.first
         op = f"{f.python_op}\n{f.aten_op}" if f.python_op and f.aten_op else f.op
         where = f"[cyan]{f.call_site or '?'}[/cyan]\n{_modules_cell(group)}"
+        tensors = _tensors_cell(f)
+        if tensors:
+            where += f"\n[dim]{tensors}[/dim]"
         cause = _producer_cell(f.root_cause, f.mixed_formats)
         if cause:
             where += f"\n[magenta]root cause: {cause}[/magenta]"
@@ -119,7 +121,7 @@ def offenders_table(
         if group.terminal and f.differential:
             kinds.append(f"({f.differential.value})")
         kinds.append(format_bytes(group.bytes_converted))
-        table.add_row(op, where, _tensors_cell(f), "\n".join([str(group.count), *kinds]))
+        table.add_row(op, where, "\n".join([str(group.count), *kinds]))
     return table
 
 

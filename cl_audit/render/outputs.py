@@ -1,0 +1,30 @@
+"""The files an audit or a sweep writes on request: JSON, HTML, and JUnit for sweeps."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from cl_audit.files import write_text
+from cl_audit.report import ModelReport, SweepReport
+
+__all__ = ["write_outputs"]
+
+
+def write_outputs(
+    report: ModelReport | SweepReport,
+    json_path: Path | None = None,
+    html: Path | None = None,
+    junit: Path | None = None,
+) -> None:
+    """Each asked-for file ('-' for JSON on stdout; a .gz name is compressed)."""
+    if json_path is not None:
+        write_text(json_path, report.to_json() + "\n", "--json")
+    if html is not None:
+        from cl_audit.render.html import model_html, sweep_html
+
+        page = sweep_html(report) if isinstance(report, SweepReport) else model_html(report)
+        write_text(html, page, "--html")
+    if junit is not None and isinstance(report, SweepReport):
+        from cl_audit.render.junit import junit_xml
+
+        write_text(junit, junit_xml(report), "--junit")
