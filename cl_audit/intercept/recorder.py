@@ -29,7 +29,14 @@ from cl_audit.report import (
     TensorSummary,
     TimelineEvent,
 )
-from cl_audit.rule import SPATIAL_RANKS, is_copy_op, is_loss, provenance, regain_source
+from cl_audit.rule import (
+    SPATIAL_RANKS,
+    is_copy_op,
+    is_loss,
+    is_regain,
+    provenance,
+    regain_source,
+)
 
 __all__ = ["TIMELINE_LIMIT", "Recorder"]
 
@@ -252,8 +259,8 @@ class Recorder:
                 aten_op, python_op, inputs, outputs, lost, sources, reshaped, contiguous, found
             )
             return
-        regained = [t for t, _ in new if layout_of(t) is _CL]
-        if contiguous and regained:
+        regained = [t for t, _ in new if is_regain(t, contiguous)]
+        if regained:
             self._record_regain(aten_op, python_op, inputs, outputs, regained, contiguous)
             return
         if sources or reshaped:  # channels_last data written in another order (torch.stack)
