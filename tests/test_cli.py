@@ -228,3 +228,34 @@ def test_fake_cuda_with_amp_reports_what_ran():
     env = json.loads(result.stdout)["environment"]
     assert (env["device"], env["autocast"], env["mode"]) == ("cuda", "cuda:float16", "fake")
     assert "Disabling autocast" not in result.output
+
+
+def test_help_lists_every_command_and_a_model_still_runs_without_one():
+    listed = invoke("--help").output
+    assert all(command in listed for command in ("audit", "merge", "render"))
+    assert "--timm" in invoke("audit", "--help").output
+    assert invoke(f"{TOYS}:clean_net").exit_code == 0  # no command word needed
+
+
+def test_render_writes_html_of_saved_reports_of_either_version(tmp_path):
+    data = Path(__file__).with_name("data")
+    for name in ("sweep-v1.json", "report-v1.json"):
+        page = tmp_path / f"{name}.html"
+        result = invoke("render", str(data / name), "--html", str(page))
+        assert result.exit_code == 0, result.output
+        assert page.read_text().startswith("<!DOCTYPE html>")
+    assert "cait_xxs24_224" in (tmp_path / "sweep-v1.json.html").read_text()
+    missing = invoke("render", str(tmp_path / "nope.json"), "--html", str(tmp_path / "x.html"))
+    assert missing.exit_code == 2 and "No such file" in missing.output
+
+
+def test_html_of_a_sweep_and_of_one_model_from_the_cli(tmp_path):
+    sweep = run_cli(
+        f"{TOYS}:clean_net", f"{TOYS}:channel_shuffle", "--html", str(tmp_path / "s.html")
+    )
+    assert sweep.returncode == 1, sweep.stderr
+    page = (tmp_path / "s.html").read_text()
+    assert "channel_shuffle" in page and 'id="heatmap"' in page
+    single = invoke(f"{TOYS}:channel_shuffle", "--html", str(tmp_path / "m.html"))
+    assert single.exit_code == 1
+    assert 'id="timeline"' in (tmp_path / "m.html").read_text()  # recorded because of --html
