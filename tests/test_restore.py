@@ -147,3 +147,25 @@ def test_a_callable_that_refuses_wrapping_is_listed_not_fatal(monkeypatch):
     (line,) = audit.report().unwrapped
     assert line.startswith("int.bit_length: ")
     assert all(getattr(t.owner, t.name) is before[t.label] for t in real)
+
+
+def test_restored_after_a_differential_run_that_fails_and_one_that_runs(warm, engine):
+    import differential_models as dm
+
+    before = snapshot()
+    failed = cl_audit.audit_model(dm.NCHWOnlyFails(), torch.randn(2, 3, 8, 8), engine=engine)
+    assert failed.differential.status.value == "failed"  # the NCHW run raised inside the engine
+    assert_identical(before, snapshot())
+    compared = cl_audit.audit_model(dm.TalkingHeads(), torch.randn(2, 3, 8, 8), engine=engine)
+    assert compared.differential.status.value == "ran"
+    assert_identical(before, snapshot())
+
+
+def test_fake_cuda_autocast_state_is_restored():
+    from cl_audit.run import audit_module
+    from cl_audit.settings import Amp, AuditSettings, TensorMode
+
+    dtype = torch.get_autocast_dtype("cuda")
+    settings = AuditSettings(device="cuda", tensor_mode=TensorMode.FAKE, amp=Amp.BF16)
+    audit_module(toy_models.CleanNet(), (torch.randn(2, 3, 16, 16),), settings)
+    assert not torch.is_autocast_enabled("cuda") and torch.get_autocast_dtype("cuda") == dtype
