@@ -20,6 +20,7 @@ from cl_audit.report import (
     DifferentialRun,
     DifferentialStatus,
     ModelReport,
+    Phase,
     Provenance,
     TensorMode,
     summarise,
@@ -89,7 +90,8 @@ class Audit:
     happens inside, torch is restored on exit. Nothing is printed: render ``report()`` yourself.
     ``parameters`` adds tensors that count as parameters beside ``model``'s own (the fake
     copies of a functional call); ``timeline`` records every operation with a 4D/5D output
-    for the HTML report's format timeline (a stack walk each: slower).
+    for the HTML report's format timeline (a stack walk each: slower); ``training`` attributes
+    backward events to the module whose forward made them (see ``enter_phase``).
     """
 
     def __init__(
@@ -98,9 +100,16 @@ class Audit:
         model: nn.Module | None = None,
         parameters: Iterable[torch.Tensor] = (),
         timeline: bool = False,
+        training: bool = False,
     ) -> None:
         self.engine = _engine(engine)
-        self._recorder = Recorder(ModuleNames(model), parameters=parameters, timeline=timeline)
+        if training and self.engine is not Engine.DISPATCH:
+            raise ValueError(
+                "training audits need the dispatch engine: the patch engine cannot see the backward"
+            )
+        self._recorder = Recorder(
+            ModuleNames(model), parameters=parameters, timeline=timeline, training=training
+        )
         self._impl = _ENGINES[self.engine](self._recorder)
         self._entered = False
         self._autocast: str | None = None
@@ -123,6 +132,11 @@ class Audit:
             self._impl.uninstall()
         finally:
             _release()
+
+    def enter_phase(self, phase: Phase) -> None:
+        """What the operations from now on belong to: a training step's forward, backward or
+        optimizer step (``training=True``)."""
+        self._recorder.phase = phase
 
     def report(
         self,
@@ -176,10 +190,11 @@ def audit(
     model: nn.Module | None = None,
     parameters: Iterable[torch.Tensor] = (),
     timeline: bool = False,
+    training: bool = False,
 ) -> Audit:
     """``with cl_audit.audit() as a: model(x)`` then ``a.report()``.
 
     Passing ``model`` names modules from it and tells its parameters and buffers apart from
     activations; without it modules are learned from the call stack.
     """
-    return Audit(engine, model, parameters, timeline)
+    return Audit(engine, model, parameters, timeline, training)

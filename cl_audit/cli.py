@@ -17,7 +17,15 @@ from typer.core import TyperGroup
 from cl_audit.errors import ModelFailedError, UsageError
 from cl_audit.files import check_writable, read_report, read_sweep, write_text
 from cl_audit.report import SweepReport
-from cl_audit.settings import Amp, AuditSettings, DType, Engine, TensorMode, parse_input_size
+from cl_audit.settings import (
+    Amp,
+    AuditSettings,
+    DType,
+    Engine,
+    Optimizer,
+    TensorMode,
+    parse_input_size,
+)
 from cl_audit.sources import ModelRef
 from cl_audit.sweep.plan import parse_shard, select, shard
 from cl_audit.sweep.worker import SweepSettings, parse_memory
@@ -100,6 +108,8 @@ def audit_command(
     ),
     fake: Annotated[bool, _opt("--fake", help="Fake tensors: a prediction, fast.")] = False,
     differential: Annotated[bool, typer.Option(help=_DIFFERENTIAL_HELP)] = True,
+    train: Annotated[bool, _opt("--train", help="Audit a training step, not inference.")] = False,
+    optimizer: Annotated[Optimizer, typer.Option(help="With --train.")] = Optimizer.SGD,
     show_all: Annotated[bool, _opt(help="List parameter and format-neutral losses too.")] = False,
     confirm: Annotated[bool, _opt(help="With --fake: eager re-run of what it flagged.")] = False,
     json_path: Annotated[OptionalPath, _opt("--json", help="JSON report ('-': stdout).")] = None,
@@ -142,6 +152,8 @@ def audit_command(
             tensor_mode=TensorMode.FAKE if fake else TensorMode.EAGER,
             differential=differential,
             timeline=html is not None,
+            train=train,
+            optimizer=optimizer,
         )
         refs = select(models or [], timm_models or [], torchvision_models or [], exclude or [])
         if shard_spec is not None:

@@ -29,11 +29,13 @@ __all__ = [
     "DifferentialStatus",
     "Environment",
     "Finding",
+    "GradientLayout",
     "Mode",
     "ModelReport",
     "ModelRow",
     "ModelSource",
     "OperatorCoverage",
+    "Phase",
     "Producer",
     "Provenance",
     "RegainSource",
@@ -77,6 +79,15 @@ class ModelSource(str, Enum):
     TORCHVISION = "torchvision"
     TIMM = "timm"
     USER = "user"  # module:factory or file.py:factory
+
+
+@unique
+class Phase(str, Enum):
+    """When an operation ran in an audited training step."""
+
+    FORWARD = "forward"
+    BACKWARD = "backward"
+    OPTIMIZER = "optimizer"
 
 
 @unique
@@ -162,6 +173,7 @@ class Finding:
     provenance: Provenance = Provenance.BATCH
     regain_source: RegainSource | None = None  # regains only
     differential: Differential | None = None  # terminal losses compared with an NCHW run
+    phase: Phase = Phase.FORWARD
 
     @property
     def op(self) -> str:
@@ -212,6 +224,7 @@ def by_call_site(findings: tuple[Finding, ...]) -> tuple[SiteGroup, ...]:
             None if cause is None else (cause.python_op, cause.aten_op, cause.call_site),
             f.differential,
             f.provenance,
+            f.phase,
         )
         groups.setdefault(key, []).append(f)
     folded = []
@@ -288,6 +301,19 @@ class Environment:
     autocast: str | None
     engine: str
     mode: TensorMode = TensorMode.EAGER
+    train: bool = False  # a training step: forward, backward and optimizer step
+    optimizer: str | None = None
+
+
+@dataclass(frozen=True)
+class GradientLayout:
+    """A parameter whose gradient came back with other strides than the parameter's: what DDP
+    reports as "grad strides do not match bucket view strides"."""
+
+    parameter: str
+    shape: tuple[int, ...]
+    parameter_strides: tuple[int, ...]
+    gradient_strides: tuple[int, ...]
 
 
 @unique
@@ -323,6 +349,7 @@ class ModelReport:
     differential: DifferentialRun = DifferentialRun(DifferentialStatus.SKIPPED)
     unwrapped: tuple[str, ...] = field(default=())
     timeline: tuple[TimelineEvent, ...] = ()  # recorded when asked (--html): it costs time
+    gradient_layouts: tuple[GradientLayout, ...] = ()  # training audits only
 
     @property
     def predicted(self) -> bool:
@@ -352,6 +379,15 @@ class ModelReport:
                 differential=_differential(differential, version),
                 unwrapped=tuple(data.get("unwrapped", ())),
                 timeline=tuple(_event(e) for e in data.get("timeline", ())),
+                gradient_layouts=tuple(
+                    GradientLayout(
+                        g["parameter"],
+                        tuple(g["shape"]),
+                        tuple(g["parameter_strides"]),
+                        tuple(g["gradient_strides"]),
+                    )
+                    for g in data.get("gradient_layouts", ())
+                ),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise ReportFormatError(f"malformed {REPORT_FORMAT} document: {e!r}") from None
@@ -483,6 +519,7 @@ def _finding(data: dict[str, Any]) -> Finding:
         provenance=Provenance(data.get("provenance", "batch")),
         regain_source=None if source is None else RegainSource(source),
         differential=None if differential is None else Differential(differential),
+        phase=Phase(data.get("phase", "forward")),
     )
 
 

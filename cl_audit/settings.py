@@ -22,6 +22,7 @@ __all__ = [
     "AuditSettings",
     "DType",
     "Engine",
+    "Optimizer",
     "Strategy",
     "TensorMode",
     "parse_input_size",
@@ -64,6 +65,12 @@ class Amp(str, Enum):
         return torch.bfloat16 if self is Amp.BF16 else torch.float16
 
 
+@unique
+class Optimizer(str, Enum):
+    SGD = "sgd"
+    ADAMW = "adamw"
+
+
 @dataclass(frozen=True)
 class AuditSettings:
     """Everything that decides what one audit runs. ``input_size`` is per sample (None: the
@@ -80,6 +87,8 @@ class AuditSettings:
     strategy: Strategy = Strategy.CHANNELS_LAST
     differential: bool = True
     timeline: bool = False  # record the format timeline for the HTML report
+    train: bool = False  # a training step: forward with gradients, backward, optimizer step
+    optimizer: Optimizer = Optimizer.SGD
     seed: int = 0
 
     @property

@@ -9,6 +9,7 @@ runs, so calls nested in ``F.softmax`` are never seen twice and the checker neve
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from torch.overrides import TorchFunctionMode
@@ -20,19 +21,24 @@ __all__ = ["DispatchEngine"]
 
 
 class _PythonCalls(TorchFunctionMode):
-    """Remembers the Python-level torch callable currently running."""
+    """Remembers the Python-level torch callable currently running, and hands each result to
+    ``on_result`` (it sees results after autograd recorded them, unlike the dispatch mode)."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_result: Callable[[object], None] | None = None) -> None:
         super().__init__()
         self.current: object = None
+        self._on_result = on_result
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         outer = self.current
         self.current = func
         try:
-            return func(*args, **(kwargs or {}))
+            result = func(*args, **(kwargs or {}))
         finally:
             self.current = outer
+        if self._on_result is not None:
+            self._on_result(result)
+        return result
 
 
 class _AtenObserver(TorchDispatchMode):
@@ -53,7 +59,8 @@ class DispatchEngine:
     name = "dispatch"
 
     def __init__(self, recorder: Recorder) -> None:
-        self._python_calls = _PythonCalls()
+        # A training audit's recorder leaves locations on the autograd nodes of each result.
+        self._python_calls = _PythonCalls(getattr(recorder, "python_result", None))
         self._observer = _AtenObserver(recorder, self._python_calls)
         self._entered: list[Any] = []
         self.unwrapped: tuple[str, ...] = ()

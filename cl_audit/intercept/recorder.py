@@ -23,6 +23,7 @@ from cl_audit.layout import MemoryLayout, layout_of
 from cl_audit.report import (
     Conversion,
     Finding,
+    Phase,
     Producer,
     Provenance,
     RegainSource,
@@ -41,6 +42,7 @@ from cl_audit.rule import (
 __all__ = ["TIMELINE_LIMIT", "Recorder"]
 
 TIMELINE_LIMIT = 20_000  # events kept in a report's format timeline
+_NODE_KEY = "cl_audit.location"  # where a forward operation leaves its location on its node
 
 _CL = MemoryLayout.CHANNELS_LAST
 _CONTIGUOUS = MemoryLayout.CONTIGUOUS
@@ -132,14 +134,19 @@ class Recorder:
         names: ModuleNames,
         parameters: Iterable[torch.Tensor] = (),
         timeline: bool = False,
+        training: bool = False,
     ) -> None:
         self._names = names
         # The format timeline: each operation with a 4D/5D output, in order, with its module
         # (a stack walk per such operation, so only when asked for).
         self.timeline: list[TimelineEvent] | None = [] if timeline else None
         self._mark: Conversion | None = None
-        if timeline:
-            self.observe = self._observe_with_timeline  # type: ignore[method-assign]
+        # Training: the step's phase, set by the caller; forward operations leave their location
+        # on their autograd node, where the backward finds it (the module whose forward made it).
+        self.phase = Phase.FORWARD
+        self._training = training
+        if timeline or training:
+            self.observe = self._observe_more  # type: ignore[method-assign]
         self.calls_checked = 0
         self.first_spatial: tuple[str, str] | None = (
             None  # (device, dtype) of the first 4D/5D input
@@ -290,10 +297,14 @@ class Recorder:
         for key in spatial_contiguous:
             origins[key] = origin
 
-    def _observe_with_timeline(
+    def _observe_more(
         self, aten_op: object, python_op: object, args: Any, kwargs: Any, result: Any
     ) -> None:
+        """``observe``, plus the timeline and the attribution of a training step's phases."""
         self._mark = None
+        if self.phase is Phase.BACKWARD:  # name backward events by their autograd node
+            node = torch._C._current_autograd_node()
+            python_op = None if node is None else node.name()
         Recorder.observe(self, aten_op, python_op, args, kwargs, result)
         timeline = self.timeline
         if timeline is None or len(timeline) >= TIMELINE_LIMIT:
@@ -315,6 +326,27 @@ class Recorder:
             mark=self._mark,
         )
         timeline.append(event)
+
+    def python_result(self, result: Any) -> None:
+        """A training audit's forward: leave this Python-level call's location on every new
+        autograd node behind its result (the call's own and those of the operations inside
+        it), where the backward finds it: the module whose forward made the node."""
+        if not self._training or self.phase is not Phase.FORWARD:
+            return
+        if isinstance(result, _Tensor):
+            stack = [result.grad_fn]
+        elif type(result) in _SEQUENCES:
+            stack = [t.grad_fn for t in _tensors(result)]
+        else:
+            return
+        location = None
+        while stack:
+            node = stack.pop()
+            if node is None or _NODE_KEY in node.metadata:
+                continue
+            location = location or self._locate()
+            node.metadata[_NODE_KEY] = location
+            stack.extend(next_node for next_node, _ in node.next_functions)
 
     def _is_copy(self, aten_op: object, python_op: object) -> bool:
         copy = is_copy_op(
@@ -340,6 +372,11 @@ class Recorder:
             self._add_parameters(chain(root.parameters(), root.buffers()))
 
     def _locate(self) -> Location:
+        if self.phase is Phase.BACKWARD:
+            node = torch._C._current_autograd_node()
+            left = None if node is None else node.metadata.get(_NODE_KEY)
+            if left is not None:
+                return left
         location = locate(self._names)
         self._learn_roots()  # an audit without a model learns it from the stack
         return location
@@ -393,6 +430,7 @@ class Recorder:
             root_cause,
             provenance,
             source,
+            self.phase,
         )
         tally = self._tallies.get(key)
         if tally is None:
@@ -473,7 +511,7 @@ class Recorder:
         losses: list[Finding] = []
         regains: list[Finding] = []
         for key, tally in self._tallies.items():
-            kind, producer, inputs, outputs, mixed, root, origin, source = key
+            kind, producer, inputs, outputs, mixed, root, origin, source, phase = key
             is_loss = kind is Conversion.LOSS
             finding = Finding(
                 kind=kind,
@@ -492,6 +530,7 @@ class Recorder:
                 root_cause=root,
                 provenance=origin,
                 regain_source=source,
+                phase=phase,
             )
             (losses if is_loss else regains).append(finding)
         order = lambda f: (-f.bytes_converted, -f.count)  # noqa: E731

@@ -1,0 +1,43 @@
+"""Tiny modules for training audits, with the expected answers beside them.
+
+Also usable as ``tests/training_models.py:<factory>`` from the CLI.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class ActivationBeforePool(nn.Module):
+    """mobilenet_v2's head: the global pool's backward (an expand and a division) makes an NCHW
+    gradient; the activation's backward, given it and its own channels_last input, returns
+    NCHW, and the convolution's backward converts it back. The forward keeps channels_last."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.act = nn.Hardtanh()
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.flatten(self.pool(self.act(self.conv(x))), 1))
+
+
+class NonDenseWeight(nn.Module):
+    """A parameter made from a strided view: autograd cannot give its gradient the same strides
+    (the layout contract holds for dense parameters only), as DDP then reports."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 3, 1)
+        self.weight = nn.Parameter(torch.randn(8, 6, 3, 3)[:, ::2])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.conv2d(self.conv(x), self.weight)
+
+
+def activation_before_pool() -> tuple[nn.Module, tuple[int, ...]]:
+    return ActivationBeforePool(), (3, 16, 16)
