@@ -2,6 +2,7 @@
 supporting channels_last, plus a few that are known not to; write every report to one file.
 
     python scripts/audit_torchvision.py --out reports/torchvision-cpu.json
+    python scripts/audit_torchvision.py --train --out reports/torchvision-cpu-train.json
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
     parser.add_argument("--engine", default="dispatch", choices=["dispatch", "patch"])
+    parser.add_argument("--train", action="store_true", help="audit one SGD training step")
     parser.add_argument("models", nargs="*", default=list(CHANNELS_LAST_TIER))
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -32,7 +34,8 @@ def main() -> None:
     for name in args.models:
         start = time.perf_counter()
         loaded = load_model(ModelRef(ModelSource.TORCHVISION, name))
-        report = audit_loaded(loaded, AuditSettings(engine=Engine(args.engine)))
+        settings = AuditSettings(engine=Engine(args.engine), train=args.train)
+        report = audit_loaded(loaded, settings)
         s = report.summary
         print(
             f"{name:22s} {time.perf_counter() - start:6.1f}s  losses {s.losses:3d} "

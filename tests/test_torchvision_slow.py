@@ -84,3 +84,29 @@ def test_video_model_runs_5d_in_channels_last_3d():
     assert report.input_shape == (2, 3, 16, 112, 112)
     assert report.summary.calls_checked > 50
     assert report.offenders == ()
+
+
+COMMITTED_TRAIN = {
+    r["model"]: ModelReport.from_dict(r)
+    for r in json.loads((ROOT / "reports" / "torchvision-cpu-train.json").read_text())["reports"]
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "name", ["mobilenet_v2", "efficientnet_b0", "shufflenet_v2_x0_5", "resnet18"]
+)
+def test_training_step_matches_the_committed_training_report(name):
+    from cl_audit.report import Phase
+
+    report = audit_loaded(build(name), AuditSettings(train=True))
+    committed = COMMITTED_TRAIN[name]
+
+    def phased(r: ModelReport) -> set[tuple[object, ...]]:
+        return {(f.phase, f.op, f.module_path, f.call_site) for f in r.offenders}
+
+    assert phased(report) == phased(committed)
+    assert report.summary == committed.summary
+    if name in ("mobilenet_v2", "efficientnet_b0"):  # the global pool's backward is the cause
+        (loss,) = report.offenders
+        assert loss.phase is Phase.BACKWARD and loss.root_cause.python_op == "MeanBackward1"
