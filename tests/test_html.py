@@ -142,3 +142,12 @@ def test_model_page_shows_sites_root_cause_links_and_the_timeline(browser, tmp_p
     tip = strip[0].get_attribute("title")
     assert "torch.conv2d in conv" in tip and "strides" in tip
     browser.save_screenshot(str(tmp_path / "model.png"))
+
+
+def test_a_training_report_shows_the_phase_of_each_finding():
+    import training_models as tm
+
+    settings = AuditSettings(train=True)
+    report = audit_module(tm.ActivationBeforePool(), (torch.randn(2, 3, 16, 16),), settings)
+    page = model_html(report)
+    assert '<span class="phase">backward</span>' in page and "a training step" in page

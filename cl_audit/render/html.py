@@ -17,6 +17,7 @@ from cl_audit.report import (
     Finding,
     ModelReport,
     ModelRow,
+    Phase,
     Producer,
     SiteGroup,
     Status,
@@ -47,7 +48,8 @@ height:12px;margin-right:.3em;vertical-align:middle}
 .heat{width:auto}.heat td.cell{width:1.6em;text-align:center;cursor:pointer;font-size:.8em}
 .heat th.rot{writing-mode:vertical-rl;transform:rotate(180deg);cursor:default}
 input[type=search],select{font:inherit;padding:.2em .4em;margin-right:.6em}
-details{margin:.3em 0}
+details{margin:.3em 0}.phase{font-size:.8em;color:#fff;background:#6b5ba8;padding:0 .3em;
+border-radius:3px}
 """
 
 _SCRIPT = """
@@ -140,6 +142,13 @@ def _producer(producer: Producer | None, anchors: dict[tuple, str]) -> str:
     return f"{name} in {where}"
 
 
+def _phase(finding: Finding) -> str:
+    """Training audits: the phase of a backward or optimizer event, under its op."""
+    if finding.phase is Phase.FORWARD:
+        return ""
+    return f'<br><span class="phase">{_e(finding.phase.value)}</span>'
+
+
 def _site_rows(groups: tuple[SiteGroup, ...], prefix: str, anchors: dict[tuple, str]) -> str:
     rows = []
     for index, group in enumerate(groups):
@@ -159,7 +168,8 @@ def _site_rows(groups: tuple[SiteGroup, ...], prefix: str, anchors: dict[tuple, 
         verdict = f.differential.value if f.differential else ""
         rows.append(
             f'<tr id="{_e(anchor)}"><td><code>{_e(f.python_op or "")}</code><br>'
-            f"<code>{_e(f.aten_op or '')}</code></td><td><code>{_e(f.call_site)}</code></td>"
+            f"<code>{_e(f.aten_op or '')}</code>{_phase(f)}</td>"
+            f"<td><code>{_e(f.call_site)}</code></td>"
             f"<td>{folded}</td><td>{strides}</td>"
             f'<td class="num">{group.count}</td><td class="num">{group.round_trips}</td>'
             f'<td class="num">{group.terminal}</td><td>{_e(verdict)}</td>'
@@ -260,6 +270,8 @@ def model_html(report: ModelReport) -> str:
         for f in report.regains
     )
     predicted = " (predicted: fake tensors, nothing ran)" if report.predicted else ""
+    if env.train:
+        predicted += f"; a training step (optimizer {env.optimizer})"
     body = (
         f'<h1>cl-audit: {_e(report.model or "(unnamed)")} <span class="'
         f'{"verdict-bad" if bad else "verdict-good"}">{verdict}</span></h1>'
