@@ -45,6 +45,8 @@ def probe(
     autocast: str | None,
     engine: str,
     mode: TensorMode,
+    train: bool = False,
+    optimizer: str | None = None,
 ) -> Environment:
     """Versions of the tool and its libraries, with the settings of an audit."""
     return Environment(
@@ -58,4 +60,6 @@ def probe(
         autocast=autocast,
         engine=engine,
         mode=mode,
+        train=train,
+        optimizer=optimizer,
     )

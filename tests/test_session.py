@@ -137,3 +137,14 @@ def test_settings_record_fake_as_before(tensor_mode):
     recorded = SweepSettings(audit=AuditSettings(tensor_mode=tensor_mode)).to_dict()
     assert recorded["fake"] is (tensor_mode is TensorMode.FAKE)
     assert "tensor_mode" not in recorded and recorded["differential"] is True
+
+
+def test_the_sweep_environment_states_a_training_step(monkeypatch, tmp_path):
+    from cl_audit.settings import Optimizer
+
+    training = SweepSettings(audit=AuditSettings(train=True, optimizer=Optimizer.ADAMW))
+    outcomes = {"a": lambda job: as_mode(row("a"), job)}
+    outcome, _, _ = run(monkeypatch, [ref("a")], training, outcomes, tmp_path)
+    env = outcome.report.environment
+    assert (env.train, env.optimizer) == (True, "adamw")
+    assert outcome.report.settings["train"] is True

@@ -109,6 +109,8 @@ def run_sweep(
         autocast=audit.autocast_description,
         engine=audit.engine.value,
         mode=audit.tensor_mode,
+        train=audit.train,
+        optimizer=audit.optimizer.value if audit.train else None,
     )
     report = SweepReport.build(
         environment, {**selection, **settings.to_dict()}, list(rows.values())
