@@ -60,7 +60,8 @@ class DispatchEngine:
 
     def __init__(self, recorder: Recorder) -> None:
         # A training audit's recorder leaves locations on the autograd nodes of each result.
-        self._python_calls = _PythonCalls(getattr(recorder, "python_result", None))
+        training = getattr(recorder, "training", False)
+        self._python_calls = _PythonCalls(recorder.python_result if training else None)
         self._observer = _AtenObserver(recorder, self._python_calls)
         self._entered: list[Any] = []
         self.unwrapped: tuple[str, ...] = ()

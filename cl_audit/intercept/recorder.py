@@ -144,7 +144,7 @@ class Recorder:
         # Training: the step's phase, set by the caller; forward operations leave their location
         # on their autograd node, where the backward finds it (the module whose forward made it).
         self.phase = Phase.FORWARD
-        self._training = training
+        self.training = training
         if timeline or training:
             self.observe = self._observe_more  # type: ignore[method-assign]
         self.calls_checked = 0
@@ -331,7 +331,7 @@ class Recorder:
         """A training audit's forward: leave this Python-level call's location on every new
         autograd node behind its result (the call's own and those of the operations inside
         it), where the backward finds it: the module whose forward made the node."""
-        if not self._training or self.phase is not Phase.FORWARD:
+        if not self.training or self.phase is not Phase.FORWARD:
             return
         if isinstance(result, _Tensor):
             stack = [result.grad_fn]
