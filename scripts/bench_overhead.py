@@ -18,13 +18,16 @@ import time
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 import torchvision
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import cl_audit
+from cl_audit.report import Phase
 
 MODELS = ("resnet50", "mobilenet_v2", "convnext_tiny", "vit_b_16")
+TRAIN_MODELS = ("resnet50", "mobilenet_v2")
 ENGINES = ("dispatch", "patch")
 
 
@@ -97,6 +100,37 @@ def bench_model(name: str, repeats: int) -> dict[str, object]:
     return row
 
 
+def bench_training(name: str, repeats: int) -> dict[str, object]:
+    """A plain SGD training step (forward, cross-entropy, backward, step) against the same step
+    in a training audit (dispatch engine, phases entered as ``--train`` does)."""
+    model = torchvision.models.get_model(name, weights=None).train()
+    model = model.to(memory_format=torch.channels_last)
+    x = torch.randn(2, 3, 224, 224).contiguous(memory_format=torch.channels_last)
+    labels = torch.randint(1000, (2,), generator=torch.Generator().manual_seed(0))
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+
+    def step(enter: Callable[[Phase], None] = lambda phase: None) -> None:
+        optimizer.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(x), labels)
+        enter(Phase.BACKWARD)
+        loss.backward()
+        enter(Phase.OPTIMIZER)
+        optimizer.step()
+
+    def audited_step() -> None:
+        with cl_audit.audit(model=model, training=True) as active:
+            step(active.enter_phase)
+
+    step()  # warm-up
+    audited_step()
+    ratio, plain_s, _ = paired_ratio(step, audited_step, repeats)
+    return {
+        "model": name,
+        "plain_step_s": round(plain_s, 4),
+        "training_audit_ratio": round(ratio, 3),
+    }
+
+
 def bench_per_call(repeats: int, calls: int = 2000) -> dict[str, float]:
     x = torch.randn(2, 8, 4, 4).contiguous(memory_format=torch.channels_last)
 
@@ -119,10 +153,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--models", nargs="*", default=list(MODELS))
+    parser.add_argument("--train-models", nargs="*", default=list(TRAIN_MODELS))
     parser.add_argument("--out", help="write the results as JSON here")
     args = parser.parse_args()
     torch.set_num_threads(1)
     rows = [bench_model(name, args.repeats) for name in args.models]
+    training = [bench_training(name, args.repeats) for name in args.train_models]
     per_call = bench_per_call(args.repeats)
     print("| model | plain forward (s) | dispatch | patch | bare modes, no check |")
     print("|---|---|---|---|---|")
@@ -130,6 +166,11 @@ def main() -> None:
         print(
             f"| {row['model']} | {row['plain_s']:.3f} | {row['dispatch_ratio']:.3f}x "
             f"| {row['patch_ratio']:.3f}x | {row['bare_modes_ratio']:.3f}x |"
+        )
+    print("\n| model | plain training step (s) | training audit |\n|---|---|---|")
+    for row in training:
+        print(
+            f"| {row['model']} | {row['plain_step_s']:.3f} | {row['training_audit_ratio']:.3f}x |"
         )
     print(
         f"\nper intercepted call (2,000 relu, (2,8,4,4) channels_last): plain "
@@ -144,6 +185,7 @@ def main() -> None:
             "threads": 1,
             "repeats": args.repeats,
             "models": rows,
+            "training": training,
             "per_call": per_call,
         }
         with open(args.out, "w") as f:
