@@ -25,7 +25,7 @@ from cl_audit.report import (
     TensorMode,
     summarise,
 )
-from cl_audit.settings import Engine
+from cl_audit.settings import Engine, parse_engine
 
 __all__ = ["Audit", "Observer", "audit", "watching"]
 
@@ -75,14 +75,6 @@ def watching(engine: Engine, observer: Observer) -> Iterator[None]:
             _release()
 
 
-def _engine(engine: Engine | str) -> Engine:
-    try:
-        return Engine(engine)
-    except ValueError:
-        choices = ", ".join(e.value for e in Engine)
-        raise ValueError(f"unknown engine {engine!r}; choose one of: {choices}") from None
-
-
 class Audit:
     """Checks every torch operation run inside ``with`` and builds a report afterwards.
 
@@ -102,7 +94,7 @@ class Audit:
         timeline: bool = False,
         training: bool = False,
     ) -> None:
-        self.engine = _engine(engine)
+        self.engine = parse_engine(engine)
         if training and self.engine is not Engine.DISPATCH:
             raise ValueError(
                 "training audits need the dispatch engine: the patch engine cannot see the backward"

@@ -12,7 +12,13 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["channels_last_format", "input_to_channels_last", "to_channels_last", "to_nchw"]
+__all__ = [
+    "channels_last_format",
+    "input_to_channels_last",
+    "input_to_nchw",
+    "to_channels_last",
+    "to_nchw",
+]
 
 
 def channels_last_format(rank: int) -> torch.memory_format:
@@ -55,4 +61,11 @@ def input_to_channels_last(value: Any) -> Any:
     """A 4D/5D tensor copied to channels_last; anything else unchanged."""
     if isinstance(value, torch.Tensor) and value.dim() in (4, 5):
         return value.contiguous(memory_format=channels_last_format(value.dim()))
+    return value
+
+
+def input_to_nchw(value: Any) -> Any:
+    """A 4D/5D tensor copied to NCHW (NCDHW) order; anything else unchanged."""
+    if isinstance(value, torch.Tensor) and value.dim() in (4, 5):
+        return value.contiguous()
     return value

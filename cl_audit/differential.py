@@ -19,6 +19,7 @@ import torch
 
 from cl_audit.attribution import ModuleNames, locate
 from cl_audit.intercept.naming import aten_op_name, python_op_name
+from cl_audit.intercept.recorder import tensor_arguments
 from cl_audit.report import (
     Differential,
     DifferentialRun,
@@ -33,16 +34,6 @@ __all__ = ["CounterpartWatcher", "apply_differential", "needs_differential"]
 
 _Strides = tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]  # (shape, strides) per tensor
 _Place = tuple[str | None, str | None, str, tuple[tuple[int, ...], ...]]
-
-
-def _tensors(values: Any) -> list[torch.Tensor]:
-    found: list[torch.Tensor] = []
-    for value in values:
-        if isinstance(value, torch.Tensor):
-            found.append(value)
-        elif isinstance(value, (list, tuple)):
-            found.extend(v for v in value if isinstance(v, torch.Tensor))
-    return found
 
 
 def _op_key(python_op: str | None, aten_op: str | None) -> str:
@@ -85,14 +76,14 @@ class CounterpartWatcher:
         wanted = self._wanted.get(key)
         if wanted is None:
             return
-        inputs = _tensors(args) + (_tensors(kwargs.values()) if kwargs else [])
+        inputs = tensor_arguments(args) + (tensor_arguments(kwargs.values()) if kwargs else [])
         shapes = tuple(tuple(t.shape) for t in inputs)
         if shapes not in wanted:
             return
         if isinstance(result, torch.Tensor):
             outputs = [result]
         else:
-            outputs = _tensors(result) if isinstance(result, (list, tuple)) else []
+            outputs = tensor_arguments(result) if isinstance(result, (list, tuple)) else []
         location = locate(self._names)
         place = (location.module_path, location.call_site, key, shapes)
         layout_in = tuple((tuple(t.shape), tuple(t.stride())) for t in inputs)

@@ -20,7 +20,7 @@ from torch.func import functional_call
 
 from cl_audit.attribution import ModuleNames
 from cl_audit.audit import Audit, audit, watching
-from cl_audit.convert import input_to_channels_last, to_channels_last, to_nchw
+from cl_audit.convert import input_to_channels_last, input_to_nchw, to_channels_last, to_nchw
 from cl_audit.differential import CounterpartWatcher, apply_differential, needs_differential
 from cl_audit.errors import ModelFailedError, Stage, UsageError
 from cl_audit.fake import fake_state, fake_tensor, new_mode
@@ -38,6 +38,7 @@ from cl_audit.settings import (
     Optimizer,
     Strategy,
     TensorMode,
+    parse_engine,
     resolve_device,
 )
 from cl_audit.sources import LoadedModel
@@ -45,12 +46,6 @@ from cl_audit.sources import LoadedModel
 __all__ = ["audit_loaded", "audit_model", "audit_module"]
 
 _Forward = Callable[[], object]
-
-
-def _nchw_input(value: Any) -> Any:
-    if isinstance(value, torch.Tensor) and value.dim() in (4, 5):
-        return value.contiguous()
-    return value
 
 
 class _Eager:
@@ -78,7 +73,7 @@ class _Eager:
 
     def nchw(self) -> _Forward:
         to_nchw(self.model)
-        inputs = tuple(_nchw_input(x) for x in self.inputs)
+        inputs = tuple(input_to_nchw(x) for x in self.inputs)
         return lambda: self.model(*inputs)
 
     def restore(self) -> None:
@@ -129,7 +124,7 @@ class _Fake:
         return self._forward(None, self.inputs)
 
     def nchw(self) -> _Forward:
-        inputs = tuple(_nchw_input(x) for x in self.inputs)
+        inputs = tuple(input_to_nchw(x) for x in self.inputs)
         return self._forward(torch.contiguous_format, inputs)
 
     def restore(self) -> None:
@@ -375,7 +370,7 @@ def audit_model(
     first = next((x for x in inputs if isinstance(x, torch.Tensor)), None)
     settings = AuditSettings(
         device="cpu" if first is None else str(first.device),
-        engine=Engine(engine),
+        engine=parse_engine(engine),
         strategy=Strategy.CHANNELS_LAST if convert else Strategy.AS_GIVEN,
         differential=differential,
     )

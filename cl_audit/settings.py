@@ -25,6 +25,7 @@ __all__ = [
     "Optimizer",
     "Strategy",
     "TensorMode",
+    "parse_engine",
     "parse_input_size",
     "resolve_device",
 ]
@@ -132,6 +133,15 @@ def _fake_cuda_autocast(dtype: torch.dtype) -> Iterator[None]:
         torch.set_autocast_enabled("cuda", enabled)
         torch.set_autocast_dtype("cuda", previous)
         torch.clear_autocast_cache()
+
+
+def parse_engine(engine: Engine | str) -> Engine:
+    """An engine by name, refusing unknown ones with the choices."""
+    try:
+        return Engine(engine)
+    except ValueError:
+        choices = ", ".join(e.value for e in Engine)
+        raise ValueError(f"unknown engine {engine!r}; choose one of: {choices}") from None
 
 
 def parse_input_size(text: str) -> tuple[int, ...]:

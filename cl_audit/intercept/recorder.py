@@ -39,7 +39,7 @@ from cl_audit.rule import (
     regain_source,
 )
 
-__all__ = ["TIMELINE_LIMIT", "Recorder"]
+__all__ = ["TIMELINE_LIMIT", "Recorder", "tensor_arguments"]
 
 TIMELINE_LIMIT = 20_000  # events kept in a report's format timeline
 _NODE_KEY = "cl_audit.location"  # where a forward operation leaves its location on its node
@@ -79,7 +79,7 @@ class _Origin:
     occurrences: tuple[_Occurrence, ...]
 
 
-def _tensors(values: Any) -> list[torch.Tensor]:
+def tensor_arguments(values: Any) -> list[torch.Tensor]:
     """Tensors among ``values``, also inside lists and tuples (``cat``); on the hot path."""
     found: list[torch.Tensor] = []
     for value in values:
@@ -171,13 +171,13 @@ class Recorder:
         """Check one finished operation. ``python_op`` is a callable or a name, or None."""
         self.calls_checked += 1
         self._ops_seen.add(aten_op if aten_op is not None else python_op)
-        inputs = _tensors(args)
+        inputs = tensor_arguments(args)
         if kwargs:
-            inputs.extend(_tensors(kwargs.values()))
+            inputs.extend(tensor_arguments(kwargs.values()))
         if isinstance(result, _Tensor):
             outputs = [result]
         elif type(result) in _SEQUENCES:
-            outputs = _tensors(result)
+            outputs = tensor_arguments(result)
         else:
             return
 
@@ -312,7 +312,7 @@ class Recorder:
         if isinstance(result, _Tensor):
             outputs = [result]
         else:
-            outputs = _tensors(result) if type(result) in _SEQUENCES else []
+            outputs = tensor_arguments(result) if type(result) in _SEQUENCES else []
         spatial = next((t for t in outputs if t.dim() in _SPATIAL_RANKS), None)
         if spatial is None:
             return
@@ -336,7 +336,7 @@ class Recorder:
         if isinstance(result, _Tensor):
             stack = [result.grad_fn]
         elif type(result) in _SEQUENCES:
-            stack = [t.grad_fn for t in _tensors(result)]
+            stack = [t.grad_fn for t in tensor_arguments(result)]
         else:
             return
         location = None
@@ -384,14 +384,6 @@ class Recorder:
     def _from_parameters(self, tensors: list[torch.Tensor]) -> bool:
         parameters = self._parameters
         return all(_storage_key(t) in parameters for t in tensors)
-
-    def _origin_of(self, tensors: list[torch.Tensor]) -> _Origin | None:
-        """The origin of the first tracked tensor: names a mixed operation's root cause."""
-        for tensor in tensors:
-            origin = self._origins.get(_storage_key(tensor))
-            if origin is not None:
-                return origin
-        return None
 
     def _origins_of(self, tensors: list[torch.Tensor]) -> list[_Origin]:
         found: list[_Origin] = []
@@ -452,7 +444,7 @@ class Recorder:
         location = self._locate()
         producer = self._producer(aten_op, python_op, location)
         mixed = bool(sources and contiguous)
-        root = self._origin_of(contiguous) if mixed else None
+        root = next(iter(self._origins_of(contiguous)), None) if mixed else None
         tally = self._tally(
             Conversion.LOSS,
             producer,
