@@ -83,7 +83,9 @@ class Audit:
     ``parameters`` adds tensors that count as parameters beside ``model``'s own (the fake
     copies of a functional call); ``timeline`` records every operation with a 4D/5D output
     for the HTML report's format timeline (a stack walk each: slower); ``training`` attributes
-    backward events to the module whose forward made them (see ``enter_phase``).
+    backward events to the module whose forward made them (see ``enter_phase``);
+    ``label_calls`` runs each operation in a profiler range named by its call number, so that
+    ``report(call_times=...)`` can give each finding its profiled time.
     """
 
     def __init__(
@@ -93,6 +95,7 @@ class Audit:
         parameters: Iterable[torch.Tensor] = (),
         timeline: bool = False,
         training: bool = False,
+        label_calls: bool = False,
     ) -> None:
         self.engine = parse_engine(engine)
         if training and self.engine is not Engine.DISPATCH:
@@ -102,7 +105,13 @@ class Audit:
         self._recorder = Recorder(
             ModuleNames(model), parameters=parameters, timeline=timeline, training=training
         )
-        self._impl = _ENGINES[self.engine](self._recorder)
+        if label_calls and self.engine is not Engine.DISPATCH:
+            raise ValueError("timing audits need the dispatch engine")
+        self._impl = (
+            DispatchEngine(self._recorder, label_calls=True)
+            if label_calls
+            else _ENGINES[self.engine](self._recorder)
+        )
         self._entered = False
         self._autocast: str | None = None
 
@@ -138,13 +147,15 @@ class Audit:
         device: str | None = None,
         dtype: torch.dtype | None = None,
         mode: TensorMode = TensorMode.EAGER,
+        call_times: dict[int, float] | None = None,
     ) -> ModelReport:
         """The findings so far, losses of parameter-derived data apart from the offenders.
-        Device and dtype default to those of the first 4D/5D input seen."""
+        Device and dtype default to those of the first 4D/5D input seen; ``call_times``
+        (milliseconds by call number) times each finding."""
         if not self._entered:
             raise AuditError("nothing audited yet: run the model inside 'with audit:' first")
         seen_device, seen_dtype = self._recorder.first_spatial or (None, None)
-        losses, regains = self._recorder.findings()
+        losses, regains = self._recorder.findings(call_times)
         offenders = tuple(f for f in losses if f.provenance is Provenance.BATCH)
         parameters = tuple(f for f in losses if f.provenance is Provenance.PARAMETER)
         regains_ = tuple(regains)
@@ -183,10 +194,11 @@ def audit(
     parameters: Iterable[torch.Tensor] = (),
     timeline: bool = False,
     training: bool = False,
+    label_calls: bool = False,
 ) -> Audit:
     """``with cl_audit.audit() as a: model(x)`` then ``a.report()``.
 
     Passing ``model`` names modules from it and tells its parameters and buffers apart from
     activations; without it modules are learned from the call stack.
     """
-    return Audit(engine, model, parameters, timeline, training)
+    return Audit(engine, model, parameters, timeline, training, label_calls)

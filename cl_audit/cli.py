@@ -7,8 +7,10 @@ error, 3 a model failed to build or run, 130 interrupted.
 
 from __future__ import annotations
 
+import json
+from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 from rich.console import Console
@@ -23,12 +25,17 @@ from cl_audit.settings import (
     DType,
     Engine,
     Optimizer,
+    Strategy,
     TensorMode,
     parse_input_size,
 )
 from cl_audit.sources import ModelRef
 from cl_audit.sweep.plan import parse_shard, select, shard
 from cl_audit.sweep.worker import SweepSettings, parse_memory
+
+if TYPE_CHECKING:
+    from cl_audit.bench import BenchSettings
+    from cl_audit.bench_report import BenchReport
 
 __all__ = ["app", "main"]
 
@@ -67,6 +74,17 @@ def _help() -> None:
 _MODELS_HELP = "torchvision names or globs, or module:factory / path/file.py:factory."
 _DIFFERENTIAL_HELP = "Re-run in NCHW to tell caused terminal losses from format-neutral ones."
 _CHECKPOINT_HELP = "Sweep: JSON Lines of finished rows (default: --json's path + .jsonl)."
+_CONVERT_HELP = "channels-last: model and input; conv-weights: convolution weights only."
+
+
+class _Convert(str, Enum):
+    """The strategies an audit can describe (``Strategy`` names them all)."""
+
+    CHANNELS_LAST = Strategy.CHANNELS_LAST.value
+    CONV_WEIGHTS = Strategy.CONV_WEIGHTS.value
+
+
+_TIME_HELP = "Time the step and profile the flagged operations (eager, one model)."
 
 
 def _opt(*names: str, help: str) -> Any:
@@ -110,6 +128,8 @@ def audit_command(
     differential: Annotated[bool, typer.Option(help=_DIFFERENTIAL_HELP)] = True,
     train: Annotated[bool, _opt("--train", help="Audit a training step, not inference.")] = False,
     optimizer: Annotated[Optimizer, typer.Option(help="With --train.")] = Optimizer.SGD,
+    convert: Annotated[_Convert, typer.Option(help=_CONVERT_HELP)] = _Convert.CHANNELS_LAST,
+    time: Annotated[bool, _opt("--time", help=_TIME_HELP)] = False,
     show_all: Annotated[bool, _opt(help="List parameter and format-neutral losses too.")] = False,
     confirm: Annotated[bool, _opt(help="With --fake: eager re-run of what it flagged.")] = False,
     json_path: Annotated[OptionalPath, _opt("--json", help="JSON report ('-': stdout).")] = None,
@@ -143,6 +163,8 @@ def audit_command(
         if confirm and not fake:
             raise UsageError("--confirm re-runs what --fake flagged: use it with --fake")
         settings = AuditSettings(
+            strategy=Strategy(convert.value),
+            time=time,
             batch_size=batch_size,
             input_size=parse_input_size(input_size) if input_size else None,
             device=device,
@@ -177,6 +199,11 @@ def audit_command(
                 )
             code = _single(refs[0], settings, json_path, html, show_all, console)
         else:
+            if time:
+                raise UsageError(
+                    "--time times one model: models audited side by side in a sweep share the "
+                    "CPU, so their timings would not be comparable"
+                )
             sweep = SweepSettings(
                 audit=settings,
                 confirm=confirm,
@@ -276,6 +303,120 @@ def _sweep_exit(report: SweepReport) -> int:
         reason = next(r.message for r in report.models)
         raise UsageError(f"no model was audited: all {s.models} were skipped ({reason})")
     return EXIT_CLEAN
+
+
+@app.command("bench")
+def bench_command(
+    model: Annotated[Optional[str], typer.Argument(help=_MODELS_HELP, show_default=False)] = None,  # noqa: UP045
+    timm_model: Annotated[Optional[str], _opt("--timm", help="A timm model name.")] = None,  # noqa: UP045
+    input_size: Annotated[Optional[str], _opt(help="Per-sample CxHxW or CxTxHxW.")] = None,  # noqa: UP045
+    batch_size: Annotated[int, typer.Option(min=1, help="Batch size.")] = 2,
+    device: Annotated[str, typer.Option(help="torch device.")] = "cpu",
+    dtype: Annotated[DType, typer.Option(help="Model and input dtype.")] = DType.FLOAT32,
+    amp: Annotated[
+        Optional[Amp],  # noqa: UP045
+        _opt(help="Also time every strategy under autocast with this dtype."),
+    ] = None,
+    train: Annotated[bool, _opt("--train", help="Time training steps, not inference.")] = False,
+    optimizer: Annotated[Optimizer, typer.Option(help="With --train.")] = Optimizer.SGD,
+    rounds: Annotated[int, typer.Option(min=1, help="Alternating rounds (median).")] = 7,
+    warmup: Annotated[int, typer.Option(min=0, help="Untimed steps per configuration.")] = 3,
+    steps: Annotated[int, typer.Option(min=1, help="Steps timed per round.")] = 3,
+    threads: Annotated[
+        Optional[int],  # noqa: UP045
+        typer.Option(
+            min=1, help="torch intra-op threads (default: torch's own).", show_default=False
+        ),
+    ] = None,
+    attribute: Annotated[
+        bool, typer.Option(help="Profile the channels-last step and time its findings.")
+    ] = True,
+    json_path: Annotated[
+        OptionalPath, _opt("--json", help="cl-audit.bench JSON ('-': stdout).")
+    ] = None,
+    dashboard_json: Annotated[
+        OptionalPath, _opt(help="Records for PyTorch's OSS benchmark database.")
+    ] = None,
+) -> None:
+    """Time a model in NCHW, channels-last and conv-weights, side by side.
+
+    Each configuration runs on its own copy of the model; rounds alternate between them and
+    the median is reported with its spread. The channels-last step is then audited under
+    torch.profiler, so each operation that loses the format gets its time.
+
+    Exit codes: 0 benched, 2 usage error, 3 the model failed to build or run, 130 interrupted.
+    """
+    from cl_audit.bench import BenchSettings
+
+    console = Console(stderr=json_path is not None and str(json_path) == "-")
+    try:
+        specs = [spec for spec in (model, timm_model) if spec]
+        if len(specs) != 1:
+            raise UsageError("bench one model: a torchvision name, module:factory, or --timm NAME")
+        ref = select([model] if model else [], [timm_model] if timm_model else [], [], [])
+        if len(ref) != 1:
+            raise UsageError(f"bench one model: {specs[0]!r} selects {len(ref)}")
+        for path, option in ((json_path, "--json"), (dashboard_json, "--dashboard-json")):
+            check_writable(path, option)
+        settings = BenchSettings(
+            audit=AuditSettings(
+                batch_size=batch_size,
+                input_size=parse_input_size(input_size) if input_size else None,
+                device=device,
+                dtype=dtype,
+                amp=amp,
+                train=train,
+                optimizer=optimizer,
+            ),
+            rounds=rounds,
+            warmup=warmup,
+            steps_per_round=steps,
+            threads=threads,
+            attribute=attribute,
+        )
+        report = _bench(ref[0], settings)
+    except UsageError as e:
+        raise _fail(str(e), EXIT_USAGE) from None
+    except ModelFailedError as e:
+        raise _fail(str(e), EXIT_MODEL_FAILED) from None
+    except KeyboardInterrupt:
+        raise _fail("interrupted", EXIT_INTERRUPTED) from None
+    from cl_audit.bench_report import dashboard_records
+    from cl_audit.render.bench import render_bench
+
+    render_bench(report, console)
+    try:
+        if json_path is not None:
+            write_text(json_path, report.to_json() + "\n", "--json")
+        if dashboard_json is not None:
+            records = dashboard_records(report, ref[0].source.value)
+            write_text(dashboard_json, json.dumps(records, indent=2) + "\n", "--dashboard-json")
+    except UsageError as e:
+        raise _fail(str(e), EXIT_USAGE) from None
+
+
+def _bench(ref: ModelRef, settings: BenchSettings) -> BenchReport:
+    import torch
+
+    from cl_audit.bench import bench_module
+    from cl_audit.errors import Stage
+    from cl_audit.settings import resolve_device
+    from cl_audit.sources import load_model
+
+    audit = settings.audit
+    device = resolve_device(audit.device)
+    loaded = load_model(ref)
+    shape = audit.input_shape(loaded.input_shape)
+    if len(shape) not in (4, 5):
+        raise UsageError(f"{loaded.name}: input shape {shape} is not 4D or 5D")
+    dtype = audit.dtype.torch_dtype
+    try:
+        generator = torch.Generator().manual_seed(audit.seed)
+        example = torch.randn(shape, generator=generator, dtype=dtype).to(device)
+        module = loaded.module.to(device=device, dtype=dtype)
+    except Exception as e:
+        raise ModelFailedError(Stage.SETUP, loaded.name, e) from e
+    return bench_module(module, (example,), settings, name=loaded.name, source=ref.source.value)
 
 
 @app.command("merge")

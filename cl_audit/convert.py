@@ -2,7 +2,9 @@
 
 ``to_channels_last`` reproduces ``Module.to(memory_format=torch.channels_last)`` (what fastai,
 Composer and PyTorch's tutorial do), rank by rank; ``to_nchw`` undoes it for the NCHW run of a
-differential audit.
+differential audit. ``apply_strategy`` and ``strategy_input`` put a model and its inputs in
+the configuration a ``Strategy`` names (``conv-weights``: torch's own
+``convert_conv2d_weight_memory_format`` and its 3D sibling, inputs left NCHW).
 """
 
 from __future__ import annotations
@@ -11,11 +13,16 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.utils import convert_conv2d_weight_memory_format, convert_conv3d_weight_memory_format
+
+from cl_audit.settings import Strategy
 
 __all__ = [
+    "apply_strategy",
     "channels_last_format",
     "input_to_channels_last",
     "input_to_nchw",
+    "strategy_input",
     "to_channels_last",
     "to_nchw",
 ]
@@ -68,4 +75,27 @@ def input_to_nchw(value: Any) -> Any:
     """A 4D/5D tensor copied to NCHW (NCDHW) order; anything else unchanged."""
     if isinstance(value, torch.Tensor) and value.dim() in (4, 5):
         return value.contiguous()
+    return value
+
+
+def apply_strategy(module: nn.Module, strategy: Strategy) -> nn.Module:
+    """Parameters and buffers in place, as ``strategy`` says (``AS_GIVEN``: untouched)."""
+    if strategy is Strategy.CHANNELS_LAST:
+        return to_channels_last(module)
+    if strategy is Strategy.NCHW:
+        return to_nchw(module)
+    if strategy is Strategy.CONV_WEIGHTS:
+        to_nchw(module)
+        convert_conv2d_weight_memory_format(module, torch.channels_last)
+        return convert_conv3d_weight_memory_format(module, torch.channels_last_3d)
+    return module
+
+
+def strategy_input(value: Any, strategy: Strategy) -> Any:
+    """An input as ``strategy`` feeds it: channels_last for ``CHANNELS_LAST``, NCHW for
+    ``NCHW`` and ``CONV_WEIGHTS``, unchanged for ``AS_GIVEN``."""
+    if strategy is Strategy.CHANNELS_LAST:
+        return input_to_channels_last(value)
+    if strategy in (Strategy.NCHW, Strategy.CONV_WEIGHTS):
+        return input_to_nchw(value)
     return value

@@ -19,6 +19,8 @@ from cl_audit.errors import Stage
 from cl_audit.layout import MemoryLayout
 
 __all__ = [
+    "BENCH_FORMAT",
+    "BENCH_VERSION",
     "REPORT_FORMAT",
     "REPORT_VERSION",
     "SWEEP_FORMAT",
@@ -48,15 +50,19 @@ __all__ = [
     "TensorMode",
     "TensorSummary",
     "TimelineEvent",
+    "Timing",
     "by_call_site",
     "decode_document",
     "encode_document",
     "load_schema",
+    "plain_json",
     "summarise",
 ]
 
 REPORT_FORMAT = "cl-audit.report"
 REPORT_VERSION = 2
+BENCH_FORMAT = "cl-audit.bench"  # cl_audit.bench_report
+BENCH_VERSION = 1
 _READABLE_VERSIONS = (1, 2)
 
 
@@ -174,6 +180,7 @@ class Finding:
     regain_source: RegainSource | None = None  # regains only
     differential: Differential | None = None  # terminal losses compared with an NCHW run
     phase: Phase = Phase.FORWARD
+    time_ms: float | None = None  # with --time: the profiled time of its calls, one step
 
     @property
     def op(self) -> str:
@@ -210,6 +217,7 @@ class SiteGroup:
     bytes_converted: int
     round_trips: int
     terminal: int
+    time_ms: float | None = None  # with --time
 
 
 def by_call_site(findings: tuple[Finding, ...]) -> tuple[SiteGroup, ...]:
@@ -239,6 +247,9 @@ def by_call_site(findings: tuple[Finding, ...]) -> tuple[SiteGroup, ...]:
                 bytes_converted=sum(f.bytes_converted for f in members),
                 round_trips=sum(f.round_trips for f in members),
                 terminal=sum(f.terminal for f in members),
+                time_ms=None
+                if members[0].time_ms is None
+                else sum(f.time_ms or 0.0 for f in members),
             )
         )
     return tuple(sorted(folded, key=lambda g: (-g.bytes_converted, -g.count)))
@@ -316,6 +327,43 @@ class GradientLayout:
     gradient_strides: tuple[int, ...]
 
 
+@dataclass(frozen=True)
+class Timing:
+    """With ``--time``: the step's own time and the profiled time of the flagged operations.
+
+    ``step_ms`` is the median of ``rounds_ms``, steps timed without the audit; the flagged
+    operations were timed by ``torch.profiler`` in the audited step (``clock``: ``cpu`` is the
+    profiler's CPU time, ``cuda`` the kernels' time). An operation that converts while doing
+    other work (an activation's backward) counts whole: the figures are upper bounds of what the
+    conversions cost. A regain is most often a convolution converting its input back: its whole
+    time is in ``regains_ms``, kept apart from the losses' share.
+    """
+
+    clock: str
+    threads: int
+    step_ms: float
+    rounds_ms: tuple[float, ...]
+    profiled_step_ms: float  # the audited step under the profiler (instrumented: slower)
+    offenders_ms: float
+    regains_ms: float
+    parameter_ms: float
+
+    @property
+    def losses_ms(self) -> float:
+        """The losses' time: offenders and parameter conversions."""
+        return self.offenders_ms + self.parameter_ms
+
+    @property
+    def share(self) -> float:
+        """The losses' share of an uninstrumented step."""
+        return self.losses_ms / self.step_ms if self.step_ms > 0 else 0.0
+
+    @property
+    def regain_share(self) -> float:
+        """The regaining operations' share (whole operations: a convolution counts whole)."""
+        return self.regains_ms / self.step_ms if self.step_ms > 0 else 0.0
+
+
 @unique
 class DifferentialStatus(str, Enum):
     """Whether terminal losses were compared with a forward run in NCHW."""
@@ -350,6 +398,7 @@ class ModelReport:
     unwrapped: tuple[str, ...] = field(default=())
     timeline: tuple[TimelineEvent, ...] = ()  # recorded when asked (--html): it costs time
     gradient_layouts: tuple[GradientLayout, ...] = ()  # training audits only
+    timing: Timing | None = None  # with --time
 
     @property
     def predicted(self) -> bool:
@@ -357,7 +406,12 @@ class ModelReport:
 
     def to_dict(self) -> dict[str, Any]:
         body = asdict(self)
-        return {"format": REPORT_FORMAT, "version": REPORT_VERSION, **_plain(body)}
+        if self.timing is not None:
+            timing = self.timing
+            body["timing"].update(
+                losses_ms=timing.losses_ms, share=timing.share, regain_share=timing.regain_share
+            )
+        return {"format": REPORT_FORMAT, "version": REPORT_VERSION, **plain_json(body)}
 
     def to_json(self, indent: int | None = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
@@ -388,6 +442,7 @@ class ModelReport:
                     )
                     for g in data.get("gradient_layouts", ())
                 ),
+                timing=_timing(data.get("timing")),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise ReportFormatError(f"malformed {REPORT_FORMAT} document: {e!r}") from None
@@ -426,37 +481,39 @@ def decode_document(data: bytes) -> Any:
         raise ReportFormatError(f"not text: {e}") from None
 
 
-def check_envelope(data: Any, expected_format: str) -> int:
+def check_envelope(
+    data: Any, expected_format: str, readable: tuple[int, ...] = _READABLE_VERSIONS
+) -> int:
     """The document's version; refuses other formats and versions with a message."""
     if not isinstance(data, dict) or "format" not in data:
         raise ReportFormatError(f"not a {expected_format} document (no 'format' key)")
     if data["format"] != expected_format:
         raise ReportFormatError(f"unknown format {data['format']!r}; expected {expected_format!r}")
     version = data.get("version")
-    if version not in _READABLE_VERSIONS:
-        readable = " and ".join(map(str, _READABLE_VERSIONS))
+    if version not in readable:
         raise ReportFormatError(
             f"unsupported {expected_format} version {version!r}; this cl-audit reads versions "
-            f"{readable}"
+            f"{' and '.join(map(str, readable))}"
         )
     return version
 
 
-def load_schema(name: str = "report", version: int = REPORT_VERSION) -> dict[str, Any]:
-    """The JSON Schema shipped in the package for ``cl-audit.<name>`` documents of ``version``
-    (the current one by default)."""
-    current = REPORT_VERSION if name == "report" else SWEEP_VERSION
+def load_schema(name: str = "report", version: int | None = None) -> dict[str, Any]:
+    """The JSON Schema shipped in the package for ``cl-audit.<name>`` documents (report, sweep,
+    bench) of ``version`` (the current one by default)."""
+    current = {"report": REPORT_VERSION, "sweep": SWEEP_VERSION, "bench": BENCH_VERSION}[name]
+    version = current if version is None else version
     file = f"{name}.schema.json" if version == current else f"{name}-v{version}.schema.json"
     return json.loads(resources.files("cl_audit.schema").joinpath(file).read_text())
 
 
-def _plain(value: Any) -> Any:
+def plain_json(value: Any) -> Any:
     if isinstance(value, Enum):
         return value.value
     if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
+        return {k: plain_json(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
+        return [plain_json(v) for v in value]
     return value
 
 
@@ -473,6 +530,14 @@ def _differential(data: dict[str, Any] | None, version: int) -> DifferentialRun:
         message = "version 1 report: made before differential audits" if version == 1 else None
         return DifferentialRun(DifferentialStatus.SKIPPED, message)
     return DifferentialRun(DifferentialStatus(data["status"]), data["message"], data["unaligned"])
+
+
+def _timing(data: dict[str, Any] | None) -> Timing | None:
+    if data is None:
+        return None
+    derived = ("losses_ms", "share", "regain_share")
+    fields = {k: v for k, v in data.items() if k not in derived}
+    return Timing(**{**fields, "rounds_ms": tuple(data["rounds_ms"])})
 
 
 def _tensor(data: dict[str, Any]) -> TensorSummary:
@@ -520,6 +585,7 @@ def _finding(data: dict[str, Any]) -> Finding:
         regain_source=None if source is None else RegainSource(source),
         differential=None if differential is None else Differential(differential),
         phase=Phase(data.get("phase", "forward")),
+        time_ms=data.get("time_ms"),
     )
 
 
@@ -588,7 +654,7 @@ class ModelRow:
         return self.status is Status.OK and bool(self.offenders)
 
     def to_dict(self) -> dict[str, Any]:
-        return {**_plain(asdict(self)), "predicted": self.predicted}
+        return {**plain_json(asdict(self)), "predicted": self.predicted}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ModelRow:
@@ -670,7 +736,7 @@ class SweepReport:
         return cls(environment, settings, summary, ordered, operator_coverage(ordered))
 
     def to_dict(self) -> dict[str, Any]:
-        body = {**_plain(asdict(self)), "models": [row.to_dict() for row in self.models]}
+        body = {**plain_json(asdict(self)), "models": [row.to_dict() for row in self.models]}
         return {"format": SWEEP_FORMAT, "version": SWEEP_VERSION, **body}
 
     def to_json(self, indent: int | None = 1) -> str:

@@ -9,7 +9,13 @@ when a loss is terminal, the same forward in NCHW for the differential verdict.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+import os
+import re
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any
 
@@ -20,16 +26,18 @@ from torch.func import functional_call
 
 from cl_audit.attribution import ModuleNames
 from cl_audit.audit import Audit, audit, watching
-from cl_audit.convert import input_to_channels_last, input_to_nchw, to_channels_last, to_nchw
+from cl_audit.convert import apply_strategy, input_to_nchw, strategy_input, to_nchw
 from cl_audit.differential import CounterpartWatcher, apply_differential, needs_differential
 from cl_audit.errors import ModelFailedError, Stage, UsageError
 from cl_audit.fake import fake_state, fake_tensor, new_mode
+from cl_audit.intercept.dispatch import CALL_LABEL
 from cl_audit.report import (
     DifferentialRun,
     DifferentialStatus,
     GradientLayout,
     ModelReport,
     Phase,
+    Timing,
 )
 from cl_audit.settings import (
     Amp,
@@ -43,7 +51,16 @@ from cl_audit.settings import (
 )
 from cl_audit.sources import LoadedModel
 
-__all__ = ["audit_loaded", "audit_model", "audit_module"]
+__all__ = [
+    "TIMED_STEPS",
+    "Step",
+    "audit_loaded",
+    "audit_model",
+    "audit_module",
+    "make_optimizer",
+    "timed_ms",
+    "training_loss",
+]
 
 _Forward = Callable[[], object]
 
@@ -64,10 +81,8 @@ class _Eager:
         return contextlib.nullcontext()
 
     def converted(self) -> _Forward:
-        inputs = self.inputs
-        if self.strategy is Strategy.CHANNELS_LAST:
-            to_channels_last(self.model)
-            inputs = tuple(input_to_channels_last(x) for x in inputs)
+        apply_strategy(self.model, self.strategy)
+        inputs = tuple(strategy_input(x, self.strategy) for x in self.inputs)
         self.model.train(self.train)
         return lambda: self.model(*inputs)
 
@@ -77,7 +92,7 @@ class _Eager:
         return lambda: self.model(*inputs)
 
     def restore(self) -> None:
-        to_channels_last(self.model)
+        apply_strategy(self.model, self.strategy)
 
 
 class _Fake:
@@ -118,10 +133,8 @@ class _Fake:
 
     def converted(self) -> _Forward:
         self.model.train(self.train)
-        if self.strategy is Strategy.CHANNELS_LAST:
-            to_channels_last(self.model)
-            return self._forward(None, tuple(input_to_channels_last(x) for x in self.inputs))
-        return self._forward(None, self.inputs)
+        apply_strategy(self.model, self.strategy)
+        return self._forward(None, tuple(strategy_input(x, self.strategy) for x in self.inputs))
 
     def nchw(self) -> _Forward:
         inputs = tuple(input_to_nchw(x) for x in self.inputs)
@@ -142,12 +155,13 @@ def audit_module(
     ``settings.train`` one training step (forward with gradients, backward, optimizer step).
 
     The model is converted in place as the strategy says (channels_last by default) and put in
-    eval (or train) mode. Raises ``ModelFailedError`` naming the stage when the model fails.
+    eval (or train) mode. With ``settings.time`` the step is first timed without the audit
+    (warm-up, then ``TIMED_STEPS`` steps) and the audited step runs under ``torch.profiler``.
+    Raises ``ModelFailedError`` naming the stage when the model fails.
     """
     device = resolve_device(settings.device, settings.tensor_mode)
     label = name or type(model).__name__
-    if settings.train:
-        _check_training(settings)
+    _check(settings)
     if settings.tensor_mode is TensorMode.FAKE:
         run: _Eager | _Fake = _Fake(model, inputs, settings, device)
     else:
@@ -157,10 +171,15 @@ def audit_module(
     except Exception as e:
         raise ModelFailedError(Stage.SETUP, label, e) from e
     first = next((x for x in inputs if isinstance(x, torch.Tensor)), None)
-    step = _Step(settings)
+    step = Step(settings, run.trainable())
+    rounds: tuple[float, ...] = ()
+    profiled = 0.0
+    profiler: Any = contextlib.nullcontext()
     try:
+        if settings.time:
+            rounds = step.timed(forward, device)
+            profiler = _Profiler(device)
         with (
-            torch.enable_grad() if settings.train else torch.no_grad(),
             run.tensor_mode(),
             audit(
                 settings.engine,
@@ -168,9 +187,14 @@ def audit_module(
                 parameters=run.parameters,
                 timeline=settings.timeline,
                 training=settings.train,
+                label_calls=settings.time,
             ) as active,
+            profiler,
         ):
-            step.run(forward, run.trainable(), active)
+            if settings.time:
+                profiled = timed_ms(lambda: step.run(forward, active), device)
+            else:
+                step.run(forward, active)
     except Exception as e:
         hint = None
         if settings.train and first is not None and first.shape[0] < 2:
@@ -182,56 +206,174 @@ def audit_module(
         device=run.device,
         dtype=None if first is None else first.dtype,
         mode=settings.tensor_mode,
+        call_times=_call_times(profiler, device) if settings.time else None,
     )
     environment = replace(report.environment, autocast=settings.autocast_description)
     if settings.train:
         environment = replace(environment, train=True, optimizer=settings.optimizer.value)
     report = replace(report, environment=environment, gradient_layouts=step.layouts)
-    return _differential(report, run, model, settings)
+    report = _differential(report, run, model, settings)
+    if settings.time:
+        report = replace(report, timing=_timing(report, rounds, profiled, device))
+    return report
 
 
-def _check_training(settings: AuditSettings) -> None:
-    if settings.engine is not Engine.DISPATCH:
+def _check(settings: AuditSettings) -> None:
+    """Refuse combinations that cannot take effect, with the reason."""
+    if settings.train and settings.engine is not Engine.DISPATCH:
         raise UsageError("--train needs the dispatch engine: the patch engine cannot see backward")
-    if settings.tensor_mode is TensorMode.FAKE and settings.amp is Amp.FP16:
+    if settings.train and settings.tensor_mode is TensorMode.FAKE and settings.amp is Amp.FP16:
         raise UsageError(
             "--train --fake --amp fp16: the gradient scaler's step reads data (found_inf.item()), "
             "which fake tensors do not have; use --amp bf16, or an eager run"
         )
+    if settings.time and settings.tensor_mode is TensorMode.FAKE:
+        raise UsageError("--time measures kernels, and fake tensors run none: drop --fake")
+    if settings.time and settings.engine is not Engine.DISPATCH:
+        raise UsageError("--time needs the dispatch engine (it labels each aten call)")
 
 
-class _Step:
-    """One forward (inference), or one training step: forward and loss under autocast, backward
-    (fp16 through a gradient scaler), optimizer step; ``stage`` says how far it got."""
+TIMED_STEPS = 7  # uninstrumented steps timed by --time, after WARMUP_STEPS
+WARMUP_STEPS = 2
 
-    def __init__(self, settings: AuditSettings) -> None:
+
+# Lines that libkineto writes to the process's stderr on its own (profiler start and stop, "no
+# GPU" on a CPU machine): dropped; anything else written to stderr meanwhile is passed on.
+_KINETO_LINE = re.compile(r"^(USDT|INFO|WARNING|ERROR):\d{4}-\d\d-\d\d [^\]]*\.cpp:\d+\]")
+
+
+class _Profiler:
+    """``torch.profiler.profile`` (CPU, and CUDA kernels on CUDA), with libkineto's own log
+    lines kept off the terminal."""
+
+    def __init__(self, device: torch.device) -> None:
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if device.type == "cuda":
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        self._profile = torch.profiler.profile(activities=activities)
+        self._saved = -1
+        self._capture: Any = None
+
+    def __enter__(self) -> _Profiler:
+        sys.stderr.flush()
+        self._capture = tempfile.TemporaryFile()
+        self._saved = os.dup(2)
+        os.dup2(self._capture.fileno(), 2)
+        self._profile.__enter__()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        try:
+            self._profile.__exit__(*exc_info)
+            self._profile.events()  # the events are processed (and logged about) here
+        finally:
+            sys.stderr.flush()
+            os.dup2(self._saved, 2)
+            os.close(self._saved)
+            self._capture.seek(0)
+            text = self._capture.read().decode(errors="replace")
+            self._capture.close()
+            kept = [line for line in text.splitlines(keepends=True) if not _KINETO_LINE.match(line)]
+            sys.stderr.write("".join(kept))
+
+    def events(self) -> Any:
+        return self._profile.events()
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed_ms(call: Callable[[], object], device: torch.device) -> float:
+    """Milliseconds that ``call`` takes, synchronised on CUDA."""
+    _synchronize(device)
+    start = time.perf_counter()
+    call()
+    _synchronize(device)
+    return (time.perf_counter() - start) * 1e3
+
+
+def _call_times(profiler: Any, device: torch.device) -> dict[int, float]:
+    """Milliseconds by call number, from the profiler ranges the dispatch engine opened:
+    CPU time on CPU, the kernels' time on CUDA."""
+    times: dict[int, float] = {}
+    for event in profiler.events():
+        if event.name.startswith(CALL_LABEL):
+            micros = event.device_time_total if device.type == "cuda" else event.cpu_time_total
+            number = int(event.name[len(CALL_LABEL) :])
+            times[number] = times.get(number, 0.0) + micros / 1e3
+    return times
+
+
+def _timing(
+    report: ModelReport, rounds: tuple[float, ...], profiled: float, device: torch.device
+) -> Timing:
+    def total(findings: tuple[Any, ...]) -> float:
+        return sum(f.time_ms or 0.0 for f in findings)
+
+    return Timing(
+        clock="cuda" if device.type == "cuda" else "cpu",
+        threads=torch.get_num_threads(),
+        step_ms=statistics.median(rounds),
+        rounds_ms=rounds,
+        profiled_step_ms=profiled,
+        offenders_ms=total(report.offenders),
+        regains_ms=total(report.regains),
+        parameter_ms=total(report.parameter_conversions),
+    )
+
+
+class Step:
+    """One forward (inference, under no_grad), or one training step: forward and loss under
+    autocast, backward (fp16 through a gradient scaler), optimizer step; ``stage`` says how far
+    it got. The optimizer and scaler are made once and kept, so repeated steps train on."""
+
+    def __init__(self, settings: AuditSettings, parameters: dict[str, torch.Tensor]) -> None:
         self.settings = settings
+        self.parameters = parameters
         self.stage = Stage.FORWARD
         self.layouts: tuple[GradientLayout, ...] = ()
+        self._optimizer: torch.optim.Optimizer | None = None
+        self._scaler: torch.amp.GradScaler | None = None
 
-    def run(self, forward: _Forward, parameters: dict[str, torch.Tensor], active: Audit) -> None:
+    def timed(self, forward: _Forward, device: torch.device) -> tuple[float, ...]:
+        """Milliseconds of ``TIMED_STEPS`` steps after ``WARMUP_STEPS``, no audit running."""
+        for _ in range(WARMUP_STEPS):
+            self.run(forward, None)
+        return tuple(timed_ms(lambda: self.run(forward, None), device) for _ in range(TIMED_STEPS))
+
+    def run(self, forward: _Forward, active: Audit | None) -> None:
         settings = self.settings
-        with settings.autocast():
+        self.stage = Stage.FORWARD
+        if active is not None:
+            active.enter_phase(Phase.FORWARD)
+        with torch.enable_grad() if settings.train else torch.no_grad(), settings.autocast():
             output = forward()
-            loss = _loss(output, settings.seed) if settings.train else None
+            loss = training_loss(output, settings.seed) if settings.train else None
         if loss is None:
             return
         self.stage = Stage.BACKWARD
-        active.enter_phase(Phase.BACKWARD)
-        scaler = None
-        if settings.amp is Amp.FP16:
-            scaler = torch.amp.GradScaler(torch.device(settings.device).type)
-            loss = scaler.scale(loss)
+        if active is not None:
+            active.enter_phase(Phase.BACKWARD)
+        if settings.amp is Amp.FP16 and self._scaler is None:
+            self._scaler = torch.amp.GradScaler(torch.device(settings.device).type)
+        if self._scaler is not None:
+            loss = self._scaler.scale(loss)
+        for parameter in self.parameters.values():
+            parameter.grad = None
         loss.backward()
-        self.layouts = _gradient_layouts(parameters)
+        self.layouts = _gradient_layouts(self.parameters)
         self.stage = Stage.STEP
-        active.enter_phase(Phase.OPTIMIZER)
-        optimizer = _OPTIMIZERS[settings.optimizer](parameters.values())
-        if scaler is None:
-            optimizer.step()
+        if active is not None:
+            active.enter_phase(Phase.OPTIMIZER)
+        if self._optimizer is None:
+            self._optimizer = make_optimizer(settings.optimizer, self.parameters.values())
+        if self._scaler is None:
+            self._optimizer.step()
         else:
-            scaler.step(optimizer)
-            scaler.update()
+            self._scaler.step(self._optimizer)
+            self._scaler.update()
 
 
 _OPTIMIZERS = {
@@ -240,7 +382,12 @@ _OPTIMIZERS = {
 }
 
 
-def _loss(output: object, seed: int) -> torch.Tensor:
+def make_optimizer(kind: Optimizer, parameters: Iterable[torch.Tensor]) -> torch.optim.Optimizer:
+    """The optimizer a training audit steps: SGD (lr 1e-3, momentum 0.9) or AdamW (lr 1e-3)."""
+    return _OPTIMIZERS[kind](list(parameters))
+
+
+def training_loss(output: object, seed: int) -> torch.Tensor:
     """Cross-entropy against random labels for a classifier's (batch, classes) logits; else
     the sum of every floating-point output."""
     if isinstance(output, torch.Tensor) and output.dim() == 2 and output.is_floating_point():
@@ -291,7 +438,7 @@ def _differential(
     if settings.train:
         status = DifferentialRun(DifferentialStatus.SKIPPED, "training steps are not compared yet")
         return replace(report, differential=status)
-    if settings.strategy is not Strategy.CHANNELS_LAST:
+    if settings.strategy not in (Strategy.CHANNELS_LAST, Strategy.CONV_WEIGHTS):
         status = DifferentialRun(DifferentialStatus.SKIPPED, "the model's format is the caller's")
         return replace(report, differential=status)
     if not needs_differential(report):
@@ -356,22 +503,37 @@ def audit_model(
     *,
     engine: Engine | str = Engine.DISPATCH,
     name: str | None = None,
-    convert: bool = True,
+    convert: bool | Strategy | str = True,
     differential: bool = True,
+    train: bool = False,
+    amp: Amp | str | None = None,
+    optimizer: Optimizer | str = Optimizer.SGD,
+    time: bool = False,
 ) -> ModelReport:
-    """Audit one eval-mode, no-grad forward pass of ``model``.
+    """Audit one eval-mode, no-grad forward pass of ``model``, or with ``train`` one training
+    step (train mode, forward and loss, backward, an ``optimizer`` step; see ``training_loss``).
 
-    With ``convert`` (the default) the model is converted in place, and its 4D/5D tensor inputs
-    copied, to channels_last (``channels_last_3d`` for 5D) first; ``differential`` then runs the
-    forward once more in NCHW when a loss is terminal, to tell format-neutral ones apart (the
-    model is converted back to channels_last afterwards).
+    ``convert``: ``True`` (the default, or ``"channels-last"``) converts the model in place,
+    and copies its 4D/5D tensor inputs, to channels_last (``channels_last_3d`` for 5D);
+    ``"conv-weights"`` converts only convolution weights; ``False`` audits the model as given.
+    ``differential`` runs an inference forward once more in NCHW when a loss is terminal, to
+    tell format-neutral ones apart (the model is converted back afterwards). ``amp``
+    (``"bf16"``/``"fp16"``) runs under autocast; ``time`` adds ``Timing`` (eager runs only).
     """
     inputs = example_input if isinstance(example_input, (tuple, list)) else (example_input,)
     first = next((x for x in inputs if isinstance(x, torch.Tensor)), None)
+    if isinstance(convert, bool):
+        strategy = Strategy.CHANNELS_LAST if convert else Strategy.AS_GIVEN
+    else:
+        strategy = Strategy(convert)
     settings = AuditSettings(
         device="cpu" if first is None else str(first.device),
         engine=parse_engine(engine),
-        strategy=Strategy.CHANNELS_LAST if convert else Strategy.AS_GIVEN,
+        strategy=strategy,
         differential=differential,
+        amp=None if amp is None else Amp(amp),
+        train=train,
+        optimizer=Optimizer(optimizer),
+        time=time,
     )
     return audit_module(model, tuple(inputs), settings, name=name)

@@ -42,6 +42,8 @@ class Strategy(str, Enum):
     """How model and input are converted before the audited forward."""
 
     CHANNELS_LAST = "channels-last"  # as Module.to(memory_format=torch.channels_last) does
+    CONV_WEIGHTS = "conv-weights"  # as nn.utils.convert_conv2d_weight_memory_format does
+    NCHW = "nchw"  # everything NCHW (NCDHW): the baseline a bench compares with
     AS_GIVEN = "as-given"  # nothing converted: the caller chose the format
 
 
@@ -75,8 +77,8 @@ class Optimizer(str, Enum):
 @dataclass(frozen=True)
 class AuditSettings:
     """Everything that decides what one audit runs. ``input_size`` is per sample (None: the
-    model's own); ``differential`` re-runs the forward in NCHW to classify terminal losses.
-    The training phase is the next dimension to join these."""
+    model's own); ``differential`` re-runs the forward in NCHW to classify terminal losses;
+    ``time`` times uninstrumented steps and profiles the audited one (``Timing``)."""
 
     batch_size: int = 2
     input_size: tuple[int, ...] | None = None
@@ -91,6 +93,7 @@ class AuditSettings:
     train: bool = False  # a training step: forward with gradients, backward, optimizer step
     optimizer: Optimizer = Optimizer.SGD
     seed: int = 0
+    time: bool = False  # time the step and the flagged operations (eager only)
 
     @property
     def predicted(self) -> bool:

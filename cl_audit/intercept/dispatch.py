@@ -12,12 +12,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from torch.autograd.profiler import record_function
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from cl_audit.intercept.recorder import Recorder
 
-__all__ = ["DispatchEngine"]
+__all__ = ["CALL_LABEL", "DispatchEngine"]
+
+CALL_LABEL = "cl_audit#"
 
 
 class _PythonCalls(TorchFunctionMode):
@@ -42,27 +45,34 @@ class _PythonCalls(TorchFunctionMode):
 
 
 class _AtenObserver(TorchDispatchMode):
-    def __init__(self, recorder: Recorder, python_calls: _PythonCalls) -> None:
+    def __init__(self, recorder: Recorder, python_calls: _PythonCalls, label: bool) -> None:
         super().__init__()
         self._recorder = recorder
         self._python_calls = python_calls
+        self._label = label
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        result = func(*args, **(kwargs or {}))
+        if self._label:  # a profiler range named by the number the recorder gives this call
+            with record_function(f"{CALL_LABEL}{self._recorder.calls_checked + 1}"):
+                result = func(*args, **(kwargs or {}))
+        else:
+            result = func(*args, **(kwargs or {}))
         self._recorder.observe(func, self._python_calls.current, args, kwargs, result)
         return result
 
 
 class DispatchEngine:
-    """Pushes the two modes on ``install`` and pops them, innermost first, on ``uninstall``."""
+    """Pushes the two modes on ``install`` and pops them, innermost first, on ``uninstall``.
+    With ``label_calls`` each operation runs inside a profiler range ``CALL_LABEL<n>``, ``n``
+    being its call number in the recorder (``--time`` matches profiler events to findings so)."""
 
     name = "dispatch"
 
-    def __init__(self, recorder: Recorder) -> None:
+    def __init__(self, recorder: Recorder, label_calls: bool = False) -> None:
         # A training audit's recorder leaves locations on the autograd nodes of each result.
         training = getattr(recorder, "training", False)
         self._python_calls = _PythonCalls(recorder.python_result if training else None)
-        self._observer = _AtenObserver(recorder, self._python_calls)
+        self._observer = _AtenObserver(recorder, self._python_calls, label_calls)
         self._entered: list[Any] = []
         self.unwrapped: tuple[str, ...] = ()
 

@@ -11,7 +11,7 @@ forgotten, not confused.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import chain
 from typing import Any
 
@@ -58,6 +58,7 @@ class _Tally:
     count: int = 0
     bytes_converted: int = 0
     round_trips: int = 0
+    calls: list[int] = field(default_factory=list)  # call numbers, for the time attribution
 
 
 class _Occurrence:
@@ -456,6 +457,7 @@ class Recorder:
             None,
         )
         tally.count += 1
+        tally.calls.append(self.calls_checked)
         self._mark = Conversion.LOSS
         tally.bytes_converted += _nbytes([t for t, _ in lost])
         # Downstream, the contiguous data still traces back to the root cause, if there is one,
@@ -490,6 +492,7 @@ class Recorder:
             regain_source(from_loss is not None, cause is not None),
         )
         tally.count += 1
+        tally.calls.append(self.calls_checked)
         self._mark = Conversion.REGAIN
         tally.bytes_converted += _nbytes(regained)
         for origin in found:
@@ -498,8 +501,12 @@ class Recorder:
                     occurrence.regained = True
                     occurrence.tally.round_trips += 1
 
-    def findings(self) -> tuple[list[Finding], list[Finding]]:
-        """(losses, regains), most bytes first; losses of either provenance."""
+    def findings(
+        self, call_times: dict[int, float] | None = None
+    ) -> tuple[list[Finding], list[Finding]]:
+        """(losses, regains), most bytes first; losses of either provenance. ``call_times``
+        (milliseconds by call number, ``calls_checked`` when the call was observed) gives each
+        finding the time of its calls."""
         losses: list[Finding] = []
         regains: list[Finding] = []
         for key, tally in self._tallies.items():
@@ -523,6 +530,9 @@ class Recorder:
                 provenance=origin,
                 regain_source=source,
                 phase=phase,
+                time_ms=None
+                if call_times is None
+                else sum(call_times.get(call, 0.0) for call in tally.calls),
             )
             (losses if is_loss else regains).append(finding)
         order = lambda f: (-f.bytes_converted, -f.count)  # noqa: E731

@@ -16,6 +16,7 @@ from cl_audit.report import (
     SiteGroup,
     SweepReport,
     TensorSummary,
+    Timing,
     by_call_site,
 )
 from cl_audit.sweep.compare import Comparison
@@ -27,6 +28,7 @@ __all__ = [
     "render_report",
     "render_sweep",
     "summary_text",
+    "timing_line",
 ]
 
 
@@ -86,7 +88,20 @@ def summary_text(report: ModelReport) -> Text:
         f"({format_bytes(s.format_neutral_bytes)})",
         _differential_line(report),
     ]
+    if report.timing is not None:
+        lines.append(timing_line(report.timing))
     return Text("\n".join(lines))
+
+
+def timing_line(timing: Timing) -> str:
+    """``--time``: the step and what the flagged operations take of it."""
+    rounds = len(timing.rounds_ms)
+    return (
+        f"step {timing.step_ms:.1f} ms (median of {rounds}, {timing.threads} threads); losses "
+        f"{timing.losses_ms:.2f} ms = {timing.share:.1%} of it (offenders {timing.offenders_ms:.2f}"
+        f", parameter {timing.parameter_ms:.2f}); regaining operations, whole, "
+        f"{timing.regains_ms:.2f} ms = {timing.regain_share:.1%} ({timing.clock} profiler)"
+    )
 
 
 def _modules_cell(group: SiteGroup) -> str:
@@ -121,6 +136,8 @@ def offenders_table(
         if group.terminal and f.differential:
             kinds.append(f"({f.differential.value})")
         kinds.append(format_bytes(group.bytes_converted))
+        if group.time_ms is not None:
+            kinds.append(f"{group.time_ms:.2f} ms")
         table.add_row(op, where, "\n".join([str(group.count), *kinds]))
     return table
 

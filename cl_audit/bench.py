@@ -1,0 +1,207 @@
+"""``cl-audit bench``: a model timed side by side in conversion strategies, and the time of the
+audit's findings in the channels-last configuration.
+
+Each configuration (a strategy, with or without autocast) runs on a deep copy of the model,
+converted once, so the caller's model is never touched and no conversion is timed. After
+``warmup`` steps each, rounds alternate between the configurations, the order rotating every
+round; a round times ``steps_per_round`` steps (synchronised on CUDA) and records their mean.
+The channels-last configuration is then audited once with ``--time`` (its audited step under
+``torch.profiler``): each finding gets the time of its own calls.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import statistics
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+from torch import nn
+
+from cl_audit.bench_report import Attribution, BenchReport, FindingTime, StrategyTiming
+from cl_audit.convert import apply_strategy, strategy_input
+from cl_audit.environment import probe
+from cl_audit.errors import ModelFailedError, Stage, UsageError
+from cl_audit.report import Conversion, ModelReport, by_call_site
+from cl_audit.run import Step, audit_module, timed_ms
+from cl_audit.settings import AuditSettings, Strategy, TensorMode, resolve_device
+
+__all__ = ["BENCH_STRATEGIES", "BenchSettings", "attribute", "bench_module"]
+
+BENCH_STRATEGIES = (Strategy.NCHW, Strategy.CHANNELS_LAST, Strategy.CONV_WEIGHTS)
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    """``audit``: what every configuration runs (batch, input, device, dtype, ``amp``, train);
+    with ``amp`` each strategy runs with and without it. ``rounds`` >= 7 for a median worth
+    reading; ``threads`` fixes torch's intra-op threads for the run (None: as it is)."""
+
+    audit: AuditSettings
+    strategies: tuple[Strategy, ...] = BENCH_STRATEGIES
+    rounds: int = 7
+    warmup: int = 3
+    steps_per_round: int = 3
+    threads: int | None = None
+    attribute: bool = True
+
+
+@dataclass
+class _Configuration:
+    name: str
+    strategy: Strategy
+    settings: AuditSettings
+    step: Step
+    forward: Callable[[], object]
+
+
+def bench_module(
+    model: nn.Module, inputs: tuple[Any, ...], settings: BenchSettings, *, name: str, source: str
+) -> BenchReport:
+    """Time ``model`` on ``inputs`` in every configuration, then attribute the channels-last
+    step's time to the audit's findings. ``model`` is left as it was (copies are converted)."""
+    base = settings.audit
+    if base.tensor_mode is TensorMode.FAKE:
+        raise UsageError("bench times kernels, and fake tensors run none: drop --fake")
+    if settings.rounds < 1 or settings.steps_per_round < 1 or settings.warmup < 0:
+        raise UsageError("bench: --rounds and --steps must be at least 1, --warmup at least 0")
+    device = resolve_device(base.device)
+    with _threads(settings.threads):
+        configurations = [_configure(model, inputs, base, s, amp) for s, amp in _plan(settings)]
+        rounds = _alternate(configurations, settings, device, name)
+        attribution = None
+        if settings.attribute and Strategy.CHANNELS_LAST in settings.strategies:
+            cl = next(c for c in reversed(configurations) if c.strategy is Strategy.CHANNELS_LAST)
+            step_ms = statistics.median(rounds[cl.name])
+            audited = audit_module(copy.deepcopy(model), inputs, _timed(cl.settings), name=name)
+            attribution = attribute(audited, cl.name, step_ms)
+        threads = torch.get_num_threads()
+    first = next(x for x in inputs if isinstance(x, torch.Tensor))
+    environment = probe(
+        device=str(device),
+        dtype=str(first.dtype).removeprefix("torch."),
+        autocast=base.autocast_description,
+        engine=base.engine.value,
+        mode=TensorMode.EAGER,
+        train=base.train,
+        optimizer=base.optimizer.value if base.train else None,
+    )
+    timings = tuple(
+        StrategyTiming(c.name, c.strategy, c.settings.amp and c.settings.amp.value, rounds[c.name])
+        for c in configurations
+    )
+    return BenchReport(
+        model=name,
+        input_shape=tuple(first.shape),
+        environment=environment,
+        threads=threads,
+        warmup=settings.warmup,
+        steps_per_round=settings.steps_per_round,
+        timings=timings,
+        attribution=attribution,
+    )
+
+
+def _plan(settings: BenchSettings) -> list[tuple[Strategy, bool]]:
+    amps = (False, True) if settings.audit.amp is not None else (False,)
+    return [(strategy, amp) for amp in amps for strategy in settings.strategies]
+
+
+def _configure(
+    model: nn.Module, inputs: tuple[Any, ...], base: AuditSettings, strategy: Strategy, amp: bool
+) -> _Configuration:
+    settings = replace(base, strategy=strategy, amp=base.amp if amp else None)
+    name = strategy.value + (f"+{base.amp.value}" if amp and base.amp else "")
+    try:
+        copied = apply_strategy(copy.deepcopy(model), strategy).train(base.train)
+        converted = tuple(strategy_input(x, strategy) for x in inputs)
+    except Exception as e:
+        raise ModelFailedError(Stage.SETUP, name, e) from e
+    step = Step(settings, dict(copied.named_parameters()))
+    return _Configuration(name, strategy, settings, step, lambda: copied(*converted))
+
+
+def _alternate(
+    configurations: list[_Configuration],
+    settings: BenchSettings,
+    device: torch.device,
+    label: str,
+) -> dict[str, tuple[float, ...]]:
+    """Warm-up, then rounds that alternate between the configurations (rotating the order)."""
+    rounds: dict[str, list[float]] = {c.name: [] for c in configurations}
+    try:
+        for c in configurations:
+            for _ in range(settings.warmup):
+                c.step.run(c.forward, None)
+        for index in range(settings.rounds):
+            shift = index % len(configurations)
+            for c in configurations[shift:] + configurations[:shift]:
+                total = sum(
+                    timed_ms(lambda c=c: c.step.run(c.forward, None), device)
+                    for _ in range(settings.steps_per_round)
+                )
+                rounds[c.name].append(total / settings.steps_per_round)
+    except Exception as e:
+        stage = next((c.step.stage for c in configurations), Stage.FORWARD)
+        raise ModelFailedError(stage, label, e) from e
+    return {name: tuple(values) for name, values in rounds.items()}
+
+
+def _timed(settings: AuditSettings) -> AuditSettings:
+    """The audit settings of the attribution: timed, and without the NCHW comparison's
+    re-run (a differential verdict does not change what a step costs)."""
+    return replace(settings, time=True, differential=False)
+
+
+def attribute(report: ModelReport, configuration: str, step_ms: float) -> Attribution:
+    """The timed audit's findings, grouped by call site, with their time."""
+    found: list[FindingTime] = []
+    groups = (
+        (True, report.offenders),
+        (False, report.parameter_conversions),
+        (False, report.regains),
+    )
+    for offender, findings in groups:
+        for group in by_call_site(findings):
+            f = group.first
+            found.append(
+                FindingTime(
+                    kind=f.kind,
+                    offender=offender,
+                    op=f.op,
+                    aten_op=f.aten_op,
+                    call_site=f.call_site,
+                    module_path=f.module_path,
+                    phase=f.phase,
+                    count=group.count,
+                    ms=group.time_ms or 0.0,
+                )
+            )
+    if report.timing is None:
+        raise ValueError("attribute() needs a report audited with time=True")
+    return Attribution(
+        configuration=configuration,
+        step_ms=step_ms,
+        clock=report.timing.clock,
+        losses_ms=sum(f.ms for f in found if f.kind is Conversion.LOSS),
+        regains_ms=sum(f.ms for f in found if f.kind is Conversion.REGAIN),
+        findings=tuple(sorted(found, key=lambda f: -f.ms)),
+        offenders=len(report.offenders),
+    )
+
+
+@contextlib.contextmanager
+def _threads(count: int | None) -> Iterator[None]:
+    """torch's intra-op threads fixed to ``count`` inside, restored after."""
+    if count is None:
+        yield
+        return
+    previous = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)

@@ -1,0 +1,237 @@
+"""Bench report data model: per-strategy timings, the attribution of step time to the audit's
+findings, the ``cl-audit.bench`` JSON envelope and the PyTorch OSS benchmark-database export."""
+
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from cl_audit.report import (
+    BENCH_FORMAT,
+    BENCH_VERSION,
+    Conversion,
+    Environment,
+    Phase,
+    ReportFormatError,
+    TensorMode,
+    check_envelope,
+    plain_json,
+)
+from cl_audit.settings import Strategy
+
+__all__ = [
+    "BENCH_FORMAT",
+    "BENCH_VERSION",
+    "Attribution",
+    "BenchReport",
+    "FindingTime",
+    "StrategyTiming",
+    "dashboard_records",
+]
+
+
+@dataclass(frozen=True)
+class StrategyTiming:
+    """One configuration timed: a strategy, with or without autocast. ``rounds_ms`` holds the
+    time per step of each round (the mean of the round's steps), in the order they ran."""
+
+    name: str  # "channels-last", "channels-last+bf16"
+    strategy: Strategy
+    amp: str | None  # autocast dtype ("bf16", "fp16") or None
+    rounds_ms: tuple[float, ...]
+
+    @property
+    def median_ms(self) -> float:
+        return statistics.median(self.rounds_ms)
+
+    @property
+    def spread(self) -> float:
+        """(slowest - fastest round) / median."""
+        return (max(self.rounds_ms) - min(self.rounds_ms)) / self.median_ms
+
+
+@dataclass(frozen=True)
+class FindingTime:
+    """One flagged operation at one call site (modules folded), and its profiled time."""
+
+    kind: Conversion
+    offender: bool  # an offender (not a parameter conversion or a regain)
+    op: str
+    aten_op: str | None
+    call_site: str | None
+    module_path: str | None
+    phase: Phase
+    count: int
+    ms: float
+
+
+@dataclass(frozen=True)
+class Attribution:
+    """The audited step of one configuration under ``torch.profiler``: what its flagged
+    operations take (``step_ms`` is that configuration's median from the timing rounds)."""
+
+    configuration: str
+    step_ms: float
+    clock: str
+    losses_ms: float  # offenders and parameter conversions
+    regains_ms: float  # whole regaining operations (a convolution counts whole)
+    findings: tuple[FindingTime, ...]
+    offenders: int  # offender count of the audit
+
+    @property
+    def share(self) -> float:
+        return self.losses_ms / self.step_ms if self.step_ms > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class BenchReport:
+    model: str
+    input_shape: tuple[int, ...]
+    environment: Environment
+    threads: int
+    warmup: int
+    steps_per_round: int
+    timings: tuple[StrategyTiming, ...]
+    attribution: Attribution | None
+
+    def timing(self, name: str) -> StrategyTiming | None:
+        return next((t for t in self.timings if t.name == name), None)
+
+    def speedup(self, timing: StrategyTiming) -> float | None:
+        """How many times faster than nchw at the same autocast (>1: faster)."""
+        base = next(
+            (t for t in self.timings if t.strategy is Strategy.NCHW and t.amp == timing.amp), None
+        )
+        return None if base is None else base.median_ms / timing.median_ms
+
+    def throughput(self, timing: StrategyTiming) -> float:
+        """Samples per second."""
+        return self.input_shape[0] / (timing.median_ms / 1e3)
+
+    @property
+    def verdict(self) -> str:
+        """One line: how channels-last compares with nchw, and what its conversions take."""
+        amp = self.environment.autocast is not None
+        cl = next(
+            (
+                t
+                for t in self.timings
+                if t.strategy is Strategy.CHANNELS_LAST and (t.amp is not None) == amp
+            ),
+            None,
+        )
+        speedup = None if cl is None else self.speedup(cl)
+        if cl is None or speedup is None:
+            return "channels-last was not compared with nchw"
+        how = f"{speedup:.2f}x faster" if speedup >= 1 else f"{1 / speedup:.2f}x slower"
+        line = f"{cl.name} is {how} than {cl.name.replace('channels-last', 'nchw')}"
+        a = self.attribution
+        if a is not None and a.configuration == cl.name:
+            line += f"; conversions take {a.share:.0%} of its step"
+        return line
+
+    def to_dict(self) -> dict[str, Any]:
+        body = plain_json(asdict(self))
+        for plain, timing in zip(body["timings"], self.timings, strict=True):
+            speedup = self.speedup(timing)
+            plain.update(
+                median_ms=timing.median_ms,
+                min_ms=min(timing.rounds_ms),
+                max_ms=max(timing.rounds_ms),
+                spread=timing.spread,
+                throughput=self.throughput(timing),
+                speedup_vs_nchw=speedup,
+            )
+        if self.attribution is not None:
+            body["attribution"]["share"] = self.attribution.share
+        return {"format": BENCH_FORMAT, "version": BENCH_VERSION, **body, "verdict": self.verdict}
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> BenchReport:
+        check_envelope(data, BENCH_FORMAT, (BENCH_VERSION,))
+        try:
+            attribution = data["attribution"]
+            env = data["environment"]
+            return cls(
+                model=data["model"],
+                input_shape=tuple(data["input_shape"]),
+                environment=Environment(**{**env, "mode": TensorMode(env["mode"])}),
+                threads=data["threads"],
+                warmup=data["warmup"],
+                steps_per_round=data["steps_per_round"],
+                timings=tuple(
+                    StrategyTiming(
+                        t["name"], Strategy(t["strategy"]), t["amp"], tuple(t["rounds_ms"])
+                    )
+                    for t in data["timings"]
+                ),
+                attribution=None if attribution is None else _attribution(attribution),
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise ReportFormatError(f"malformed {BENCH_FORMAT} document: {e!r}") from None
+
+
+def _attribution(data: dict[str, Any]) -> Attribution:
+    return Attribution(
+        configuration=data["configuration"],
+        step_ms=data["step_ms"],
+        clock=data["clock"],
+        losses_ms=data["losses_ms"],
+        regains_ms=data["regains_ms"],
+        findings=tuple(
+            FindingTime(**{**f, "kind": Conversion(f["kind"]), "phase": Phase(f["phase"])})
+            for f in data["findings"]
+        ),
+        offenders=data["offenders"],
+    )
+
+
+def dashboard_records(report: BenchReport, source: str) -> list[dict[str, Any]]:
+    """Records in the format of PyTorch's OSS benchmark database (``benchmark``, ``model``,
+    ``metric`` per record, as operator_benchmark's ``--output-json-for-dashboard`` writes):
+    latency (every round), throughput and speedup over nchw per configuration, and the
+    conversions' share of the attributed one."""
+    env = report.environment
+    mode = "training" if env.train else "inference"
+    arch = platform.processor() or platform.machine()
+    records = []
+    for timing in report.timings:
+        dtype = {"bf16": "bfloat16", "fp16": "float16"}.get(timing.amp or "", env.dtype or "")
+        benchmark = {
+            "name": "cl-audit bench",
+            "mode": mode,
+            "dtype": dtype,
+            "extra_info": {
+                "device": env.device,
+                "arch": arch,
+                "strategy": timing.strategy.value,
+                "autocast": timing.amp,
+                "threads": report.threads,
+                "input_shape": list(report.input_shape),
+                "torch": env.torch,
+            },
+        }
+        model = {
+            "name": report.model,
+            "type": "vision",
+            "origins": [source],
+            "extra_info": {"configuration": timing.name},
+        }
+        metrics = [("latency", "ms", list(timing.rounds_ms))]
+        metrics.append(("throughput", "samples/s", [report.throughput(timing)]))
+        speedup = report.speedup(timing)
+        if speedup is not None:
+            metrics.append(("speedup_vs_nchw", "x", [speedup]))
+        a = report.attribution
+        if a is not None and a.configuration == timing.name:
+            metrics.append(("conversion_share", "fraction", [a.share]))
+        for name, unit, values in metrics:
+            metric = {"name": name, "unit": unit, "benchmark_values": values, "target_value": None}
+            records.append({"benchmark": benchmark, "model": model, "metric": metric})
+    return records

@@ -1,0 +1,225 @@
+"""cl-audit bench and --time: strategies convert exactly what they name, rounds alternate,
+profiled time lands on the findings that ran it, the JSON validates, timing changes no verdict.
+No assertion here is on a speed: only on which operation a time belongs to."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import jsonschema
+import pytest
+import torch
+import torchvision
+from bench_models import RoundTrip, StrategyProbe, TwoCopies
+from typer.testing import CliRunner
+
+from cl_audit.bench import BenchSettings, bench_module
+from cl_audit.bench_report import BenchReport, dashboard_records
+from cl_audit.cli import app
+from cl_audit.convert import apply_strategy, strategy_input
+from cl_audit.report import Conversion, RegainSource, load_schema
+from cl_audit.run import audit_model
+from cl_audit.settings import Amp, AuditSettings, Strategy
+
+MODELS = str(Path(__file__).with_name("bench_models.py"))
+CL = torch.channels_last
+
+
+def _is_cl(t: torch.Tensor) -> bool:
+    """Strides in channels_last order, read from the strides themselves."""
+    _, c, h, w = t.shape
+    return t.stride() == (h * w * c, 1, w * c, c)
+
+
+def _is_nchw(t: torch.Tensor) -> bool:
+    _, c, h, w = t.shape
+    return t.stride() == (c * h * w, h * w, w, 1)
+
+
+@pytest.mark.parametrize("strategy", [Strategy.NCHW, Strategy.CHANNELS_LAST, Strategy.CONV_WEIGHTS])
+def test_strategy_converts_exactly_the_tensors_it_names(strategy):
+    model = apply_strategy(StrategyProbe(), Strategy.CHANNELS_LAST)  # start from the other side
+    apply_strategy(model, strategy)
+    x = strategy_input(torch.randn(2, 3, 8, 8), strategy)
+    conv, pointwise, scale = model.conv.weight, model.pointwise.weight, model.scale
+    if strategy is Strategy.NCHW:
+        assert all(map(_is_nchw, (conv, pointwise, scale, x)))
+    elif strategy is Strategy.CHANNELS_LAST:
+        # Module.to(memory_format=...) restrides every 4D tensor, 1x1 kernels included
+        assert all(map(_is_cl, (conv, pointwise, scale, x)))
+    else:
+        # convert_conv2d_weight_memory_format: every convolution kernel (1x1 too), never the
+        # other 4D parameter nor the input
+        assert _is_cl(conv) and _is_cl(pointwise) and _is_nchw(scale) and _is_nchw(x)
+
+
+def _settings(**kwargs) -> BenchSettings:
+    defaults = dict(rounds=3, warmup=1, steps_per_round=1, attribute=False)
+    return BenchSettings(AuditSettings(), **{**defaults, **kwargs})
+
+
+def test_rounds_alternate_between_configurations_rotating_the_order():
+    StrategyProbe.LOG.clear()
+    report = bench_module(
+        StrategyProbe(), (torch.randn(2, 3, 8, 8),), _settings(), name="probe", source="user"
+    )
+    nchw, cl, cw = (False, False), (True, True), (False, True)
+    warmup = [nchw, cl, cw]
+    rounds = [nchw, cl, cw, cl, cw, nchw, cw, nchw, cl]
+    assert StrategyProbe.LOG == warmup + rounds
+    assert [t.name for t in report.timings] == ["nchw", "channels-last", "conv-weights"]
+    assert all(len(t.rounds_ms) == 3 for t in report.timings)
+
+
+def test_bench_leaves_the_callers_model_untouched():
+    model = StrategyProbe()
+    before = {n: (p.detach().clone(), p.stride()) for n, p in model.named_parameters()}
+    bench_module(
+        model, (torch.randn(2, 3, 8, 8),), _settings(attribute=True), name="p", source="user"
+    )
+    for name, p in model.named_parameters():
+        assert p.stride() == before[name][1] and torch.equal(p, before[name][0])
+
+
+def test_amp_doubles_the_configurations():
+    settings = BenchSettings(
+        AuditSettings(amp=Amp.BF16), rounds=1, warmup=0, steps_per_round=1, attribute=False
+    )
+    report = bench_module(TwoCopies(), (torch.randn(2, 3, 32, 32),), settings, name="t", source="u")
+    names = [t.name for t in report.timings]
+    assert names == [
+        "nchw",
+        "channels-last",
+        "conv-weights",
+        "nchw+bf16",
+        "channels-last+bf16",
+        "conv-weights+bf16",
+    ]
+    cl_bf16 = report.timing("channels-last+bf16")
+    assert cl_bf16 is not None and cl_bf16.amp == "bf16"
+    assert report.speedup(cl_bf16) == pytest.approx(
+        report.timing("nchw+bf16").median_ms / cl_bf16.median_ms
+    )
+
+
+def test_attribution_puts_the_round_trip_copy_time_on_the_copy():
+    settings = _settings(attribute=True)
+    report = bench_module(
+        RoundTrip(), (torch.randn(2, 3, 96, 96),), settings, name="rt", source="user"
+    )
+    a = report.attribution
+    assert a is not None and a.configuration == "channels-last" and a.offenders == 1
+    (loss,) = [f for f in a.findings if f.kind is Conversion.LOSS]
+    assert loss.aten_op == "aten.clone" and loss.offender and loss.count == 1
+    assert loss.call_site is not None and loss.call_site.endswith("bench_models.py:20")
+    assert loss.ms > 0 and a.losses_ms == pytest.approx(loss.ms)
+    assert 0 < a.share == pytest.approx(a.losses_ms / a.step_ms)
+    (regain,) = [f for f in a.findings if f.kind is Conversion.REGAIN]
+    assert regain.aten_op == "aten.convolution" and regain.ms > 0
+    assert "conversions take" in report.verdict
+
+
+def test_each_finding_gets_the_time_of_its_own_calls():
+    """Two copies, one 256 times the other's bytes: swapped or merged call numbers would show."""
+    report = audit_model(TwoCopies(), torch.randn(2, 3, 128, 128), time=True, differential=False)
+    by_shape = {f.inputs[0].shape[1]: f for f in report.offenders}
+    small, large = by_shape[4], by_shape[64]
+    assert small.time_ms > 0 and large.time_ms > small.time_ms
+    timing = report.timing
+    assert timing is not None and len(timing.rounds_ms) == 7
+    assert timing.offenders_ms == pytest.approx(small.time_ms + large.time_ms)
+
+
+def _without_time(report):
+    strip = lambda fs: tuple(replace(f, time_ms=None) for f in fs)  # noqa: E731
+    return (strip(report.offenders), strip(report.regains), strip(report.parameter_conversions))
+
+
+@pytest.mark.parametrize("train", [False, True])
+def test_time_does_not_change_the_findings(train):
+    x = torch.randn(2, 3, 64, 64)
+    torch.manual_seed(0)
+    plain = audit_model(torchvision.models.mobilenet_v2(), x, train=train)
+    torch.manual_seed(0)
+    timed = audit_model(torchvision.models.mobilenet_v2(), x, train=train, time=True)
+    assert _without_time(plain) == _without_time(timed)
+    assert plain.timing is None and timed.timing is not None
+    assert all(f.time_ms is not None for f in timed.offenders + timed.regains)
+    if train:  # the backward's hardtanh loss is there, and timed
+        assert any(f.aten_op == "aten.hardtanh_backward" for f in timed.offenders)
+
+
+def test_conv_weights_audit_starts_at_the_first_convolution():
+    report = audit_model(StrategyProbe(), torch.randn(2, 3, 8, 8), convert="conv-weights")
+    first = next(f for f in report.regains if f.module_path == "conv")
+    assert first.regain_source is RegainSource.OUTSIDE and first.inputs[0].layout.value == (
+        "contiguous"
+    )
+
+
+runner = CliRunner()
+
+
+def test_cli_bench_writes_schema_valid_json_and_dashboard_records(tmp_path):
+    out, dash = tmp_path / "b.json", tmp_path / "d.json"
+    result = runner.invoke(
+        app,
+        [
+            "bench", f"{MODELS}:round_trip", "--rounds", "2", "--warmup", "1", "--steps", "1",
+            "--threads", "1", "--json", str(out), "--dashboard-json", str(dash),
+        ],
+        env={"COLUMNS": "120"},
+        catch_exceptions=False,
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "channels-last is" in result.output
+    data = json.loads(out.read_text())
+    jsonschema.validate(data, load_schema("bench"))
+    assert data["threads"] == 1 and data["attribution"]["findings"]
+    assert BenchReport.from_dict(data).to_dict() == data
+    records = json.loads(dash.read_text())
+    for record in records:
+        assert set(record) == {"benchmark", "model", "metric"}
+        assert {"name", "mode", "dtype", "extra_info"} <= set(record["benchmark"])
+        assert {"name", "type", "origins", "extra_info"} <= set(record["model"])
+        assert set(record["metric"]) == {"name", "unit", "benchmark_values", "target_value"}
+    latency = [r for r in records if r["metric"]["name"] == "latency"]
+    assert {r["benchmark"]["extra_info"]["strategy"] for r in latency} == {
+        "nchw",
+        "channels-last",
+        "conv-weights",
+    }
+    assert all(len(r["metric"]["benchmark_values"]) == 2 for r in latency)
+    assert any(r["metric"]["name"] == "conversion_share" for r in records)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["bench", "resnet18", "--timm", "resnet18"], "bench one model"),
+        (["bench"], "bench one model"),
+        (["bench", "nope_net"], "unknown torchvision model"),
+        (["resnet18", "resnet34", "--time"], "--time times one model"),
+        (["resnet18", "--time", "--fake"], "fake tensors run none"),
+        (["resnet18", "--time", "--engine", "patch"], "dispatch engine"),
+    ],
+)
+def test_cli_refuses_what_cannot_be_timed_with_exit_2(args, message):
+    result = subprocess.run(
+        [sys.executable, "-m", "cl_audit", *args], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_dashboard_records_carry_every_round():
+    settings = _settings(rounds=2)
+    report = bench_module(TwoCopies(), (torch.randn(2, 3, 16, 16),), settings, name="t", source="u")
+    records = dashboard_records(report, "user")
+    latency = next(r for r in records if r["metric"]["name"] == "latency")
+    assert latency["metric"]["benchmark_values"] == list(report.timings[0].rounds_ms)
+    assert latency["benchmark"]["mode"] == "inference" and latency["model"]["origins"] == ["user"]
