@@ -426,23 +426,34 @@ def merge_command(
     force: Annotated[
         bool, typer.Option(help="Merge reports of different versions; later duplicates win.")
     ] = False,
+    baseline: Annotated[
+        OptionalPath, _opt(help="Gate the merged report on an earlier sweep JSON.")
+    ] = None,
 ) -> None:
     """Combine sweep reports, e.g. the shards of a CI matrix, into one.
 
-    Exit codes: 0 merged, 2 unreadable input, mixed versions or duplicate models.
+    Exit codes: 0 merged (with --baseline: nothing new), 1 with --baseline: new offences or
+    failures, 2 unreadable input, mixed versions or duplicate models.
     """
-    from cl_audit.sweep.compare import merge
+    from cl_audit.render.terminal import render_comparison
+    from cl_audit.sweep.compare import compare, merge
 
+    err = Console(stderr=True)
     try:
+        previous = read_sweep(baseline) if baseline is not None else None
         merged = merge([read_sweep(path) for path in reports], force=force)
         write_text(output, merged.to_json() + "\n", "--output")
     except UsageError as e:
         raise _fail(str(e), EXIT_USAGE) from None
     s = merged.summary
-    Console(stderr=True).print(
+    err.print(
         f"merged {len(reports)} reports: {s.models} models, {s.offending} offending, "
         f"{s.failed} failed"
     )
+    if previous is not None:
+        comparison = compare(previous, merged)
+        render_comparison(comparison, err)
+        raise typer.Exit(EXIT_OFFENDERS if comparison.regressed else EXIT_CLEAN)
 
 
 @app.command("render")

@@ -657,6 +657,36 @@ class ModelRow:
         return {**plain_json(asdict(self)), "predicted": self.predicted}
 
     @classmethod
+    def from_report(
+        cls,
+        report: ModelReport,
+        name: str,
+        source: ModelSource,
+        mode: Mode,
+        *,
+        parameters: int | None = None,
+        seconds: float = 0.0,
+    ) -> ModelRow:
+        """The row of a model that gave a verdict."""
+        return cls(
+            name=name,
+            source=source,
+            status=Status.OK,
+            mode=mode,
+            input_shape=report.input_shape,
+            parameters=parameters,
+            summary=report.summary,
+            offenders=report.offenders,
+            message=None,
+            stage=None,
+            seconds=seconds,
+            peak_memory_mb=None,
+            parameter_conversions=report.parameter_conversions,
+            format_neutral=report.format_neutral,
+            regains=report.regains,
+        )
+
+    @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ModelRow:
         summary = data["summary"]
         stage = data["stage"]

@@ -57,6 +57,7 @@ __all__ = [
     "audit_loaded",
     "audit_model",
     "audit_module",
+    "gradient_layouts",
     "make_optimizer",
     "timed_ms",
     "training_loss",
@@ -363,7 +364,7 @@ class Step:
         for parameter in self.parameters.values():
             parameter.grad = None
         loss.backward()
-        self.layouts = _gradient_layouts(self.parameters)
+        self.layouts = gradient_layouts(self.parameters)
         self.stage = Stage.STEP
         if active is not None:
             active.enter_phase(Phase.OPTIMIZER)
@@ -410,7 +411,7 @@ def _flat_tensors(value: object) -> list[torch.Tensor]:
     return []
 
 
-def _gradient_layouts(parameters: dict[str, torch.Tensor]) -> tuple[GradientLayout, ...]:
+def gradient_layouts(parameters: dict[str, torch.Tensor]) -> tuple[GradientLayout, ...]:
     """Parameters whose gradient has other strides than the parameter (size-1 dims aside)."""
     found = []
     for name, parameter in parameters.items():

@@ -142,22 +142,13 @@ def _audit(job: Job, on_stage: Callable[[Stage], None], start: float) -> ModelRo
         loaded = load_model(job.ref, replace(options, max_input_size=None))
         on_stage(Stage.FORWARD)
         report = audit_loaded(loaded, settings)
-    return ModelRow(
-        name=job.ref.name,
-        source=job.ref.source,
-        status=Status.OK,
-        mode=job.mode,
-        input_shape=report.input_shape,
+    return ModelRow.from_report(
+        report,
+        job.ref.name,
+        job.ref.source,
+        job.mode,
         parameters=sum(p.numel() for p in loaded.module.parameters()),
-        summary=report.summary,
-        offenders=report.offenders,
-        message=None,
-        stage=None,
         seconds=_since(start),
-        peak_memory_mb=None,
-        parameter_conversions=report.parameter_conversions,
-        format_neutral=report.format_neutral,
-        regains=report.regains,
     )
 
 

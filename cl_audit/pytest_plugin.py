@@ -1,0 +1,245 @@
+"""pytest plugin, registered through the ``pytest11`` entry point: installing cl-audit is enough.
+
+- the ``cl_audit`` fixture: ``cl_audit.check(model, x)`` audits a model (converted to
+  channels_last) and fails the test on an offender; ``with cl_audit.block(): ...`` audits the
+  torch operations of a block as they run, in whatever format the test gives them;
+- the ``cl_audit`` marker: ``@pytest.mark.cl_audit(train=False, amp=None, allow=())`` audits,
+  after the test passed, every model the test ran (each module called from outside any other
+  module, with the first input it got), converted to channels_last;
+- ``--cl-audit-baseline FILE``: offences recorded in FILE (a ``cl-audit.sweep`` JSON, one row per
+  audited model, keyed ``test id::model``) pass, anything new fails: the CLI's ``--baseline``
+  semantics. ``--cl-audit-update`` writes what this run found to FILE instead of failing (rows
+  of tests that did not run are kept).
+
+``allow`` takes op patterns or ``(op, call-site)`` pattern pairs (see ``cl_audit.testing``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+__all__ = ["ClAudit"]
+
+_STATE = pytest.StashKey["_Session"]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("cl-audit", "channels_last audits (cl-audit)")
+    group.addoption(
+        "--cl-audit-baseline",
+        metavar="FILE",
+        help="Sweep JSON of known offences: they pass, new ones fail.",
+    )
+    group.addoption(
+        "--cl-audit-update",
+        action="store_true",
+        help="Write this run's offences to --cl-audit-baseline instead of failing on them.",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "cl_audit(train=False, amp=None, allow=()): audit in channels_last every model the "
+        "test ran, after it passed",
+    )
+    baseline = config.getoption("--cl-audit-baseline")
+    update = config.getoption("--cl-audit-update")
+    if update and not baseline:
+        raise pytest.UsageError("--cl-audit-update needs --cl-audit-baseline FILE")
+    config.stash[_STATE] = _Session(None if baseline is None else Path(baseline), update)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    state = session.config.stash.get(_STATE, None)
+    if state is not None:
+        state.write()
+
+
+class _Session:
+    """The baseline read once, and the rows of this run (written back with --cl-audit-update)."""
+
+    def __init__(self, path: Path | None, update: bool) -> None:
+        self.path, self.update = path, update
+        self.rows: dict[str, Any] = {}
+        self._known: dict[str, set[str]] | None = None
+        self._old_rows: list[Any] = []
+
+    def known(self, key: str) -> set[str]:
+        """Offending op ids the baseline records for ``key``."""
+        if self._known is None:
+            self._known = {}
+            if self.path is not None and (self.path.exists() or not self.update):
+                from cl_audit.errors import UsageError
+                from cl_audit.files import read_sweep
+
+                try:
+                    baseline = read_sweep(self.path)
+                except UsageError as e:
+                    raise pytest.UsageError(f"--cl-audit-baseline: {e}") from None
+                self._old_rows = list(baseline.models)
+                for row in baseline.models:
+                    self._known[row.name] = {f.op_id for f in row.offenders}
+        return self._known.get(key, set())
+
+    def check(self, key: str, report: Any, allow: Iterable[Any], label: str) -> None:
+        """Record ``report`` under ``key``; raise ``AssertionError`` on offenders that neither
+        ``allow`` nor the baseline (unless updating it) accounts for."""
+        from cl_audit.report import Mode, ModelRow, ModelSource
+        from cl_audit.testing import offender_table, unexpected
+
+        self.rows[key] = ModelRow.from_report(report, key, ModelSource.USER, Mode.EAGER)
+        found = unexpected(report, allow)
+        if self.path is not None:
+            known = self.known(key)
+            if self.update:
+                return
+            found = tuple(f for f in found if f.op_id not in known)
+        if found:
+            where = " (not in the baseline)" if self.path is not None else ""
+            raise AssertionError(
+                f"{label} loses channels_last: {len(found)} offending operation"
+                f"{'s' * (len(found) > 1)}{where}\n{offender_table(found)}"
+            )
+
+    def write(self) -> None:
+        if not (self.update and self.path is not None and self.rows):
+            return
+        from cl_audit.environment import probe
+        from cl_audit.report import SweepReport, TensorMode
+
+        self.known("")  # read the old rows: those of tests that did not run are kept
+        rows = {row.name: row for row in self._old_rows}
+        rows.update(self.rows)
+        environment = probe(
+            device=None, dtype=None, autocast=None, engine="dispatch", mode=TensorMode.EAGER
+        )
+        report = SweepReport.build(environment, {"pytest": True}, list(rows.values()))
+        self.path.write_text(report.to_json() + "\n")
+
+
+class ClAudit:
+    """The ``cl_audit`` fixture of one test."""
+
+    def __init__(self, node_id: str, session: _Session) -> None:
+        self._node_id, self._session = node_id, session
+        self.reports: list[Any] = []
+
+    def check(
+        self,
+        model: Any,
+        example_input: Any,
+        *,
+        name: str | None = None,
+        train: bool = False,
+        amp: str | None = None,
+        allow: Iterable[Any] = (),
+        convert: bool | str = True,
+    ) -> Any:
+        """Audit ``model`` on ``example_input`` (see ``assert_keeps_channels_last``); fail the
+        test on an offender that is neither allowed nor in the baseline. Returns the report."""
+        from cl_audit.run import audit_model
+
+        label = name or type(model).__name__
+        report = audit_model(
+            model, example_input, name=label, train=train, amp=amp, convert=convert
+        )
+        self.reports.append(report)
+        self._session.check(f"{self._node_id}::{label}", report, allow, label)
+        return report
+
+    @contextlib.contextmanager
+    def block(self, name: str = "block", *, allow: Iterable[Any] = ()) -> Iterator[None]:
+        """Audit the torch operations run inside, as they are (nothing converted); fail the
+        test on exit on an offender that is neither allowed nor in the baseline."""
+        from cl_audit.audit import audit
+
+        with audit() as active:
+            yield
+        report = active.report(model=name)
+        self.reports.append(report)
+        self._session.check(f"{self._node_id}::{name}", report, allow, name)
+
+
+@pytest.fixture
+def cl_audit(request: pytest.FixtureRequest) -> ClAudit:
+    """Audits models or blocks of a test and fails it on an offender (see ``ClAudit``)."""
+    return ClAudit(request.node.nodeid, request.config.stash[_STATE])
+
+
+class _RootCalls:
+    """Every module called from outside any other module while installed, with its first
+    inputs (tensors copied), through torch's global module hooks."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, tuple[Any, ...]]] = []
+        self._seen: set[int] = set()
+        self._depth = 0
+        self._handles: list[Any] = []
+
+    def __enter__(self) -> _RootCalls:
+        from torch.nn.modules import module
+
+        self._handles = [
+            module.register_module_forward_pre_hook(self._pre),
+            module.register_module_forward_hook(self._post, always_call=True),
+        ]
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        for handle in self._handles:
+            handle.remove()
+
+    def _pre(self, module: Any, args: tuple[Any, ...]) -> None:
+        import torch
+
+        if self._depth == 0 and id(module) not in self._seen:
+            self._seen.add(id(module))
+            copied = tuple(a.detach().clone() if isinstance(a, torch.Tensor) else a for a in args)
+            self.calls.append((module, copied))
+        self._depth += 1
+
+    def _post(self, module: Any, args: Any, output: Any) -> None:
+        self._depth -= 1
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    marker = item.get_closest_marker("cl_audit")
+    if marker is None:
+        return (yield)
+    with _RootCalls() as calls:
+        result = yield
+    _audit_marked(item, marker.kwargs, calls.calls)
+    return result
+
+
+def _audit_marked(item: pytest.Item, options: dict[str, Any], calls: list[Any]) -> None:
+    """Audit each model the test ran, on a copy (the test's objects stay as they were)."""
+    import torch
+
+    session = item.config.stash[_STATE]
+    allow = options.get("allow", ())
+    audited = 0
+    for module, args in calls:
+        if not any(isinstance(a, torch.Tensor) and a.dim() in (4, 5) for a in args):
+            continue  # not an image or clip model: nothing to keep in channels_last
+        fixture = ClAudit(item.nodeid, session)
+        label = f"{type(module).__name__}#{audited}"
+        audited += 1
+        fixture.check(
+            copy.deepcopy(module),
+            args,
+            name=label,
+            train=options.get("train", False),
+            amp=options.get("amp"),
+            allow=allow,
+        )
+    if not audited:
+        raise AssertionError("@pytest.mark.cl_audit: the test ran no model on a 4D or 5D input")
