@@ -59,10 +59,17 @@ class _Configuration:
 
 
 def bench_module(
-    model: nn.Module, inputs: tuple[Any, ...], settings: BenchSettings, *, name: str, source: str
+    model: nn.Module,
+    inputs: tuple[Any, ...],
+    settings: BenchSettings,
+    *,
+    name: str,
+    source: str,
+    loss: Callable[[Any], torch.Tensor] | None = None,
 ) -> BenchReport:
     """Time ``model`` on ``inputs`` in every configuration, then attribute the channels-last
-    step's time to the audit's findings. ``model`` is left as it was (copies are converted)."""
+    step's time to the audit's findings. ``model`` is left as it was (copies are converted);
+    ``loss(output)`` is a training step's loss (default: ``training_loss``)."""
     base = settings.audit
     if base.tensor_mode is TensorMode.FAKE:
         raise UsageError("bench times kernels, and fake tensors run none: drop --fake")
@@ -70,13 +77,17 @@ def bench_module(
         raise UsageError("bench: --rounds and --steps must be at least 1, --warmup at least 0")
     device = resolve_device(base.device)
     with _threads(settings.threads):
-        configurations = [_configure(model, inputs, base, s, amp) for s, amp in _plan(settings)]
+        configurations = [
+            _configure(model, inputs, base, s, amp, loss) for s, amp in _plan(settings)
+        ]
         rounds = _alternate(configurations, settings, device, name)
         attribution = None
         if settings.attribute and Strategy.CHANNELS_LAST in settings.strategies:
             cl = next(c for c in reversed(configurations) if c.strategy is Strategy.CHANNELS_LAST)
             step_ms = statistics.median(rounds[cl.name])
-            audited = audit_module(copy.deepcopy(model), inputs, _timed(cl.settings), name=name)
+            audited = audit_module(
+                copy.deepcopy(model), inputs, _timed(cl.settings), name=name, loss=loss
+            )
             attribution = attribute(audited, cl.name, step_ms)
         threads = torch.get_num_threads()
     first = next(x for x in inputs if isinstance(x, torch.Tensor))
@@ -111,7 +122,12 @@ def _plan(settings: BenchSettings) -> list[tuple[Strategy, bool]]:
 
 
 def _configure(
-    model: nn.Module, inputs: tuple[Any, ...], base: AuditSettings, strategy: Strategy, amp: bool
+    model: nn.Module,
+    inputs: tuple[Any, ...],
+    base: AuditSettings,
+    strategy: Strategy,
+    amp: bool,
+    loss: Callable[[Any], torch.Tensor] | None,
 ) -> _Configuration:
     settings = replace(base, strategy=strategy, amp=base.amp if amp else None)
     name = strategy.value + (f"+{base.amp.value}" if amp and base.amp else "")
@@ -120,7 +136,7 @@ def _configure(
         converted = tuple(strategy_input(x, strategy) for x in inputs)
     except Exception as e:
         raise ModelFailedError(Stage.SETUP, name, e) from e
-    step = Step(settings, dict(copied.named_parameters()))
+    step = Step(settings, dict(copied.named_parameters()), loss)
     return _Configuration(name, strategy, settings, step, lambda: copied(*converted))
 
 

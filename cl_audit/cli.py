@@ -416,7 +416,9 @@ def _bench(ref: ModelRef, settings: BenchSettings) -> BenchReport:
         module = loaded.module.to(device=device, dtype=dtype)
     except Exception as e:
         raise ModelFailedError(Stage.SETUP, loaded.name, e) from e
-    return bench_module(module, (example,), settings, name=loaded.name, source=ref.source.value)
+    return bench_module(
+        module, (example,), settings, name=loaded.name, source=ref.source.value, loss=loaded.loss
+    )
 
 
 @app.command("merge")

@@ -151,9 +151,11 @@ def audit_module(
     settings: AuditSettings,
     *,
     name: str | None = None,
+    loss: Callable[[Any], torch.Tensor] | None = None,
 ) -> ModelReport:
     """Audit one forward pass of ``model`` on ``inputs`` as ``settings`` say, or with
-    ``settings.train`` one training step (forward with gradients, backward, optimizer step).
+    ``settings.train`` one training step (forward with gradients, ``loss(output)`` or
+    ``training_loss``, backward, optimizer step).
 
     The model is converted in place as the strategy says (channels_last by default) and put in
     eval (or train) mode. With ``settings.time`` the step is first timed without the audit
@@ -172,7 +174,7 @@ def audit_module(
     except Exception as e:
         raise ModelFailedError(Stage.SETUP, label, e) from e
     first = next((x for x in inputs if isinstance(x, torch.Tensor)), None)
-    step = Step(settings, run.trainable())
+    step = Step(settings, run.trainable(), loss)
     rounds: tuple[float, ...] = ()
     profiled = 0.0
     profiler: Any = contextlib.nullcontext()
@@ -223,10 +225,13 @@ def _check(settings: AuditSettings) -> None:
     """Refuse combinations that cannot take effect, with the reason."""
     if settings.train and settings.engine is not Engine.DISPATCH:
         raise UsageError("--train needs the dispatch engine: the patch engine cannot see backward")
-    if settings.train and settings.tensor_mode is TensorMode.FAKE and settings.amp is Amp.FP16:
+    fake = settings.tensor_mode is TensorMode.FAKE
+    cuda = torch.device(settings.device).type == "cuda"
+    if settings.train and fake and cuda and not torch.cuda.is_available():
         raise UsageError(
-            "--train --fake --amp fp16: the gradient scaler's step reads data (found_inf.item()), "
-            "which fake tensors do not have; use --amp bf16, or an eager run"
+            "--train --fake --device cuda: autograd's engine needs a CUDA device for the "
+            "backward even on fake tensors (no kernel runs); use a machine with a GPU, or "
+            "--device cpu"
         )
     if settings.time and settings.tensor_mode is TensorMode.FAKE:
         raise UsageError("--time measures kernels, and fake tensors run none: drop --fake")
@@ -330,13 +335,19 @@ class Step:
     autocast, backward (fp16 through a gradient scaler), optimizer step; ``stage`` says how far
     it got. The optimizer and scaler are made once and kept, so repeated steps train on."""
 
-    def __init__(self, settings: AuditSettings, parameters: dict[str, torch.Tensor]) -> None:
+    def __init__(
+        self,
+        settings: AuditSettings,
+        parameters: dict[str, torch.Tensor],
+        loss: Callable[[Any], torch.Tensor] | None = None,
+    ) -> None:
         self.settings = settings
         self.parameters = parameters
+        self._loss = loss or (lambda output: training_loss(output, settings.seed))
         self.stage = Stage.FORWARD
         self.layouts: tuple[GradientLayout, ...] = ()
         self._optimizer: torch.optim.Optimizer | None = None
-        self._scaler: torch.amp.GradScaler | None = None
+        self._scaler: torch.amp.GradScaler | _FakeScaler | None = None
 
     def timed(self, forward: _Forward, device: torch.device) -> tuple[float, ...]:
         """Milliseconds of ``TIMED_STEPS`` steps after ``WARMUP_STEPS``, no audit running."""
@@ -351,14 +362,16 @@ class Step:
             active.enter_phase(Phase.FORWARD)
         with torch.enable_grad() if settings.train else torch.no_grad(), settings.autocast():
             output = forward()
-            loss = training_loss(output, settings.seed) if settings.train else None
+            loss = self._loss(output) if settings.train else None
         if loss is None:
             return
         self.stage = Stage.BACKWARD
         if active is not None:
             active.enter_phase(Phase.BACKWARD)
         if settings.amp is Amp.FP16 and self._scaler is None:
-            self._scaler = torch.amp.GradScaler(torch.device(settings.device).type)
+            fake = settings.tensor_mode is TensorMode.FAKE
+            device = torch.device(settings.device)
+            self._scaler = _FakeScaler(device) if fake else torch.amp.GradScaler(device.type)
         if self._scaler is not None:
             loss = self._scaler.scale(loss)
         for parameter in self.parameters.values():
@@ -375,6 +388,37 @@ class Step:
         else:
             self._scaler.step(self._optimizer)
             self._scaler.update()
+
+
+class _FakeScaler:
+    """``GradScaler``'s arithmetic for fake tensors: the loss scaled, the gradients unscaled in
+    place (``_amp_foreach_non_finite_check_and_unscale_``), the scale updated
+    (``_amp_update_scale_``), as ``GradScaler`` runs them; but the step always runs, since
+    skipping a step with inf/NaN gradients reads data (``found_inf.item()``) that fake tensors
+    do not have. ``GradScaler`` itself disables itself on fake CUDA without a GPU."""
+
+    def __init__(self, device: torch.device) -> None:
+        self._scale = torch.full((), 2.0**16, dtype=torch.float32, device=device)
+        self._growth = torch.zeros((), dtype=torch.int32, device=device)
+        self._found_inf = torch.zeros((), dtype=torch.float32, device=device)
+
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        return loss * self._scale.to(dtype=loss.dtype)
+
+    def step(self, optimizer: torch.optim.Optimizer) -> None:
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        grads = [p.grad for p in params if p.grad is not None]
+        with torch.no_grad():
+            inverse = self._scale.double().reciprocal().float()
+            by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+            for grad in grads:
+                by_dtype.setdefault(grad.dtype, []).append(grad)
+            for group in by_dtype.values():
+                torch._amp_foreach_non_finite_check_and_unscale_(group, self._found_inf, inverse)
+        optimizer.step()
+
+    def update(self) -> None:
+        torch._amp_update_scale_(self._scale, self._growth, self._found_inf, 2.0, 0.5, 2000)
 
 
 _OPTIMIZERS = {
@@ -482,7 +526,7 @@ def audit_loaded(loaded: LoadedModel, settings: AuditSettings) -> ModelReport:
     except Exception as e:
         raise ModelFailedError(Stage.SETUP, loaded.name, e) from e
     try:
-        return audit_module(module, (example,), settings, name=loaded.name)
+        return audit_module(module, (example,), settings, name=loaded.name, loss=loaded.loss)
     except ModelFailedError as e:
         if e.stage is not Stage.FORWARD or not _looks_batched(loaded, settings):
             raise
@@ -509,6 +553,7 @@ def audit_model(
     train: bool = False,
     amp: Amp | str | None = None,
     optimizer: Optimizer | str = Optimizer.SGD,
+    loss: Callable[[Any], torch.Tensor] | None = None,
     time: bool = False,
 ) -> ModelReport:
     """Audit one eval-mode, no-grad forward pass of ``model``, or with ``train`` one training
@@ -519,7 +564,8 @@ def audit_model(
     ``"conv-weights"`` converts only convolution weights; ``False`` audits the model as given.
     ``differential`` runs an inference forward once more in NCHW when a loss is terminal, to
     tell format-neutral ones apart (the model is converted back afterwards). ``amp``
-    (``"bf16"``/``"fp16"``) runs under autocast; ``time`` adds ``Timing`` (eager runs only).
+    (``"bf16"``/``"fp16"``) runs under autocast; ``loss(output)`` replaces the default training
+    loss; ``time`` adds ``Timing`` (eager runs only).
     """
     inputs = example_input if isinstance(example_input, (tuple, list)) else (example_input,)
     first = next((x for x in inputs if isinstance(x, torch.Tensor)), None)
@@ -537,4 +583,4 @@ def audit_model(
         optimizer=Optimizer(optimizer),
         time=time,
     )
-    return audit_module(model, tuple(inputs), settings, name=name)
+    return audit_module(model, tuple(inputs), settings, name=name, loss=loss)

@@ -81,8 +81,37 @@ def test_fake_training_runs_and_its_known_divergence_is_listed():
 def test_training_refuses_what_it_cannot_do():
     with pytest.raises(UsageError, match="dispatch engine"):
         train(tm.ActivationBeforePool(), engine=Engine.PATCH)
-    with pytest.raises(UsageError, match="fake tensors do not have"):
-        train(tm.ActivationBeforePool(), tensor_mode=TensorMode.FAKE, amp=Amp.FP16)
+
+
+def test_fake_fp16_training_runs_under_autocast_with_the_scalers_arithmetic():
+    report = train(tm.ActivationBeforePool(), tensor_mode=TensorMode.FAKE, amp=Amp.FP16)
+    assert report.predicted and report.environment.autocast == "cpu:float16"
+    backward = [f for f in report.offenders + report.regains if f.phase is Phase.BACKWARD]
+    assert backward and any(t.dtype == "float16" for f in backward for t in f.inputs)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+def test_fake_cuda_training_without_a_gpu_is_refused_with_the_reason():
+    with pytest.raises(UsageError, match="autograd's engine needs a CUDA device"):
+        train(tm.ActivationBeforePool(), tensor_mode=TensorMode.FAKE, device="cuda")
+
+
+def test_fake_scaler_does_what_grad_scaler_does_when_no_gradient_overflows():
+    from cl_audit.run import _FakeScaler
+
+    def step(scaler_for: object) -> list[torch.Tensor]:
+        torch.manual_seed(0)
+        model = torch.nn.Conv2d(3, 4, 3)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        scaler = scaler_for
+        scaler.scale(model(torch.randn(2, 3, 8, 8)).sum()).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        return [p.detach().clone() for p in model.parameters()]
+
+    fake = step(_FakeScaler(torch.device("cpu")))
+    real = step(torch.amp.GradScaler("cpu"))
+    assert all(torch.allclose(a, b) for a, b in zip(fake, real, strict=True))
 
 
 def test_a_batch_of_one_with_batch_norm_fails_in_forward_with_a_hint():
@@ -99,3 +128,32 @@ def test_cli_train_reports_the_backward_loss():
     data = json.loads(result.stdout)
     assert [f["phase"] for f in data["offenders"]] == ["backward"]
     assert data["environment"]["train"] is True and data["environment"]["optimizer"] == "sgd"
+
+
+def test_a_factorys_own_loss_is_the_one_back_propagated():
+    spec = f"{Path(tm.__file__)}:own_loss"
+    result = CliRunner().invoke(app, [spec, "--train", "--json", "-"], env={"COLUMNS": "120"})
+    assert result.exit_code == 1, result.output
+    (copy,) = json.loads(result.stdout)["offenders"]
+    assert copy["python_op"] == "Tensor.contiguous" and copy["phase"] == "forward"
+    assert copy["call_site"].endswith(f"training_models.py:{_line(tm.map_loss, 'contiguous')}")
+    # the default loss (the sum of the output) makes no such copy: the control
+    model = torch.nn.Conv2d(3, 8, 3, padding=1)
+    assert (
+        audit_module(model, (torch.randn(2, 3, 16, 16),), AuditSettings(train=True)).offenders == ()
+    )
+    called = []
+
+    def loss(output):
+        called.append(output.shape)
+        return output.sum()
+
+    from cl_audit.run import audit_model
+
+    audit_model(torch.nn.Conv2d(3, 8, 3), torch.randn(2, 3, 8, 8), train=True, loss=loss)
+    assert called == [torch.Size([2, 8, 6, 6])]
+
+
+def _line(function: object, text: str) -> int:
+    lines, first = inspect.getsourcelines(function)
+    return first + next(i for i, t in enumerate(lines) if text in t)

@@ -41,3 +41,13 @@ class NonDenseWeight(nn.Module):
 
 def activation_before_pool() -> tuple[nn.Module, tuple[int, ...]]:
     return ActivationBeforePool(), (3, 16, 16)
+
+
+def map_loss(output: torch.Tensor) -> torch.Tensor:
+    """A user's loss that copies the channels_last map to NCHW first: a loss of its own."""
+    return output.contiguous().square().mean()
+
+
+def own_loss() -> tuple[nn.Module, tuple[int, ...], object]:
+    """A factory with its own training loss: (module, input_shape, loss)."""
+    return nn.Conv2d(3, 8, 3, padding=1), (3, 16, 16), map_loss

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import difflib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -50,6 +51,7 @@ class LoadedModel:
     input_shape: tuple[int, ...]
     capped: bool = False  # input_shape is smaller than the model's own, by BuildOptions
     declared: bool = False  # input_shape is the user's own, audited as declared
+    loss: Callable[[Any], torch.Tensor] | None = None  # a factory's own training loss
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,10 @@
 """The user's own model: ``package.module:factory`` or ``path/to/file.py:factory``.
 
-The factory is called without arguments and returns an ``nn.Module`` or a
+The factory is called without arguments and returns an ``nn.Module``, a
 ``(module, input_shape)`` pair, where ``input_shape`` is per sample, like ``--input-size``:
-``(3, 224, 224)`` for images, ``(3, 16, 112, 112)`` for clips.
+``(3, 224, 224)`` for images, ``(3, 16, 112, 112)`` for clips, or a
+``(module, input_shape, loss)`` triple, ``loss(output)`` giving the scalar that a training
+audit (``--train``) back-propagates.
 """
 
 from __future__ import annotations
@@ -66,14 +68,20 @@ def build(spec: str, options: BuildOptions) -> LoadedModel:
         made = factory()
     except Exception as e:
         raise ModelFailedError(Stage.BUILD, spec, e) from e
-    module, shape = made if isinstance(made, tuple) and len(made) == 2 else (made, _DEFAULT_SHAPE)
-    if not isinstance(module, nn.Module):
+    loss = None
+    if isinstance(made, tuple) and len(made) == 3:
+        module, shape, loss = made
+    elif isinstance(made, tuple) and len(made) == 2:
+        module, shape = made
+    else:
+        module, shape = made, _DEFAULT_SHAPE
+    if not isinstance(module, nn.Module) or (loss is not None and not callable(loss)):
         raise UsageError(
-            f"{spec}: the factory returned {type(made).__name__}; "
-            "expected an nn.Module or a (module, input_shape) pair"
+            f"{spec}: the factory returned {type(made).__name__}; expected an nn.Module, a "
+            "(module, input_shape) pair or a (module, input_shape, loss) triple"
         )
     try:
         input_shape = tuple(int(d) for d in shape)
     except (TypeError, ValueError):
         raise UsageError(f"{spec}: input_shape {shape!r} is not a sequence of ints") from None
-    return LoadedModel(spec, module, input_shape, declared=True)
+    return LoadedModel(spec, module, input_shape, declared=True, loss=loss)
