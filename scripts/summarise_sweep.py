@@ -1,6 +1,8 @@
 """Markdown tables for reports/README.md from a sweep report (.json or .json.gz).
 
 python scripts/summarise_sweep.py reports/timm_torch-2.14.1_cpu_fake+eager.json.gz --top 15
+python scripts/summarise_sweep.py reports/timm_torch-2.14.1_cpu_train_fake+eager.json.gz --phases \
+    --compare reports/timm_torch-2.14.1_cpu_fake+eager.json.gz
 """
 
 from __future__ import annotations
@@ -12,12 +14,58 @@ from pathlib import Path
 from cl_audit.report import Status, SweepReport
 
 
+def phases(report: SweepReport, top: int) -> None:
+    """Offending ops by phase: in how many models, and what the root causes were."""
+    models: dict[tuple[str, str], set[str]] = {}
+    causes: dict[tuple[str, str], Counter[str]] = {}
+    for row in report.models:
+        if not row.offending:
+            continue
+        for f in row.offenders:
+            key = (f.phase.value, f.op_id)
+            models.setdefault(key, set()).add(row.name)
+            cause = f.root_cause.python_op or f.root_cause.aten_op if f.root_cause else None
+            causes.setdefault(key, Counter())[cause or "(none)"] += 1
+    by_phase = Counter(phase for phase, _ in models)
+    print(f"offending (phase, op) pairs: {dict(by_phase)}\n")
+    print("| phase | op | models | root causes (findings) | for example |")
+    print("|---|---|---|---|---|")
+    ranked = sorted(models.items(), key=lambda item: (-len(item[1]), item[0]))
+    for (phase, op), names in ranked[:top]:
+        top_causes = ", ".join(f"`{c}` {n}" for c, n in causes[(phase, op)].most_common(3))
+        examples = ", ".join(f"`{n}`" for n in sorted(names)[:3])
+        print(f"| {phase} | `{op}` | {len(names)} | {top_causes} | {examples} |")
+    print()
+
+
+def compare(inference: SweepReport, training: SweepReport) -> None:
+    """What training adds over inference, model by model."""
+    infer = {r.key: r for r in inference.models}
+    both = [r for r in training.models if r.key in infer and r.status is Status.OK]
+    ok = [r for r in both if infer[r.key].status is Status.OK]
+    only_train = [r for r in ok if r.offending and not infer[r.key].offending]
+    only_infer = [r for r in ok if infer[r.key].offending and not r.offending]
+    both_off = [r for r in ok if r.offending and infer[r.key].offending]
+    backward = [r for r in ok if any(f.phase.value != "forward" for f in r.offenders)]
+    print(
+        f"{len(ok)} models with a verdict in both sweeps: {len(both_off)} offend in both, "
+        f"{len(only_train)} only in training, {len(only_infer)} only in inference; "
+        f"{len(backward)} have an offender in the backward or optimizer step\n"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("report", type=Path)
     parser.add_argument("--top", type=int, default=15)
+    parser.add_argument("--phases", action="store_true", help="training: offenders by phase")
+    parser.add_argument("--compare", type=Path, help="an inference sweep of the same models")
     args = parser.parse_args()
     report = SweepReport.from_bytes(args.report.read_bytes())
+    if args.phases:
+        phases(report, args.top)
+    if args.compare is not None:
+        compare(SweepReport.from_bytes(args.compare.read_bytes()), report)
     s = report.summary
     modes = Counter(r.mode.value for r in report.models)
     print(

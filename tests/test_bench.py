@@ -21,6 +21,7 @@ from cl_audit.bench import BenchSettings, bench_module
 from cl_audit.bench_report import BenchReport, dashboard_records
 from cl_audit.cli import app
 from cl_audit.convert import apply_strategy, strategy_input
+from cl_audit.render.html import model_html
 from cl_audit.report import Conversion, RegainSource, load_schema
 from cl_audit.run import audit_model
 from cl_audit.settings import Amp, AuditSettings, Strategy
@@ -132,6 +133,8 @@ def test_each_finding_gets_the_time_of_its_own_calls():
     timing = report.timing
     assert timing is not None and len(timing.rounds_ms) == 7
     assert timing.offenders_ms == pytest.approx(small.time_ms + large.time_ms)
+    page = model_html(report)  # the HTML report shows each site's time and the step's
+    assert f"{large.time_ms:.2f} ms" in page and "of it (offenders" in page
 
 
 def _without_time(report):

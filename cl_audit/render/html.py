@@ -13,6 +13,7 @@ from html import escape
 
 from cl_audit.layout import MemoryLayout
 from cl_audit.render import format_bytes
+from cl_audit.render.terminal import timing_line
 from cl_audit.report import (
     Finding,
     ModelReport,
@@ -174,10 +175,14 @@ def _site_rows(groups: tuple[SiteGroup, ...], prefix: str, anchors: dict[tuple, 
             f'<td class="num">{group.count}</td><td class="num">{group.round_trips}</td>'
             f'<td class="num">{group.terminal}</td><td>{_e(verdict)}</td>'
             f'<td class="num" data-value="{group.bytes_converted}">'
-            f"{format_bytes(group.bytes_converted)}</td>"
+            f"{format_bytes(group.bytes_converted)}{_time(group.time_ms)}</td>"
             f"<td>{_producer(f.root_cause, anchors)}</td></tr>"
         )
     return "".join(rows)
+
+
+def _time(ms: float | None) -> str:
+    return "" if ms is None else f"<br>{ms:.2f} ms"
 
 
 _SITE_HEAD = (
@@ -282,7 +287,8 @@ def model_html(report: ModelReport) -> str:
         f"{': ' + _e(report.differential.message) if report.differential.message else ''}; "
         f"cl-audit {_e(env.tool)}, torch {_e(env.torch)}</p>"
         f'<div class="cards">{cards}</div>'
-        "<h2>Offenders, by operation and call site</h2>"
+        + (f"<p>{_e(timing_line(report.timing))}</p>" if report.timing else "")
+        + "<h2>Offenders, by operation and call site</h2>"
         + _sites_table(report.offenders, "offender", anchors)
         + "<h2>Format timeline</h2>"
         + _timeline(report)
