@@ -6,7 +6,9 @@ the model size (sweeps build timm models on the meta device) and ``--device cuda
 a GPU: the verdict is then a prediction from the CUDA meta functions.
 
 Fake mode can disagree with eager execution. ``FAKE_DIVERGENCES`` lists the known cases, measured
-on CPU; a sweep's ``--confirm`` re-runs in eager mode every model fake mode flagged.
+on CPU (``scripts/gpu_truth.py --device cpu``, reports/gpu-truth-cpu.json); a sweep's
+``--confirm`` re-runs in eager mode every model fake mode flagged, and every model whose fake
+findings include one of these ops (a fake regain there can be an eager loss).
 """
 
 from __future__ import annotations
@@ -23,7 +25,16 @@ FAKE_DIVERGENCES = {
     "aten.native_batch_norm": "on NC11 maps fake gives strides (C,1,C,C) where eager CPU gives "
     "(C,1,1,1), which flips a later interpolate (deeplabv3)",
     "aten.hardtanh_backward": "given an NCHW gradient and its channels_last input, fake returns "
-    "channels_last where eager CPU returns NCHW (training: an activation before a global pool)",
+    "channels_last where eager CPU returns NCHW (training: an activation before a global pool; "
+    "mobilenet_v2)",
+    "aten.hardswish_backward": "as hardtanh_backward: fake keeps channels_last where eager CPU "
+    "returns NCHW (training: mobilenetv3_large_100, efficientvit_b0)",
+    "aten.native_batch_norm_backward": "training: fake returns NCHW where eager CPU keeps "
+    "channels_last (efficientnet_b0) and the reverse after maxvit's window reshapes (maxvit_t)",
+    "aten.native_group_norm_backward": "training: fake returns NCHW where eager CPU keeps "
+    "channels_last (poolformer_s12), as native_group_norm does in the forward",
+    "aten.avg_pool2d_backward": "training: fake returns NCHW where eager CPU keeps channels_last "
+    "(poolformer_s12)",
 }
 
 

@@ -148,3 +148,25 @@ def test_the_sweep_environment_states_a_training_step(monkeypatch, tmp_path):
     env = outcome.report.environment
     assert (env.train, env.optimizer) == (True, "adamw")
     assert outcome.report.settings["train"] is True
+
+
+def test_confirm_reruns_clean_fake_rows_whose_findings_include_a_divergent_op():
+    """Fake mode keeps channels_last in hardtanh_backward where eager CPU loses it: a clean fake
+    verdict with such a regain is confirmed; one with an ordinary regain is not (control)."""
+    from dataclasses import replace
+
+    from cl_audit.report import Conversion, Phase
+
+    def with_regain(name: str, aten_op: str) -> ModelRow:
+        regain = replace(finding("", aten_op), kind=Conversion.REGAIN, phase=Phase.BACKWARD)
+        return replace(row(name), mode=Mode.FAKE, regains=(regain,))
+
+    rows = {
+        "suspect": with_regain("suspect", "aten.hardtanh_backward"),
+        "plain": with_regain("plain", "aten.convolution_backward"),
+    }
+    (job,) = session.confirm_jobs(rows, FAKE)
+    assert job.ref.name == "suspect" and job.confirming
+    assert job.fake_verdict == (
+        "fake mode was clean, with ops it is known to get wrong: aten.hardtanh_backward"
+    )

@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from cl_audit.environment import probe
-from cl_audit.report import Mode, ModelRow, ModelSource, SweepReport
+from cl_audit.fake import FAKE_DIVERGENCES
+from cl_audit.report import Mode, ModelRow, ModelSource, Status, SweepReport
 from cl_audit.sources import ModelRef
 from cl_audit.sweep.runner import Checkpoint, run_jobs
 from cl_audit.sweep.worker import Job, SweepSettings
@@ -118,22 +119,35 @@ def run_sweep(
     return SweepOutcome(report, interrupted, len(refs), checkpoint.path)
 
 
+def _divergent_ops(row: ModelRow) -> list[str]:
+    """Ops of the row's findings that fake mode is known to get wrong (``FAKE_DIVERGENCES``):
+    a regain there can be a loss in eager mode (an activation's backward given an NCHW
+    gradient), so a clean fake verdict with one is not trusted."""
+    findings = row.regains + row.parameter_conversions + row.format_neutral
+    return sorted({f.op_id for f in findings if f.op_id in FAKE_DIVERGENCES})
+
+
 def confirm_jobs(rows: dict[str, ModelRow], settings: SweepSettings) -> list[Job]:
-    """Eager re-runs of every model fake mode flagged or failed; models over
-    ``LARGE_MODEL_PARAMETERS`` at ``CONFIRM_LARGE_SIDE`` px. A failure's message keeps what
-    fake mode had flagged."""
+    """Eager re-runs of every model fake mode flagged or failed, or whose findings include an
+    op of ``FAKE_DIVERGENCES``; models over ``LARGE_MODEL_PARAMETERS`` at
+    ``CONFIRM_LARGE_SIDE`` px. A failure's message keeps what fake mode had said."""
     smaller = replace(
         settings,
         max_input_size=min(settings.max_input_size or CONFIRM_LARGE_SIDE, CONFIRM_LARGE_SIDE),
     )
     jobs = []
     for row in rows.values():
-        if row.mode is not Mode.FAKE or not (row.offending or row.status.failed):
+        divergent = _divergent_ops(row) if row.status is Status.OK else []
+        if row.mode is not Mode.FAKE or not (row.offending or row.status.failed or divergent):
             continue
         large = (row.parameters or 0) > LARGE_MODEL_PARAMETERS
         verdict = None
         if row.offending:
             verdict = "fake mode had flagged: " + ", ".join(sorted({f.op for f in row.offenders}))
+        elif divergent:
+            verdict = "fake mode was clean, with ops it is known to get wrong: " + ", ".join(
+                divergent
+            )
         ref = ModelRef(row.source, row.name)
         jobs.append(Job(ref, smaller if large else settings, True, verdict))
     return jobs
