@@ -61,6 +61,7 @@ def _help() -> None:
     """Find where PyTorch models lose the channels_last memory format.
 
     [bold]cl-audit MODEL... [OPTIONS][/bold] audits (see [bold]cl-audit audit --help[/bold]);
+    [bold]cl-audit bench MODEL[/bold] times it in nchw, channels-last and conv-weights;
     [bold]cl-audit merge[/bold] combines sweep reports; [bold]cl-audit render[/bold] turns a
     saved report into HTML.
 
