@@ -148,21 +148,22 @@ def _alternate(
 ) -> dict[str, tuple[float, ...]]:
     """Warm-up, then rounds that alternate between the configurations (rotating the order)."""
     rounds: dict[str, list[float]] = {c.name: [] for c in configurations}
+    current = configurations[0]
     try:
-        for c in configurations:
+        for current in configurations:
             for _ in range(settings.warmup):
-                c.step.run(c.forward, None)
+                current.step.run(current.forward, None)
         for index in range(settings.rounds):
             shift = index % len(configurations)
-            for c in configurations[shift:] + configurations[:shift]:
+            for current in configurations[shift:] + configurations[:shift]:
+                c = current
                 total = sum(
                     timed_ms(lambda c=c: c.step.run(c.forward, None), device)
                     for _ in range(settings.steps_per_round)
                 )
                 rounds[c.name].append(total / settings.steps_per_round)
     except Exception as e:
-        stage = next((c.step.stage for c in configurations), Stage.FORWARD)
-        raise ModelFailedError(stage, label, e) from e
+        raise ModelFailedError(current.step.stage, f"{label} ({current.name})", e) from e
     return {name: tuple(values) for name, values in rounds.items()}
 
 

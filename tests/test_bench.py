@@ -227,3 +227,15 @@ def test_dashboard_records_carry_every_round():
     latency = next(r for r in records if r["metric"]["name"] == "latency")
     assert latency["metric"]["benchmark_values"] == list(report.timings[0].rounds_ms)
     assert latency["benchmark"]["mode"] == "inference" and latency["model"]["origins"] == ["user"]
+
+
+def test_cli_bench_of_a_model_that_fails_exits_3_naming_the_stage():
+    toys = Path(__file__).with_name("toy_models.py")
+    result = subprocess.run(
+        [sys.executable, "-m", "cl_audit", "bench", f"{toys}:broken", "--rounds", "1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 3, result.stderr
+    assert "forward failed" in result.stderr and "Traceback" not in result.stderr
