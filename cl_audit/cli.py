@@ -163,20 +163,20 @@ def audit_command(
     try:
         if confirm and not fake:
             raise UsageError("--confirm re-runs what --fake flagged: use it with --fake")
-        settings = AuditSettings(
+        settings = _settings(
+            batch_size,
+            input_size,
+            device,
+            dtype,
+            amp,
+            train,
+            optimizer,
             strategy=Strategy(convert.value),
             time=time,
-            batch_size=batch_size,
-            input_size=parse_input_size(input_size) if input_size else None,
-            device=device,
-            dtype=dtype,
-            amp=amp,
             engine=engine,
             tensor_mode=TensorMode.FAKE if fake else TensorMode.EAGER,
             differential=differential,
             timeline=html is not None,
-            train=train,
-            optimizer=optimizer,
         )
         refs = select(models or [], timm_models or [], torchvision_models or [], exclude or [])
         if shard_spec is not None:
@@ -229,6 +229,29 @@ def audit_command(
     except KeyboardInterrupt:
         raise _fail("interrupted", EXIT_INTERRUPTED) from None
     raise typer.Exit(code)
+
+
+def _settings(
+    batch_size: int,
+    input_size: str | None,
+    device: str,
+    dtype: DType,
+    amp: Amp | None,
+    train: bool,
+    optimizer: Optimizer,
+    **more: Any,
+) -> AuditSettings:
+    """The options that audits and benches share, parsed into settings."""
+    return AuditSettings(
+        batch_size=batch_size,
+        input_size=parse_input_size(input_size) if input_size else None,
+        device=device,
+        dtype=dtype,
+        amp=amp,
+        train=train,
+        optimizer=optimizer,
+        **more,
+    )
 
 
 def _single(
@@ -360,15 +383,7 @@ def bench_command(
         for path, option in ((json_path, "--json"), (dashboard_json, "--dashboard-json")):
             check_writable(path, option)
         settings = BenchSettings(
-            audit=AuditSettings(
-                batch_size=batch_size,
-                input_size=parse_input_size(input_size) if input_size else None,
-                device=device,
-                dtype=dtype,
-                amp=amp,
-                train=train,
-                optimizer=optimizer,
-            ),
+            audit=_settings(batch_size, input_size, device, dtype, amp, train, optimizer),
             rounds=rounds,
             warmup=warmup,
             steps_per_round=steps,
@@ -397,26 +412,12 @@ def bench_command(
 
 
 def _bench(ref: ModelRef, settings: BenchSettings) -> BenchReport:
-    import torch
-
     from cl_audit.bench import bench_module
-    from cl_audit.errors import Stage
-    from cl_audit.settings import resolve_device
+    from cl_audit.run import prepare
     from cl_audit.sources import load_model
 
-    audit = settings.audit
-    device = resolve_device(audit.device)
     loaded = load_model(ref)
-    shape = audit.input_shape(loaded.input_shape)
-    if len(shape) not in (4, 5):
-        raise UsageError(f"{loaded.name}: input shape {shape} is not 4D or 5D")
-    dtype = audit.dtype.torch_dtype
-    try:
-        generator = torch.Generator().manual_seed(audit.seed)
-        example = torch.randn(shape, generator=generator, dtype=dtype).to(device)
-        module = loaded.module.to(device=device, dtype=dtype)
-    except Exception as e:
-        raise ModelFailedError(Stage.SETUP, loaded.name, e) from e
+    module, example = prepare(loaded, settings.audit)
     return bench_module(
         module, (example,), settings, name=loaded.name, source=ref.source.value, loss=loaded.loss
     )

@@ -59,6 +59,7 @@ __all__ = [
     "audit_module",
     "gradient_layouts",
     "make_optimizer",
+    "prepare",
     "timed_ms",
     "training_loss",
 ]
@@ -508,8 +509,9 @@ def _differential(
     return apply_differential(report, watcher)
 
 
-def audit_loaded(loaded: LoadedModel, settings: AuditSettings) -> ModelReport:
-    """A random input of the settings' shape, dtype and device for a built model, audited."""
+def prepare(loaded: LoadedModel, settings: AuditSettings) -> tuple[nn.Module, torch.Tensor]:
+    """The model in the settings' dtype on their device, and a random input of their shape
+    (on the meta device for fake runs); ``ModelFailedError`` at the setup stage otherwise."""
     shape = settings.input_shape(loaded.input_shape)
     if len(shape) not in (4, 5):
         raise UsageError(f"{loaded.name}: input shape {shape} is not 4D or 5D")
@@ -517,14 +519,18 @@ def audit_loaded(loaded: LoadedModel, settings: AuditSettings) -> ModelReport:
     dtype = settings.dtype.torch_dtype
     try:
         if settings.tensor_mode is TensorMode.FAKE:
-            module = loaded.module.to(dtype=dtype)
-            example = torch.empty(shape, dtype=dtype, device="meta")
-        else:
-            generator = torch.Generator().manual_seed(settings.seed)
-            example = torch.randn(shape, generator=generator, dtype=dtype).to(device)
-            module = loaded.module.to(device=device, dtype=dtype)
+            return loaded.module.to(dtype=dtype), torch.empty(shape, dtype=dtype, device="meta")
+        generator = torch.Generator().manual_seed(settings.seed)
+        example = torch.randn(shape, generator=generator, dtype=dtype).to(device)
+        return loaded.module.to(device=device, dtype=dtype), example
     except Exception as e:
         raise ModelFailedError(Stage.SETUP, loaded.name, e) from e
+
+
+def audit_loaded(loaded: LoadedModel, settings: AuditSettings) -> ModelReport:
+    """A random input of the settings' shape, dtype and device for a built model, audited."""
+    module, example = prepare(loaded, settings)
+    shape = tuple(example.shape)
     try:
         return audit_module(module, (example,), settings, name=loaded.name, loss=loaded.loss)
     except ModelFailedError as e:
