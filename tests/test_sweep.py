@@ -140,6 +140,14 @@ def test_segfault_timeout_and_memory_blowup_become_rows(tmp_path):
     }
 
 
+def _interruptible() -> None:
+    """The CLI starts as from a terminal: SIGINT at its default and unblocked, whatever an
+    earlier test left in this process (a child inherits ignored and blocked signals, and Python
+    then raises no KeyboardInterrupt)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
+
+
 def test_interrupt_writes_partial_report_and_resume_loses_nothing(tmp_path):
     args = [f"{FAULTS}:fine", f"{FAULTS}:sleeps", "--timm", "resnet10t,resnet14t", "--jobs", "2"]
     args += ["--json", "sweep.json", "--timeout", "120"]
@@ -150,6 +158,7 @@ def test_interrupt_writes_partial_report_and_resume_loses_nothing(tmp_path):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=_interruptible,
     )
     checkpoint = tmp_path / "sweep.json.jsonl"
     deadline = time.monotonic() + 120
