@@ -7,7 +7,9 @@ error, 3 a model failed to build or run, 130 interrupted.
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Optional
@@ -98,6 +100,19 @@ def _given(ctx: typer.Context, name: str) -> bool:
     return source is not None and source.name == "COMMANDLINE"
 
 
+@contextlib.contextmanager
+def _exit_codes() -> Iterator[None]:
+    """Domain errors to their one-line messages and exit codes."""
+    try:
+        yield
+    except UsageError as e:
+        raise _fail(str(e), EXIT_USAGE) from None
+    except ModelFailedError as e:
+        raise _fail(str(e), EXIT_MODEL_FAILED) from None
+    except KeyboardInterrupt:
+        raise _fail("interrupted", EXIT_INTERRUPTED) from None
+
+
 def _fail(message: str, code: int) -> typer.Exit:
     Console(stderr=True, soft_wrap=True).print(f"[red]error:[/red] {message}", highlight=False)
     return typer.Exit(code)
@@ -160,7 +175,7 @@ def audit_command(
     run (a sweep: some model failed and none offended), 130 interrupted.
     """
     console = Console(stderr=json_path is not None and str(json_path) == "-")
-    try:
+    with _exit_codes():
         if confirm and not fake:
             raise UsageError("--confirm re-runs what --fake flagged: use it with --fake")
         settings = _settings(
@@ -222,12 +237,6 @@ def audit_command(
             }
             outputs = {"json": json_path, "junit": junit, "html": html, "checkpoint": checkpoint}
             code = _sweep(refs, sweep, selection, outputs, baseline, resume, console)
-    except UsageError as e:
-        raise _fail(str(e), EXIT_USAGE) from None
-    except ModelFailedError as e:
-        raise _fail(str(e), EXIT_MODEL_FAILED) from None
-    except KeyboardInterrupt:
-        raise _fail("interrupted", EXIT_INTERRUPTED) from None
     raise typer.Exit(code)
 
 
@@ -373,7 +382,7 @@ def bench_command(
     from cl_audit.bench import BenchSettings
 
     console = Console(stderr=json_path is not None and str(json_path) == "-")
-    try:
+    with _exit_codes():
         specs = [spec for spec in (model, timm_model) if spec]
         if len(specs) != 1:
             raise UsageError("bench one model: a torchvision name, module:factory, or --timm NAME")
@@ -391,12 +400,6 @@ def bench_command(
             attribute=attribute,
         )
         report = _bench(ref[0], settings)
-    except UsageError as e:
-        raise _fail(str(e), EXIT_USAGE) from None
-    except ModelFailedError as e:
-        raise _fail(str(e), EXIT_MODEL_FAILED) from None
-    except KeyboardInterrupt:
-        raise _fail("interrupted", EXIT_INTERRUPTED) from None
     from cl_audit.bench_report import dashboard_records
     from cl_audit.render.bench import render_bench
 

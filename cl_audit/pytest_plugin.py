@@ -71,8 +71,8 @@ class _Session:
         self._known: dict[str, set[str]] | None = None
         self._old_rows: list[Any] = []
 
-    def known(self, key: str) -> set[str]:
-        """Offending op ids the baseline records for ``key``."""
+    def _load(self) -> dict[str, set[str]]:
+        """The baseline's offending op ids by key (read once; none when updating a new file)."""
         if self._known is None:
             self._known = {}
             if self.path is not None and (self.path.exists() or not self.update):
@@ -86,7 +86,7 @@ class _Session:
                 self._old_rows = list(baseline.models)
                 for row in baseline.models:
                     self._known[row.name] = {f.op_id for f in row.offenders}
-        return self._known.get(key, set())
+        return self._known
 
     def check(self, key: str, report: Any, allow: Iterable[Any], label: str) -> None:
         """Record ``report`` under ``key``; raise ``AssertionError`` on offenders that neither
@@ -97,7 +97,7 @@ class _Session:
         self.rows[key] = ModelRow.from_report(report, key, ModelSource.USER, Mode.EAGER)
         found = unexpected(report, allow)
         if self.path is not None:
-            known = self.known(key)
+            known = self._load().get(key, set())
             if self.update:
                 return
             found = tuple(f for f in found if f.op_id not in known)
@@ -114,7 +114,7 @@ class _Session:
         from cl_audit.environment import probe
         from cl_audit.report import SweepReport, TensorMode
 
-        self.known("")  # read the old rows: those of tests that did not run are kept
+        self._load()  # the old rows: those of tests that did not run are kept
         rows = {row.name: row for row in self._old_rows}
         rows.update(self.rows)
         environment = probe(

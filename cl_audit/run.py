@@ -234,7 +234,7 @@ def _check(settings: AuditSettings) -> None:
             "backward even on fake tensors (no kernel runs); use a machine with a GPU, or "
             "--device cpu"
         )
-    if settings.time and settings.tensor_mode is TensorMode.FAKE:
+    if settings.time and fake:
         raise UsageError("--time measures kernels, and fake tensors run none: drop --fake")
     if settings.time and settings.engine is not Engine.DISPATCH:
         raise UsageError("--time needs the dispatch engine (it labels each aten call)")

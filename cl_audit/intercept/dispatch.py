@@ -45,17 +45,22 @@ class _PythonCalls(TorchFunctionMode):
 
 
 class _AtenObserver(TorchDispatchMode):
-    def __init__(self, recorder: Recorder, python_calls: _PythonCalls, label: bool) -> None:
+    def __init__(self, recorder: Recorder, python_calls: _PythonCalls) -> None:
         super().__init__()
         self._recorder = recorder
         self._python_calls = python_calls
-        self._label = label
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        if self._label:  # a profiler range named by the number the recorder gives this call
-            with record_function(f"{CALL_LABEL}{self._recorder.calls_checked + 1}"):
-                result = func(*args, **(kwargs or {}))
-        else:
+        result = func(*args, **(kwargs or {}))
+        self._recorder.observe(func, self._python_calls.current, args, kwargs, result)
+        return result
+
+
+class _LabellingObserver(_AtenObserver):
+    """Each call inside a profiler range named by the number the recorder gives it."""
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        with record_function(f"{CALL_LABEL}{self._recorder.calls_checked + 1}"):
             result = func(*args, **(kwargs or {}))
         self._recorder.observe(func, self._python_calls.current, args, kwargs, result)
         return result
@@ -72,7 +77,8 @@ class DispatchEngine:
         # A training audit's recorder leaves locations on the autograd nodes of each result.
         training = getattr(recorder, "training", False)
         self._python_calls = _PythonCalls(recorder.python_result if training else None)
-        self._observer = _AtenObserver(recorder, self._python_calls, label_calls)
+        observer = _LabellingObserver if label_calls else _AtenObserver
+        self._observer = observer(recorder, self._python_calls)
         self._entered: list[Any] = []
         self.unwrapped: tuple[str, ...] = ()
 
