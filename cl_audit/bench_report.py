@@ -16,8 +16,8 @@ from cl_audit.report import (
     Environment,
     Phase,
     ReportFormatError,
-    TensorMode,
     check_envelope,
+    environment_from_dict,
     plain_json,
 )
 from cl_audit.settings import Strategy
@@ -157,11 +157,10 @@ class BenchReport:
         check_envelope(data, BENCH_FORMAT, (BENCH_VERSION,))
         try:
             attribution = data["attribution"]
-            env = data["environment"]
             return cls(
                 model=data["model"],
                 input_shape=tuple(data["input_shape"]),
-                environment=Environment(**{**env, "mode": TensorMode(env["mode"])}),
+                environment=environment_from_dict(data["environment"]),
                 threads=data["threads"],
                 warmup=data["warmup"],
                 steps_per_round=data["steps_per_round"],

@@ -30,6 +30,7 @@ from cl_audit.settings import (
     Strategy,
     TensorMode,
     parse_input_size,
+    resolve_device,
 )
 from cl_audit.sources import ModelRef
 from cl_audit.sweep.plan import parse_shard, select, shard
@@ -69,7 +70,7 @@ def _help() -> None:
 
     [bold]Exit codes[/bold]: 0 no offender, 1 offenders found (with --baseline: new offences
     or failures), 2 usage error (unknown model, bad option, every model of a sweep
-    skipped), 3 the model failed to build or
+    skipped; an installed torch that cannot do what was asked), 3 the model failed to build or
     run (a sweep: some model failed and none offended), 130 interrupted.
     """
 
@@ -171,7 +172,7 @@ def audit_command(
 
     [bold]Exit codes[/bold]: 0 no offender, 1 offenders found (with --baseline: new offences
     or failures), 2 usage error (unknown model, bad option, every model of a sweep
-    skipped), 3 the model failed to build or
+    skipped; an installed torch that cannot do what was asked), 3 the model failed to build or
     run (a sweep: some model failed and none offended), 130 interrupted.
     """
     console = Console(stderr=json_path is not None and str(json_path) == "-")
@@ -250,8 +251,9 @@ def _settings(
     optimizer: Optimizer,
     **more: Any,
 ) -> AuditSettings:
-    """The options that audits and benches share, parsed into settings."""
-    return AuditSettings(
+    """The options that audits and benches share, parsed into settings (the device checked
+    once here, before any model is built)."""
+    settings = AuditSettings(
         batch_size=batch_size,
         input_size=parse_input_size(input_size) if input_size else None,
         device=device,
@@ -261,6 +263,8 @@ def _settings(
         optimizer=optimizer,
         **more,
     )
+    resolve_device(settings.device, settings.tensor_mode, settings.bfloat16)
+    return settings
 
 
 def _single(

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 from torch.nn.utils import convert_conv2d_weight_memory_format, convert_conv3d_weight_memory_format
 
+from cl_audit.compat import module_apply
 from cl_audit.settings import Strategy
 
 __all__ = [
@@ -44,7 +45,7 @@ def _restride(module: nn.Module, channels_last: bool) -> nn.Module:
         target = channels_last_format(tensor.dim()) if channels_last else torch.contiguous_format
         return tensor.to(memory_format=target)
 
-    return module._apply(convert)
+    return module_apply(module, convert)
 
 
 def to_channels_last(module: nn.Module) -> nn.Module:

@@ -25,6 +25,7 @@ __all__ = [
     "REPORT_VERSION",
     "SWEEP_FORMAT",
     "SWEEP_VERSION",
+    "AppliedOverride",
     "Conversion",
     "Differential",
     "DifferentialRun",
@@ -54,6 +55,7 @@ __all__ = [
     "by_call_site",
     "decode_document",
     "encode_document",
+    "environment_from_dict",
     "load_schema",
     "plain_json",
     "summarise",
@@ -301,6 +303,16 @@ def summarise(
 
 
 @dataclass(frozen=True)
+class AppliedOverride:
+    """A CUDA kernel-source override that changed an operation's output in a fake CUDA run:
+    the operation, how many times, and the source it was read from."""
+
+    op: str
+    applied: int
+    source: str
+
+
+@dataclass(frozen=True)
 class Environment:
     tool: str
     python: str
@@ -314,6 +326,8 @@ class Environment:
     mode: TensorMode = TensorMode.EAGER
     train: bool = False  # a training step: forward, backward and optimizer step
     optimizer: str | None = None
+    fake_divergences: str | None = None  # fake runs: the divergence table that applies
+    kernel_overrides: tuple[AppliedOverride, ...] = ()  # fake CUDA: predicted from kernel source
 
 
 @dataclass(frozen=True)
@@ -424,7 +438,7 @@ class ModelReport:
             return cls(
                 model=data["model"],
                 input_shape=_tuple_or_none(data["input_shape"]),
-                environment=_environment(data["environment"]),
+                environment=environment_from_dict(data["environment"]),
                 summary=Summary(**data["summary"]),
                 offenders=_findings(data["offenders"]),
                 regains=_findings(data["regains"]),
@@ -521,8 +535,10 @@ def _tuple_or_none(value: list[int] | None) -> tuple[int, ...] | None:
     return None if value is None else tuple(value)
 
 
-def _environment(data: dict[str, Any]) -> Environment:
-    return Environment(**{**data, "mode": TensorMode(data.get("mode", "eager"))})
+def environment_from_dict(data: dict[str, Any]) -> Environment:
+    overrides = tuple(AppliedOverride(**o) for o in data.get("kernel_overrides", ()))
+    mode = TensorMode(data.get("mode", "eager"))
+    return Environment(**{**data, "mode": mode, "kernel_overrides": overrides})
 
 
 def _differential(data: dict[str, Any] | None, version: int) -> DifferentialRun:
@@ -640,6 +656,7 @@ class ModelRow:
     parameter_conversions: tuple[Finding, ...] = ()
     format_neutral: tuple[Finding, ...] = ()
     regains: tuple[Finding, ...] = ()  # each names its source: no regain goes unexplained
+    kernel_overrides: tuple[AppliedOverride, ...] = ()  # fake CUDA: predicted from kernel source
 
     @property
     def key(self) -> str:
@@ -684,6 +701,7 @@ class ModelRow:
             parameter_conversions=report.parameter_conversions,
             format_neutral=report.format_neutral,
             regains=report.regains,
+            kernel_overrides=report.environment.kernel_overrides,
         )
 
     @classmethod
@@ -706,6 +724,7 @@ class ModelRow:
             parameter_conversions=_findings(data.get("parameter_conversions", ())),
             format_neutral=_findings(data.get("format_neutral", ())),
             regains=_findings(data.get("regains", ())),
+            kernel_overrides=tuple(AppliedOverride(**o) for o in data.get("kernel_overrides", ())),
         )
 
 
@@ -777,7 +796,9 @@ class SweepReport:
         check_envelope(data, SWEEP_FORMAT)
         try:
             rows = [ModelRow.from_dict(r) for r in data["models"]]
-            return cls.build(_environment(data["environment"]), dict(data["settings"]), rows)
+            return cls.build(
+                environment_from_dict(data["environment"]), dict(data["settings"]), rows
+            )
         except (KeyError, TypeError, ValueError) as e:
             raise ReportFormatError(f"malformed {SWEEP_FORMAT} document: {e!r}") from None
 

@@ -15,7 +15,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -26,14 +26,24 @@ from torch.func import functional_call
 
 from cl_audit.attribution import ModuleNames
 from cl_audit.audit import Audit, audit, watching
+from cl_audit.compat import (
+    TORCH_VERSION,
+    amp_unscale_,
+    amp_update_scale_,
+    fake_tensor,
+    new_fake_mode,
+)
 from cl_audit.convert import apply_strategy, input_to_nchw, strategy_input, to_nchw
 from cl_audit.differential import CounterpartWatcher, apply_differential, needs_differential
+from cl_audit.divergences import CUDA_KERNEL_OVERRIDES, divergence_table
 from cl_audit.errors import ModelFailedError, Stage, UsageError
-from cl_audit.fake import fake_state, fake_tensor, new_mode
+from cl_audit.fake import KernelSourceMode, fake_state
 from cl_audit.intercept.dispatch import CALL_LABEL
 from cl_audit.report import (
+    AppliedOverride,
     DifferentialRun,
     DifferentialStatus,
+    Environment,
     GradientLayout,
     ModelReport,
     Phase,
@@ -82,6 +92,9 @@ class _Eager:
     def tensor_mode(self) -> contextlib.AbstractContextManager[object]:
         return contextlib.nullcontext()
 
+    def environment(self, environment: Environment) -> Environment:
+        return environment
+
     def converted(self) -> _Forward:
         apply_strategy(self.model, self.strategy)
         inputs = tuple(strategy_input(x, self.strategy) for x in self.inputs)
@@ -110,17 +123,34 @@ class _Fake:
     ) -> None:
         self.model, self.inputs, self._device = model, inputs, device
         self.strategy, self.train = settings.strategy, settings.train
-        self._mode = new_mode()
+        self._mode = new_fake_mode()
         self.parameters: tuple[torch.Tensor, ...] = ()
         self._trainable: dict[str, torch.Tensor] = {}
         self.device = str(device)
+        overrides = tuple(
+            o for o in CUDA_KERNEL_OVERRIDES if device.type == "cuda" and o.holds(TORCH_VERSION)
+        )
+        self.kernels = KernelSourceMode(overrides)
 
     def trainable(self) -> dict[str, torch.Tensor]:
         """The fake parameters, as leaves that collect gradients when training."""
         return self._trainable
 
-    def tensor_mode(self) -> contextlib.AbstractContextManager[object]:
-        return self._mode
+    @contextlib.contextmanager
+    def tensor_mode(self) -> Iterator[None]:
+        """The fake mode, with the CUDA kernel-source overrides above it."""
+        with self._mode, self.kernels:
+            yield
+
+    def environment(self, environment: Environment) -> Environment:
+        """The divergence table and the kernel-source overrides that this run applied."""
+        applied = tuple(
+            AppliedOverride(o.op, self.kernels.applied[o.op], o.source)
+            for o in CUDA_KERNEL_OVERRIDES
+            if self.kernels.applied[o.op]
+        )
+        table = divergence_table(self._device.type).name
+        return replace(environment, fake_divergences=table, kernel_overrides=applied)
 
     def _forward(self, fmt: torch.memory_format | None, inputs: tuple[Any, ...]) -> _Forward:
         state = fake_state(self._mode, self.model, self._device, fmt)
@@ -163,9 +193,9 @@ def audit_module(
     (warm-up, then ``TIMED_STEPS`` steps) and the audited step runs under ``torch.profiler``.
     Raises ``ModelFailedError`` naming the stage when the model fails.
     """
-    device = resolve_device(settings.device, settings.tensor_mode)
-    label = name or type(model).__name__
     _check(settings)
+    device = resolve_device(settings.device, settings.tensor_mode, settings.bfloat16)
+    label = name or type(model).__name__
     if settings.tensor_mode is TensorMode.FAKE:
         run: _Eager | _Fake = _Fake(model, inputs, settings, device)
     else:
@@ -212,7 +242,9 @@ def audit_module(
         mode=settings.tensor_mode,
         call_times=_call_times(profiler, device) if settings.time else None,
     )
-    environment = replace(report.environment, autocast=settings.autocast_description)
+    environment = run.environment(
+        replace(report.environment, autocast=settings.autocast_description)
+    )
     if settings.train:
         environment = replace(environment, train=True, optimizer=settings.optimizer.value)
     report = replace(report, environment=environment, gradient_layouts=step.layouts)
@@ -415,11 +447,11 @@ class _FakeScaler:
             for grad in grads:
                 by_dtype.setdefault(grad.dtype, []).append(grad)
             for group in by_dtype.values():
-                torch._amp_foreach_non_finite_check_and_unscale_(group, self._found_inf, inverse)
+                amp_unscale_(group, self._found_inf, inverse)
         optimizer.step()
 
     def update(self) -> None:
-        torch._amp_update_scale_(self._scale, self._growth, self._found_inf, 2.0, 0.5, 2000)
+        amp_update_scale_(self._scale, self._growth, self._found_inf)
 
 
 _OPTIMIZERS = {
@@ -515,7 +547,7 @@ def prepare(loaded: LoadedModel, settings: AuditSettings) -> tuple[nn.Module, to
     shape = settings.input_shape(loaded.input_shape)
     if len(shape) not in (4, 5):
         raise UsageError(f"{loaded.name}: input shape {shape} is not 4D or 5D")
-    device = resolve_device(settings.device, settings.tensor_mode)
+    device = resolve_device(settings.device, settings.tensor_mode, settings.bfloat16)
     dtype = settings.dtype.torch_dtype
     try:
         if settings.tensor_mode is TensorMode.FAKE:

@@ -13,6 +13,7 @@ from enum import Enum, unique
 
 import torch
 
+from cl_audit.compat import fake_cuda_problem
 from cl_audit.environment import autocast_name
 from cl_audit.errors import UsageError
 from cl_audit.report import TensorMode
@@ -96,6 +97,11 @@ class AuditSettings:
     time: bool = False  # time the step and the flagged operations (eager only)
 
     @property
+    def bfloat16(self) -> bool:
+        """Whether convolutions compute in bfloat16 (the dtype, or autocast)."""
+        return self.dtype is DType.BFLOAT16 or self.amp is Amp.BF16
+
+    @property
     def predicted(self) -> bool:
         """Fake tensors compute nothing: their verdicts are predictions."""
         return self.tensor_mode is TensorMode.FAKE
@@ -158,9 +164,12 @@ def parse_input_size(text: str) -> tuple[int, ...]:
     return dims
 
 
-def resolve_device(text: str, tensor_mode: TensorMode = TensorMode.EAGER) -> torch.device:
+def resolve_device(
+    text: str, tensor_mode: TensorMode = TensorMode.EAGER, bfloat16: bool = False
+) -> torch.device:
     """A torch device that can run: CUDA must be present for eager runs; fake mode models
-    cpu and cuda without either being present."""
+    cpu and cuda without either being present, where this torch passes the fake CUDA probe
+    (for ``bfloat16`` computation too, when asked)."""
     try:
         device = torch.device(text)
     except RuntimeError:
@@ -168,6 +177,9 @@ def resolve_device(text: str, tensor_mode: TensorMode = TensorMode.EAGER) -> tor
     if tensor_mode is TensorMode.FAKE:
         if device.type not in ("cpu", "cuda"):
             raise UsageError(f"--device {text!r}: fake mode models cpu and cuda only")
+        problem = fake_cuda_problem(bfloat16) if device.type == "cuda" else None
+        if problem is not None:
+            raise UsageError(f"--fake --device {text}: no honest prediction here: {problem}")
     elif device.type == "cuda" and not torch.cuda.is_available():
         raise UsageError(f"--device {text!r}: CUDA is not available on this machine")
     return device

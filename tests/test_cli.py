@@ -10,6 +10,8 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+import torch
+from torch_checks import needs_fake_cuda
 from typer.testing import CliRunner
 
 from cl_audit.cli import app
@@ -105,13 +107,17 @@ def test_help_documents_exit_codes():
     assert "Exit codes" in result.output and "3 the model failed" in result.output
 
 
-def run_cli(*args: str, module: bool = False) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    *args: str, module: bool = False, python_path: str | None = None
+) -> subprocess.CompletedProcess[str]:
     command = (
         [sys.executable, "-m", "cl_audit"]
         if module
         else [str(Path(sys.executable).with_name("cl-audit"))]
     )
     env = {**os.environ, "COLUMNS": "120"}
+    if python_path is not None:
+        env["PYTHONPATH"] = python_path
     return subprocess.run(
         [*command, *args], capture_output=True, text=True, env=env, timeout=300, check=False
     )
@@ -126,6 +132,23 @@ def test_console_script_subprocess_exit_codes():
     assert "did you mean" in unknown.stderr
     broken = run_cli(f"{TOYS}:broken")
     assert broken.returncode == 3 and "Traceback" not in broken.stderr
+
+
+def test_a_torchvision_that_cannot_load_beside_this_torch_is_one_line_exit_2(tmp_path):
+    # what a torchvision built for another torch raises on import
+    broken = tmp_path / "torchvision"
+    broken.mkdir()
+    (broken / "__init__.py").write_text(
+        'raise RuntimeError("operator torchvision::nms does not exist")\n'
+    )
+    result = run_cli("resnet18", python_path=str(tmp_path))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip() == (
+        f"error: torchvision cannot be imported beside torch {torch.__version__} (RuntimeError: "
+        "operator torchvision::nms does not exist); install the torchvision release built for "
+        "this torch"
+    )
+    assert run_cli(f"{TOYS}:clean_net", python_path=str(tmp_path)).returncode == 0  # no import
 
 
 def test_python_dash_m_runs_a_torchvision_model_without_importing_timm():
@@ -220,6 +243,7 @@ def test_a_sweep_in_which_every_model_was_skipped_does_not_exit_0(tmp_path):
     assert json.loads((tmp_path / "s.json").read_text())["summary"]["skipped"] == 2
 
 
+@needs_fake_cuda
 def test_fake_cuda_with_amp_reports_what_ran():
     result = invoke(
         f"{TOYS}:clean_net", "--fake", "--device", "cuda", "--amp", "fp16", "--json", "-"

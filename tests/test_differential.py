@@ -11,6 +11,7 @@ import differential_models as dm
 import pytest
 import torch
 import toy_models
+from torch_checks import needs_fake_cuda
 from typer.testing import CliRunner
 
 import cl_audit
@@ -165,6 +166,7 @@ class DtypeProbe(torch.nn.Module):
         return y.softmax(dim=1)
 
 
+@needs_fake_cuda
 def test_fake_cuda_amp_takes_effect_without_a_gpu_and_is_restored():
     from cl_audit.settings import Amp
 

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 import toy_models
 from torch.overrides import _get_current_function_mode_stack
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+from torch_checks import needs_fake_cuda
 
 import cl_audit
 from cl_audit.intercept.patch import METADATA_METHODS, OPERATOR_DUNDERS, patch_targets
@@ -161,11 +162,17 @@ def test_restored_after_a_differential_run_that_fails_and_one_that_runs(warm, en
     assert_identical(before, snapshot())
 
 
+@needs_fake_cuda
 def test_fake_cuda_autocast_state_is_restored():
     from cl_audit.run import audit_module
     from cl_audit.settings import Amp, AuditSettings, TensorMode
 
-    dtype = torch.get_autocast_dtype("cuda")
-    settings = AuditSettings(device="cuda", tensor_mode=TensorMode.FAKE, amp=Amp.BF16)
-    audit_module(toy_models.CleanNet(), (torch.randn(2, 3, 16, 16),), settings)
-    assert not torch.is_autocast_enabled("cuda") and torch.get_autocast_dtype("cuda") == dtype
+    previous = torch.get_autocast_dtype("cuda")
+    torch.set_autocast_dtype("cuda", torch.bfloat16)  # not the dtype the audit sets
+    try:
+        settings = AuditSettings(device="cuda", tensor_mode=TensorMode.FAKE, amp=Amp.FP16)
+        audit_module(toy_models.CleanNet(), (torch.randn(2, 3, 16, 16),), settings)
+        assert not torch.is_autocast_enabled("cuda")
+        assert torch.get_autocast_dtype("cuda") == torch.bfloat16
+    finally:
+        torch.set_autocast_dtype("cuda", previous)

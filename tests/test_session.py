@@ -150,20 +150,25 @@ def test_the_sweep_environment_states_a_training_step(monkeypatch, tmp_path):
     assert outcome.report.settings["train"] is True
 
 
-def test_confirm_reruns_clean_fake_rows_whose_findings_include_a_divergent_op():
-    """Fake mode keeps channels_last in hardtanh_backward where eager CPU loses it: a clean fake
-    verdict with such a regain is confirmed; one with an ordinary regain is not (control)."""
+def test_confirm_reruns_clean_fake_rows_whose_findings_include_a_divergent_op(monkeypatch):
+    """A clean fake verdict with a regain at an op of the divergence table (in its phase) is
+    confirmed; one with an ordinary regain, or the same op in another phase, is not."""
     from dataclasses import replace
 
+    from cl_audit.divergences import DivergenceTable
     from cl_audit.report import Conversion, Phase
 
-    def with_regain(name: str, aten_op: str) -> ModelRow:
-        regain = replace(finding("", aten_op), kind=Conversion.REGAIN, phase=Phase.BACKWARD)
+    table = DivergenceTable("literal", {("aten.hardtanh_backward", "backward"): "measured"})
+    monkeypatch.setattr(session, "divergence_table", lambda device_type: table)
+
+    def with_regain(name: str, aten_op: str, phase: Phase = Phase.BACKWARD) -> ModelRow:
+        regain = replace(finding("", aten_op), kind=Conversion.REGAIN, phase=phase)
         return replace(row(name), mode=Mode.FAKE, regains=(regain,))
 
     rows = {
         "suspect": with_regain("suspect", "aten.hardtanh_backward"),
         "plain": with_regain("plain", "aten.convolution_backward"),
+        "other phase": with_regain("other phase", "aten.hardtanh_backward", Phase.FORWARD),
     }
     (job,) = session.confirm_jobs(rows, FAKE)
     assert job.ref.name == "suspect" and job.confirming

@@ -14,8 +14,8 @@ from typing import Any
 
 from torch.autograd.profiler import record_function
 from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from cl_audit.compat import TorchDispatchMode
 from cl_audit.intercept.recorder import Recorder
 
 __all__ = ["CALL_LABEL", "DispatchEngine"]

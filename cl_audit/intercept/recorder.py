@@ -18,6 +18,8 @@ from typing import Any
 import torch
 
 from cl_audit.attribution import Location, ModuleNames, locate
+from cl_audit.compat import current_autograd_node, view_base
+from cl_audit.compat import storage_key as _storage_key
 from cl_audit.intercept.naming import aten_op_name, python_op_name
 from cl_audit.layout import MemoryLayout, layout_of
 from cl_audit.report import (
@@ -89,11 +91,6 @@ def tensor_arguments(values: Any) -> list[torch.Tensor]:
         elif type(value) in _SEQUENCES and value and not isinstance(value[0], _SCALARS):
             found.extend(v for v in value if isinstance(v, _Tensor))
     return found
-
-
-def _storage_key(tensor: torch.Tensor) -> int:
-    """Identity of the storage (its StorageImpl address): also works for fake tensors."""
-    return tensor.untyped_storage()._cdata
 
 
 def _nbytes(tensors: list[torch.Tensor]) -> int:
@@ -186,14 +183,14 @@ class Recorder:
         parameters = self._parameters
         from_parameters = True
         for tensor in inputs:
-            if tensor.untyped_storage()._cdata not in parameters:
+            if _storage_key(tensor) not in parameters:
                 from_parameters = False
                 break
         if not inputs:
             # Made from no data: a constant when the model's own code makes it (an index, a
             # grid), the batch when the caller does (an input made inside ``with audit():``).
             from_parameters = self._locate().module_class is not None
-        out_keys = [t.untyped_storage()._cdata for t in outputs]
+        out_keys = [_storage_key(t) for t in outputs]
         origins = self._origins
         cl_ordered = self._cl_ordered
         # While contiguous data is tracked, it flows on through whatever reads it.
@@ -220,7 +217,7 @@ class Recorder:
                 if tensor.dim() in _SPATIAL_RANKS:
                     contiguous.append(tensor)
             elif layout is _OTHER:
-                base = tensor._base
+                base = view_base(tensor)
                 if (base is not None and layout_of(base) is _CL) or (
                     cl_ordered and _storage_key(tensor) in cl_ordered
                 ):
@@ -304,7 +301,7 @@ class Recorder:
         """``observe``, plus the timeline and the attribution of a training step's phases."""
         self._mark = None
         if self.phase is Phase.BACKWARD:  # name backward events by their autograd node
-            node = torch._C._current_autograd_node()
+            node = current_autograd_node()
             python_op = None if node is None else node.name()
         Recorder.observe(self, aten_op, python_op, args, kwargs, result)
         timeline = self.timeline
@@ -374,7 +371,7 @@ class Recorder:
 
     def _locate(self) -> Location:
         if self.phase is Phase.BACKWARD:
-            node = torch._C._current_autograd_node()
+            node = current_autograd_node()
             left = None if node is None else node.metadata.get(_NODE_KEY)
             if left is not None:
                 return left

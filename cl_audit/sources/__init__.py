@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import importlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 import torch
 from torch import nn
 
+from cl_audit.errors import UsageError
 from cl_audit.report import ModelSource
 
 __all__ = [
@@ -19,9 +22,24 @@ __all__ = [
     "ModelRef",
     "cap_input",
     "close_matches",
+    "library",
     "load_model",
     "positional_source",
 ]
+
+
+def library(name: str) -> ModuleType:
+    """Import a model library (``torchvision.models``, ``timm``); one that cannot load beside
+    this torch (a torchvision built for another release) is a one-line ``UsageError``."""
+    try:
+        return importlib.import_module(name)
+    except Exception as e:
+        top = name.partition(".")[0]
+        cause = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise UsageError(
+            f"{top} cannot be imported beside torch {torch.__version__} "
+            f"({type(e).__name__}: {cause}); install the {top} release built for this torch"
+        ) from e
 
 
 def positional_source(spec: str) -> ModelSource:

@@ -3,21 +3,25 @@
 from __future__ import annotations
 
 from cl_audit.errors import ModelFailedError, Stage, UsageError
-from cl_audit.sources import BuildOptions, LoadedModel, building, cap_input, close_matches
+from cl_audit.sources import (
+    BuildOptions,
+    LoadedModel,
+    building,
+    cap_input,
+    close_matches,
+    library,
+)
 
 __all__ = ["build", "names"]
 
 
 def names() -> list[str]:
-    import timm
-
-    return timm.list_models()
+    return library("timm").list_models()
 
 
 def build(name: str, options: BuildOptions) -> LoadedModel:
-    import timm
-    from timm.models import get_pretrained_cfg
-
+    timm = library("timm")
+    get_pretrained_cfg = library("timm.models").get_pretrained_cfg
     if not timm.is_model(name):
         raise UsageError(f"unknown timm model {name!r}{close_matches(name, names())}")
     cfg = get_pretrained_cfg(name)

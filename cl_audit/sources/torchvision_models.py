@@ -5,12 +5,19 @@ from __future__ import annotations
 import inspect
 
 from cl_audit.errors import ModelFailedError, Stage, UsageError
-from cl_audit.sources import BuildOptions, LoadedModel, building, cap_input, close_matches
+from cl_audit.sources import (
+    BuildOptions,
+    LoadedModel,
+    building,
+    cap_input,
+    close_matches,
+    library,
+)
 
 __all__ = ["CHANNELS_LAST_TIER", "build", "names"]
 
 # The models PyTorch's memory-format tutorial lists as supporting channels_last, and a few known
-# not to: the tier that the slow tests and reports/torchvision-cpu.json cover.
+# not to: the tier that the slow tests and reports/torchvision/ cover.
 CHANNELS_LAST_TIER = (
     "alexnet",
     "mnasnet0_5", "mnasnet0_75", "mnasnet1_0", "mnasnet1_3",
@@ -31,7 +38,7 @@ _DEFAULT_SIZE = 224
 
 
 def names() -> list[str]:
-    from torchvision import models
+    models = library("torchvision.models")
 
     return sorted(models.list_models())
 
@@ -44,7 +51,7 @@ def _family(builder: object) -> str:
 def _input_shape(name: str, family: str, max_side: int | None) -> tuple[int, ...]:
     """The documented input size of the model's weights (299 for inception_v3), capped at
     ``max_side`` unless the weights' minimum size says the size is fixed (vit_b_16: 224)."""
-    from torchvision import models
+    models = library("torchvision.models")
 
     try:
         weights = next(iter(models.get_model_weights(name)))
@@ -61,7 +68,7 @@ def _input_shape(name: str, family: str, max_side: int | None) -> tuple[int, ...
 
 
 def build(name: str, options: BuildOptions) -> LoadedModel:
-    from torchvision import models
+    models = library("torchvision.models")
 
     available = names()
     if name not in available:

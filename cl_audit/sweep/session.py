@@ -10,16 +10,25 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
+from cl_audit.divergences import DivergenceTable, divergence_table
 from cl_audit.environment import probe
-from cl_audit.fake import FAKE_DIVERGENCES
-from cl_audit.report import Mode, ModelRow, ModelSource, Status, SweepReport
-from cl_audit.sources import ModelRef
+from cl_audit.report import (
+    AppliedOverride,
+    Mode,
+    ModelRow,
+    ModelSource,
+    Status,
+    SweepReport,
+    TensorMode,
+)
+from cl_audit.sources import ModelRef, library
 from cl_audit.sweep.runner import Checkpoint, run_jobs
 from cl_audit.sweep.worker import Job, SweepSettings
 
@@ -69,12 +78,11 @@ def default_checkpoint(
 
 def _warm_imports(refs: list[ModelRef]) -> None:
     """Import once in the parent, so every forked worker starts warm."""
-    import torchvision  # noqa: F401
-
     import cl_audit.run  # noqa: F401
 
+    library("torchvision.models")
     if any(ref.source is ModelSource.TIMM for ref in refs):
-        import timm  # noqa: F401
+        library("timm")
 
 
 def run_sweep(
@@ -113,31 +121,50 @@ def run_sweep(
         train=audit.train,
         optimizer=audit.optimizer.value if audit.train else None,
     )
+    if audit.tensor_mode is TensorMode.FAKE:
+        environment = replace(
+            environment,
+            fake_divergences=divergence_table(audit.device.split(":")[0]).name,
+            kernel_overrides=_applied_overrides(rows.values()),
+        )
     report = SweepReport.build(
         environment, {**selection, **settings.to_dict()}, list(rows.values())
     )
     return SweepOutcome(report, interrupted, len(refs), checkpoint.path)
 
 
-def _divergent_ops(row: ModelRow) -> list[str]:
-    """Ops of the row's findings that fake mode is known to get wrong (``FAKE_DIVERGENCES``):
-    a regain there can be a loss in eager mode (an activation's backward given an NCHW
-    gradient), so a clean fake verdict with one is not trusted."""
+def _applied_overrides(rows: Iterable[ModelRow]) -> tuple[AppliedOverride, ...]:
+    """The kernel-source overrides the rows applied, counted over the whole sweep."""
+    counts: Counter[str] = Counter()
+    sources: dict[str, str] = {}
+    for row in rows:
+        for override in row.kernel_overrides:
+            counts[override.op] += override.applied
+            sources[override.op] = override.source
+    return tuple(AppliedOverride(op, counts[op], sources[op]) for op in sorted(counts))
+
+
+def _divergent_ops(row: ModelRow, table: DivergenceTable) -> list[str]:
+    """Ops of the row's findings that fake mode is known to get wrong in their phase (the
+    divergence table of this torch and device): a regain there can be a loss in eager mode (an
+    activation's backward given an NCHW gradient), so a clean fake verdict with one is not
+    trusted."""
     findings = row.regains + row.parameter_conversions + row.format_neutral
-    return sorted({f.op_id for f in findings if f.op_id in FAKE_DIVERGENCES})
+    return sorted({f.op_id for f in findings if (f.op_id, f.phase.value) in table})
 
 
 def confirm_jobs(rows: dict[str, ModelRow], settings: SweepSettings) -> list[Job]:
     """Eager re-runs of every model fake mode flagged or failed, or whose findings include an
-    op of ``FAKE_DIVERGENCES``; models over ``LARGE_MODEL_PARAMETERS`` at
+    op of the divergence table; models over ``LARGE_MODEL_PARAMETERS`` at
     ``CONFIRM_LARGE_SIDE`` px. A failure's message keeps what fake mode had said."""
     smaller = replace(
         settings,
         max_input_size=min(settings.max_input_size or CONFIRM_LARGE_SIDE, CONFIRM_LARGE_SIDE),
     )
+    table = divergence_table(settings.audit.device.split(":")[0])
     jobs = []
     for row in rows.values():
-        divergent = _divergent_ops(row) if row.status is Status.OK else []
+        divergent = _divergent_ops(row, table) if row.status is Status.OK else []
         if row.mode is not Mode.FAKE or not (row.offending or row.status.failed or divergent):
             continue
         large = (row.parameters or 0) > LARGE_MODEL_PARAMETERS

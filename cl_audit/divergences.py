@@ -1,0 +1,120 @@
+"""What fake tensors get wrong, per torch version and device.
+
+Two kinds of knowledge, both keyed by the torch version they hold for:
+
+- measured tables (``divergences.json``, made by ``scripts/divergence_table.py`` from
+  ``scripts/gpu_truth.py`` runs): operations where fake and eager runs on one device disagree
+  about losing channels_last. A sweep's ``--confirm`` re-runs eagerly the clean fake rows whose
+  findings include one of them. A torch version with no table of its own gets the union of the
+  tables measured for the device, and says so.
+- kernel-source overrides for CUDA (``CUDA_KERNEL_OVERRIDES``): where the CUDA kernel returns
+  another layout than the fake (meta) implementation, read from the kernel's source because no
+  GPU measured it. Fake CUDA runs apply them to the operation's output, so the rest of the model
+  sees what CUDA would hand it; a report lists each override that fired ("predicted from kernel
+  source").
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from importlib import resources
+
+from cl_audit.compat import TORCH_VERSION
+
+__all__ = ["CUDA_KERNEL_OVERRIDES", "DivergenceTable", "KernelOverride", "divergence_table"]
+
+Version = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class DivergenceTable:
+    """The operations, keyed ``(aten op, phase)``, whose fake layout is known to differ from
+    eager on one device; ``name`` says which measurement(s) it comes from."""
+
+    name: str
+    ops: Mapping[tuple[str, str], str]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.ops
+
+
+@functools.cache
+def _tables() -> tuple[dict, ...]:
+    text = resources.files("cl_audit").joinpath("divergences.json").read_text()
+    document = json.loads(text)
+    if document.get("format") != "cl-audit.fake-divergences" or document.get("version") != 1:
+        raise ValueError("cl_audit/divergences.json: not a version-1 divergence table")
+    return tuple(document["tables"])
+
+
+def _version(text: str) -> Version:
+    major, minor = text.split(".")
+    return int(major), int(minor)
+
+
+def _entries(table: dict) -> dict[tuple[str, str], str]:
+    return {
+        (e["op"], e["phase"]): "; ".join(
+            f"{side} loses it in {', '.join(e[side])}" for side in ("eager", "fake") if e.get(side)
+        )
+        for e in table["ops"]
+    }
+
+
+@functools.cache
+def divergence_table(device_type: str, version: Version = TORCH_VERSION) -> DivergenceTable:
+    """The measured table for this torch version and device type; without one, the union of
+    the device's tables (named as such); without any for the device, an empty table."""
+    label = f"{version[0]}.{version[1]}"
+    tables = [t for t in _tables() if t["device"] == device_type]
+    exact = [t for t in tables if _version(t["torch"]) == version]
+    if exact:
+        (table,) = exact
+        return DivergenceTable(
+            f"torch {label} {device_type} ({table['measured']})", _entries(table)
+        )
+    if not tables:
+        return DivergenceTable(f"none: no fake-versus-eager table measured on {device_type}", {})
+    ops: dict[tuple[str, str], str] = {}
+    for table in tables:
+        for key, where in _entries(table).items():
+            ops.setdefault(key, f"torch {table['torch']}: {where}")
+    measured = ", ".join(t["torch"] for t in tables)
+    name = f"union of torch {measured} {device_type} (torch {label} not measured)"
+    return DivergenceTable(name, ops)
+
+
+@dataclass(frozen=True)
+class KernelOverride:
+    """A CUDA kernel that, for channels_last input, returns its output ``output`` contiguous
+    where the fake implementation keeps channels_last; ``until`` is the last torch version whose
+    source was read to do so (None: still so in the newest read)."""
+
+    op: str
+    output: int
+    since: Version
+    until: Version | None
+    source: str
+
+    def holds(self, version: Version) -> bool:
+        return self.since <= version and (self.until is None or version <= self.until)
+
+
+# Each entry cites the kernel source it was read from (no GPU measured them yet: a run of
+# scripts/gpu_truth.py --device cuda supersedes them). Read and found to agree with fake CUDA,
+# so not listed: reflection_pad2d and replication_pad2d (NCHW in both; the meta function keeps
+# channels_last for CPU only, _meta_registrations.py, PR 179366), max_unpool2d (NCHW in both;
+# the decomposition keeps channels_last for cpu/xpu only, PR 187195), upsample_bicubic2d and
+# _upsample_bilinear2d_aa (channels_last in both; PR 190754 copies back into the NHWC output).
+_GROUP_NORM_SOURCE = (
+    "aten/src/ATen/native/group_norm.cpp: on CUDA the input is made contiguous before the "
+    "kernel, so the output is NCHW; NHWC CUDA kernels came with PR 191945 in torch 2.15 (their "
+    "symbols are in libtorch_cuda.so of 2.15.0, not of 2.14.1)"
+)
+CUDA_KERNEL_OVERRIDES: tuple[KernelOverride, ...] = (
+    KernelOverride("aten.native_group_norm", 0, (2, 4), (2, 14), _GROUP_NORM_SOURCE),
+    KernelOverride("aten.native_group_norm_backward", 0, (2, 4), (2, 14), _GROUP_NORM_SOURCE),
+)

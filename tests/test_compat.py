@@ -1,0 +1,202 @@
+"""The compat module: the one home of torch internals, the fake CUDA probe, the divergence
+tables by torch version and device, and the CUDA kernel-source overrides."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch_checks import FAKE_CUDA_PROBLEM, fake_cuda_group_norm_returns_nchw, needs_fake_cuda
+from typer.testing import CliRunner
+
+from cl_audit import compat
+from cl_audit.cli import app
+from cl_audit.compat import TORCH_VERSION
+from cl_audit.divergences import CUDA_KERNEL_OVERRIDES, KernelOverride, divergence_table
+from cl_audit.errors import UsageError
+from cl_audit.run import audit_module
+from cl_audit.settings import AuditSettings, TensorMode, resolve_device
+
+PACKAGE = Path(compat.__file__).parent
+PRIVATE = re.compile(
+    r"torch\._C\b|\._cdata\b|\._base\b|FakeTensor\(|torch\._amp|_python_dispatch"
+    r"|torch\._subclasses|\._apply\("
+)
+
+
+def test_torch_private_names_appear_in_the_compat_module_only():
+    offending = {
+        str(path.relative_to(PACKAGE)): sorted(set(PRIVATE.findall(path.read_text())))
+        for path in PACKAGE.rglob("*.py")
+        if path.name != "compat.py" and PRIVATE.search(path.read_text())
+    }
+    assert offending == {}
+    assert PRIVATE.search((PACKAGE / "compat.py").read_text())  # the pattern finds them there
+
+
+def test_torch_version_is_read_from_release_and_local_strings():
+    assert compat.torch_version("2.15.0+cu132") == (2, 15)
+    assert compat.torch_version("2.4.1") == (2, 4)
+    assert compat.torch_version("2.16.0.dev20261201+cpu") == (2, 16)
+    with pytest.raises(ValueError):
+        compat.torch_version("nightly")
+
+
+def test_storage_key_is_shared_by_views_and_not_by_copies():
+    x = torch.randn(2, 3, 4, 4)
+    assert compat.storage_key(x.permute(0, 2, 3, 1)) == compat.storage_key(x)
+    assert compat.storage_key(x.clone()) != compat.storage_key(x)
+    assert compat.view_base(x[:, :1]) is x and compat.view_base(x) is None
+
+
+def test_fake_tensors_keep_strides_and_device_and_are_recognised():
+    mode = compat.new_fake_mode()
+    real = torch.randn(2, 3, 4, 4).contiguous(memory_format=torch.channels_last)
+    fake = compat.fake_tensor(mode, real, torch.device("cpu"))
+    assert compat.is_fake(fake) and not compat.is_fake(real)
+    assert fake.stride() == real.stride() and fake.device == real.device
+
+
+@needs_fake_cuda  # each simulates one failure on a torch that passes the probe
+def test_the_probe_refuses_a_build_whose_fake_convolution_returns_nchw(monkeypatch):
+    convolution = F.conv2d
+    monkeypatch.setattr(F, "conv2d", lambda *a, **k: convolution(*a, **k).contiguous())
+    problem = compat.fake_cuda_problem.__wrapped__()
+    assert problem is not None and "NCHW output in fake mode" in problem
+
+
+@needs_fake_cuda  # each simulates one failure on a torch that passes the probe
+def test_the_probe_refuses_a_torch_whose_fake_cuda_reaches_the_cuda_runtime(monkeypatch):
+    def reaches_cuda(*args: object, **kwargs: object) -> torch.Tensor:
+        raise RuntimeError("CUDA error: CUDA driver version is insufficient\nmore lines")
+
+    monkeypatch.setattr(F, "softmax", reaches_cuda)
+    problem = compat.fake_cuda_problem.__wrapped__()
+    assert problem == (
+        f"on torch {torch.__version__}, a float16 softmax on fake CUDA tensors fails "
+        "(CUDA error: CUDA driver version is insufficient)"
+    )
+
+
+@needs_fake_cuda  # each simulates one failure on a torch that passes the probe
+def test_the_probe_refuses_bfloat16_where_fake_cuda_predicts_an_nchw_bf16_convolution(
+    monkeypatch,
+):
+    convolution = F.conv2d
+
+    def nchw_for_bfloat16(x: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+        out = convolution(x, *args, **kwargs)
+        return out.contiguous() if x.dtype == torch.bfloat16 else out
+
+    monkeypatch.setattr(F, "conv2d", nchw_for_bfloat16)
+    assert compat.fake_cuda_problem.__wrapped__() is None  # float16 and float32 stay honest
+    problem = compat.fake_cuda_problem.__wrapped__(bfloat16=True)
+    assert problem is not None and "predicts an NCHW bfloat16 CUDA convolution" in problem
+
+
+@needs_fake_cuda
+def test_fake_cuda_bfloat16_is_refused_exactly_when_this_torch_predicts_it_wrong():
+    refused = compat.fake_cuda_problem(bfloat16=True) is not None
+    result = CliRunner().invoke(app, ["resnet18", "--fake", "--device", "cuda", "--amp", "bf16"])
+    assert result.exit_code == (2 if refused else 0), result.output
+    if refused:
+        assert "predicts an NCHW bfloat16 CUDA convolution" in result.output
+
+
+@pytest.mark.skipif(FAKE_CUDA_PROBLEM is None, reason="this torch passes the fake CUDA probe")
+def test_this_torch_fails_the_probe_and_fake_cuda_is_refused_with_its_reason():
+    result = CliRunner().invoke(app, ["resnet18", "--fake", "--device", "cuda"])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert FAKE_CUDA_PROBLEM.split(" (")[0] in " ".join(result.output.split())
+
+
+def test_a_failed_probe_refuses_fake_cuda_with_its_reason_and_exit_2(monkeypatch):
+    import cl_audit.settings
+
+    monkeypatch.setattr(
+        cl_audit.settings, "fake_cuda_problem", lambda bfloat16=False: "the probe's reason"
+    )
+    with pytest.raises(UsageError, match="no honest prediction here: the probe's reason"):
+        resolve_device("cuda", TensorMode.FAKE)
+    assert resolve_device("cpu", TensorMode.FAKE) == torch.device("cpu")  # cpu is not probed
+    result = CliRunner().invoke(app, ["resnet18", "--fake", "--device", "cuda"])
+    assert result.exit_code == 2
+    assert "no honest prediction here: the probe's reason" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_divergence_table_is_the_measured_one_else_the_union_said_so():
+    measured = divergence_table("cpu", (2, 14))
+    assert measured.name.startswith("torch 2.14 cpu (torch 2.14.1")
+    assert ("aten.native_group_norm", "forward") in measured
+    newer = divergence_table("cpu", (2, 15))
+    assert ("aten.native_group_norm", "forward") not in newer  # fixed in 2.15's fake kernel
+    union = divergence_table("cpu", (2, 4))
+    assert union.name == "union of torch 2.14, 2.15 cpu (torch 2.4 not measured)"
+    assert set(union.ops) == set(measured.ops) | set(newer.ops)
+    assert divergence_table("cuda", (2, 14)).ops == {}
+
+
+def test_kernel_overrides_hold_for_the_versions_their_source_was_read_at():
+    override = KernelOverride("aten.x", 0, (2, 4), (2, 14), "source")
+    assert [override.holds(v) for v in ((2, 3), (2, 4), (2, 14), (2, 15))] == [
+        False,
+        True,
+        True,
+        False,
+    ]
+    assert all(o.source and o.op.startswith("aten.") for o in CUDA_KERNEL_OVERRIDES)
+
+
+class GroupNormNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.norm = nn.GroupNorm(2, 8)
+        self.out = nn.Conv2d(8, 8, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.norm(self.conv(x)))
+
+
+def _fake_audit(model: nn.Module, device: str):
+    x = torch.randn(2, 3, 8, 8)
+    settings = AuditSettings(device=device, tensor_mode=TensorMode.FAKE, differential=False)
+    return audit_module(model, (x,), settings)
+
+
+@needs_fake_cuda
+def test_fake_cuda_group_norm_follows_the_kernel_source_of_this_torch():
+    """torch 2.14 and earlier: CUDA group_norm returns NCHW (kernel source), whatever fake
+    says; 2.15 has NHWC CUDA kernels, and the prediction is fake's own."""
+    holds = [
+        o
+        for o in CUDA_KERNEL_OVERRIDES
+        if o.op == "aten.native_group_norm" and o.holds(TORCH_VERSION)
+    ]
+    report = _fake_audit(GroupNormNet(), "cuda")
+    assert report.environment.fake_divergences.startswith("none: no fake-versus-eager table")
+    if holds:
+        (loss,) = report.offenders
+        assert loss.aten_op == "aten.native_group_norm" and loss.round_trips == 1
+        (applied,) = report.environment.kernel_overrides
+        assert (applied.op, applied.applied, applied.source) == (holds[0].op, 1, holds[0].source)
+    else:
+        assert report.environment.kernel_overrides == ()
+        assert bool(report.offenders) == fake_cuda_group_norm_returns_nchw()
+
+
+@needs_fake_cuda
+def test_fake_cuda_without_an_overridden_op_applies_nothing():
+    control = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 1))
+    report = _fake_audit(control, "cuda")
+    assert report.offenders == () and report.environment.kernel_overrides == ()
+
+
+def test_fake_cpu_applies_no_cuda_kernel_source():
+    report = _fake_audit(GroupNormNet(), "cpu")
+    assert report.environment.kernel_overrides == ()
