@@ -1,8 +1,11 @@
 """Audit, on CPU, the torchvision models that PyTorch's memory-format tutorial lists as fully
 supporting channels_last, plus a few that are known not to; write every report to one file.
 
-    python scripts/audit_torchvision.py --out reports/torchvision-cpu.json
-    python scripts/audit_torchvision.py --train --out reports/torchvision-cpu-train.json
+    python scripts/audit_torchvision.py --out reports/torchvision/cpu_torch-X.Y.Z.json
+    python scripts/audit_torchvision.py --train \
+        --out reports/torchvision/cpu-train_torch-X.Y.Z.json
+
+X.Y.Z is the torch release: the slow test tier compares with the file of the running release.
 """
 
 from __future__ import annotations
