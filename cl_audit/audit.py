@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Iterable, Iterator
-from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -14,6 +13,7 @@ from cl_audit.attribution import ModuleNames
 from cl_audit.environment import autocast_in_effect, dtype_name, probe
 from cl_audit.errors import AuditError
 from cl_audit.intercept.dispatch import DispatchEngine
+from cl_audit.intercept.observer import Observer
 from cl_audit.intercept.patch import PatchEngine
 from cl_audit.intercept.recorder import Recorder
 from cl_audit.report import (
@@ -25,9 +25,9 @@ from cl_audit.report import (
     TensorMode,
     summarise,
 )
-from cl_audit.settings import Engine, parse_engine
+from cl_audit.settings import Engine, check_engine, parse_engine
 
-__all__ = ["Audit", "Observer", "audit", "watching"]
+__all__ = ["Audit", "audit", "watching"]
 
 _ENGINES = {Engine.DISPATCH: DispatchEngine, Engine.PATCH: PatchEngine}
 _active_lock = threading.Lock()
@@ -35,14 +35,6 @@ _active: object = None  # the audit or watcher whose engine is installed
 _NOT_COMPARED = DifferentialRun(
     DifferentialStatus.SKIPPED, "the audit() context manager runs no NCHW comparison"
 )
-
-
-class Observer(Protocol):
-    """What an engine calls once per intercepted operation, after it ran."""
-
-    def observe(
-        self, aten_op: object, python_op: object, args: Any, kwargs: Any, result: Any
-    ) -> None: ...
 
 
 def _claim(claimant: object) -> None:
@@ -98,19 +90,19 @@ class Audit:
         label_calls: bool = False,
     ) -> None:
         self.engine = parse_engine(engine)
-        if training and self.engine is not Engine.DISPATCH:
-            raise ValueError(
-                "training audits need the dispatch engine: the patch engine cannot see the backward"
-            )
+        check_engine(self.engine, train=training, time=label_calls)
         self._recorder = Recorder(
             ModuleNames(model), parameters=parameters, timeline=timeline, training=training
         )
-        if label_calls and self.engine is not Engine.DISPATCH:
-            raise ValueError("timing audits need the dispatch engine")
-        self._impl = (
-            DispatchEngine(self._recorder, label_calls=True)
-            if label_calls
-            else _ENGINES[self.engine](self._recorder)
+        recorder = self._recorder
+        self._impl: DispatchEngine | PatchEngine = (
+            DispatchEngine(
+                recorder,
+                label_calls=label_calls,
+                on_python_result=recorder.python_result if training else None,
+            )
+            if self.engine is Engine.DISPATCH
+            else PatchEngine(recorder)
         )
         self._entered = False
         self._autocast: str | None = None
@@ -163,7 +155,7 @@ class Audit:
             device=device or seen_device,
             dtype=dtype_name(dtype) if dtype is not None else seen_dtype,
             autocast=self._autocast,
-            engine=self.engine.value,
+            engine=self.engine,
             mode=mode,
         )
         summary = summarise(

@@ -21,13 +21,21 @@ from typing import Any
 import torch
 from torch import nn
 
-from cl_audit.bench_report import Attribution, BenchReport, FindingTime, StrategyTiming
+from cl_audit.bench_report import (
+    Attribution,
+    BenchReport,
+    FindingTime,
+    StrategyTiming,
+    configuration_name,
+)
 from cl_audit.convert import apply_strategy, strategy_input
 from cl_audit.environment import probe
 from cl_audit.errors import ModelFailedError, Stage, UsageError
 from cl_audit.report import Conversion, ModelReport, by_call_site
-from cl_audit.run import Step, audit_module, timed_ms
+from cl_audit.run import audit_module
 from cl_audit.settings import AuditSettings, Strategy, TensorMode, resolve_device
+from cl_audit.timing import timed_ms
+from cl_audit.training import Step
 
 __all__ = ["BENCH_STRATEGIES", "BenchSettings", "attribute", "bench_module"]
 
@@ -47,6 +55,12 @@ class BenchSettings:
     steps_per_round: int = 3
     threads: int | None = None
     attribute: bool = True
+
+    def __post_init__(self) -> None:
+        if self.audit.tensor_mode is TensorMode.FAKE:
+            raise UsageError("bench times kernels, and fake tensors run none: drop --fake")
+        if self.rounds < 1 or self.steps_per_round < 1 or self.warmup < 0:
+            raise UsageError("bench: --rounds and --steps must be at least 1, --warmup at least 0")
 
 
 @dataclass
@@ -71,10 +85,6 @@ def bench_module(
     step's time to the audit's findings. ``model`` is left as it was (copies are converted);
     ``loss(output)`` is a training step's loss (default: ``training_loss``)."""
     base = settings.audit
-    if base.tensor_mode is TensorMode.FAKE:
-        raise UsageError("bench times kernels, and fake tensors run none: drop --fake")
-    if settings.rounds < 1 or settings.steps_per_round < 1 or settings.warmup < 0:
-        raise UsageError("bench: --rounds and --steps must be at least 1, --warmup at least 0")
     device = resolve_device(base.device)
     with _threads(settings.threads):
         configurations = [
@@ -95,7 +105,7 @@ def bench_module(
         device=str(device),
         dtype=str(first.dtype).removeprefix("torch."),
         autocast=base.autocast_description,
-        engine=base.engine.value,
+        engine=base.engine,
         mode=TensorMode.EAGER,
         train=base.train,
         optimizer=base.optimizer.value if base.train else None,
@@ -130,7 +140,7 @@ def _configure(
     loss: Callable[[Any], torch.Tensor] | None,
 ) -> _Configuration:
     settings = replace(base, strategy=strategy, amp=base.amp if amp else None)
-    name = strategy.value + (f"+{base.amp.value}" if amp and base.amp else "")
+    name = configuration_name(strategy, settings.amp and settings.amp.value)
     try:
         copied = apply_strategy(copy.deepcopy(model), strategy).train(base.train)
         converted = tuple(strategy_input(x, strategy) for x in inputs)

@@ -29,8 +29,14 @@ __all__ = [
     "BenchReport",
     "FindingTime",
     "StrategyTiming",
+    "configuration_name",
     "dashboard_records",
 ]
+
+
+def configuration_name(strategy: Strategy, amp: str | None) -> str:
+    """How reports name a configuration: ``channels-last``, ``channels-last+bf16``."""
+    return strategy.value + (f"+{amp}" if amp else "")
 
 
 @dataclass(frozen=True)
@@ -127,7 +133,7 @@ class BenchReport:
         if cl is None or speedup is None:
             return "channels-last was not compared with nchw"
         how = f"{speedup:.2f}x faster" if speedup >= 1 else f"{1 / speedup:.2f}x slower"
-        line = f"{cl.name} is {how} than {cl.name.replace('channels-last', 'nchw')}"
+        line = f"{cl.name} is {how} than {configuration_name(Strategy.NCHW, cl.amp)}"
         a = self.attribution
         if a is not None and a.configuration == cl.name:
             line += f"; conversions take {a.share:.0%} of its step"

@@ -8,19 +8,19 @@ error, 3 a model failed to build or run, 130 interrupted.
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Iterator
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 from rich.console import Console
 from typer.core import TyperGroup
 
+from cl_audit import commands
+from cl_audit.commands import Selection
+from cl_audit.enums import Outcome
 from cl_audit.errors import ModelFailedError, UsageError
-from cl_audit.files import check_writable, read_report, read_sweep, write_text
-from cl_audit.report import SweepReport
 from cl_audit.settings import (
     Amp,
     AuditSettings,
@@ -32,17 +32,12 @@ from cl_audit.settings import (
     parse_input_size,
     resolve_device,
 )
-from cl_audit.sources import ModelRef
-from cl_audit.sweep.plan import parse_shard, select, shard
 from cl_audit.sweep.worker import SweepSettings, parse_memory
-
-if TYPE_CHECKING:
-    from cl_audit.bench import BenchSettings
-    from cl_audit.bench_report import BenchReport
 
 __all__ = ["app", "main"]
 
-EXIT_CLEAN, EXIT_OFFENDERS, EXIT_USAGE, EXIT_MODEL_FAILED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+EXIT_USAGE = 2
+_EXIT = {Outcome.CLEAN: 0, Outcome.OFFENDING: 1, Outcome.FAILED: 3, Outcome.INTERRUPTED: 130}
 
 
 class _AuditByDefault(TyperGroup):
@@ -109,18 +104,14 @@ def _exit_codes() -> Iterator[None]:
     except UsageError as e:
         raise _fail(str(e), EXIT_USAGE) from None
     except ModelFailedError as e:
-        raise _fail(str(e), EXIT_MODEL_FAILED) from None
+        raise _fail(str(e), _EXIT[Outcome.FAILED]) from None
     except KeyboardInterrupt:
-        raise _fail("interrupted", EXIT_INTERRUPTED) from None
+        raise _fail("interrupted", _EXIT[Outcome.INTERRUPTED]) from None
 
 
 def _fail(message: str, code: int) -> typer.Exit:
     Console(stderr=True, soft_wrap=True).print(f"[red]error:[/red] {message}", highlight=False)
     return typer.Exit(code)
-
-
-# Options that only a sweep uses; given for one model they are reported as not applied.
-_SWEEP_ONLY = ("jobs", "timeout", "max_memory", "max_input_size", "checkpoint", "confirm")
 
 
 @app.command("audit")
@@ -194,51 +185,33 @@ def audit_command(
             differential=differential,
             timeline=html is not None,
         )
-        refs = select(models or [], timm_models or [], torchvision_models or [], exclude or [])
-        if shard_spec is not None:
-            refs = shard(refs, *parse_shard(shard_spec))
-        if list_only:
-            for ref in refs:
-                console.print(ref.key, highlight=False, soft_wrap=True)
-            raise typer.Exit(EXIT_CLEAN)
-        if not refs:
-            raise UsageError("no model selected: give a model name, --timm or --torchvision")
-        for path, option in ((json_path, "--json"), (junit, "--junit"), (html, "--html")):
-            check_writable(path, option)
-        if len(refs) == 1 and not (junit or baseline or resume or shard_spec):
-            given = [o for o in _SWEEP_ONLY if _given(ctx, o)]
-            if given:
-                flags = ", ".join("--" + o.replace("_", "-") for o in given)
-                Console(stderr=True).print(
-                    f"note: {flags} apply to sweeps (several models, or --junit, --baseline, "
-                    "--shard, --resume): not applied to one model",
-                    highlight=False,
-                )
-            code = _single(refs[0], settings, json_path, html, show_all, console)
-        else:
-            if time:
-                raise UsageError(
-                    "--time times one model: models audited side by side in a sweep share the "
-                    "CPU, so their timings would not be comparable"
-                )
-            sweep = SweepSettings(
-                audit=settings,
-                confirm=confirm,
-                max_input_size=max_input_size,
-                timeout=timeout,
-                max_memory_mb=parse_memory(max_memory),
-                jobs=jobs,
-            )
-            selection = {
-                "models": models or [],
-                "timm": timm_models or [],
-                "torchvision": torchvision_models or [],
-                "exclude": exclude or [],
-                "shard": shard_spec,
-            }
-            outputs = {"json": json_path, "junit": junit, "html": html, "checkpoint": checkpoint}
-            code = _sweep(refs, sweep, selection, outputs, baseline, resume, console)
-    raise typer.Exit(code)
+        selection = Selection(
+            tuple(models or ()),
+            tuple(timm_models or ()),
+            tuple(torchvision_models or ()),
+            tuple(exclude or ()),
+            shard_spec,
+        )
+        sweep = SweepSettings(
+            audit=settings,
+            confirm=confirm,
+            max_input_size=max_input_size,
+            timeout=timeout,
+            max_memory_mb=parse_memory(max_memory),
+            jobs=jobs,
+        )
+        outcome = commands.audit(
+            sweep,
+            selection,
+            commands.AuditOutputs(json_path, html, junit, checkpoint),
+            baseline=baseline,
+            resume=resume,
+            list_only=list_only,
+            show_all=show_all,
+            unapplied=tuple(o for o in commands.SWEEP_ONLY if _given(ctx, o)),
+            console=console,
+        )
+    raise typer.Exit(_EXIT[outcome])
 
 
 def _settings(
@@ -265,81 +238,6 @@ def _settings(
     )
     resolve_device(settings.device, settings.tensor_mode, settings.bfloat16)
     return settings
-
-
-def _single(
-    ref: ModelRef,
-    settings: AuditSettings,
-    json_path: Path | None,
-    html: Path | None,
-    show_all: bool,
-    console: Console,
-) -> int:
-    from cl_audit.render.outputs import write_outputs
-    from cl_audit.render.terminal import render_report
-    from cl_audit.run import audit_loaded
-    from cl_audit.sources import BuildOptions, load_model
-
-    loaded = load_model(ref, BuildOptions(meta=settings.tensor_mode is TensorMode.FAKE))
-    report = audit_loaded(loaded, settings)
-    render_report(report, console, show_all)
-    write_outputs(report, json_path, html)
-    return EXIT_OFFENDERS if report.offenders else EXIT_CLEAN
-
-
-def _sweep(
-    refs: list[ModelRef],
-    settings: SweepSettings,
-    selection: dict[str, Any],
-    outputs: dict[str, Path | None],
-    baseline_path: Path | None,
-    resume: bool,
-    console: Console,
-) -> int:
-    from cl_audit.render.outputs import write_outputs
-    from cl_audit.render.progress import SweepProgress
-    from cl_audit.render.terminal import render_comparison, render_sweep
-    from cl_audit.sweep.compare import compare
-    from cl_audit.sweep.session import default_checkpoint, run_sweep
-
-    err = Console(stderr=True)
-    baseline = read_sweep(baseline_path) if baseline_path is not None else None
-    json_path = outputs["json"]
-    outcome = run_sweep(
-        refs,
-        settings,
-        selection,
-        outputs["checkpoint"] or default_checkpoint(json_path, selection, settings),
-        resume,
-        progress=lambda total, done: SweepProgress(err, total=total, already_done=done),
-        notify=err.print,
-    )
-    report = outcome.report
-    render_sweep(report, console)
-    write_outputs(report, json_path, outputs["html"], outputs["junit"])
-    if outcome.interrupted:
-        err.print(
-            f"interrupted: {report.summary.models} of {outcome.selected} models done; "
-            f"checkpoint {outcome.checkpoint} (--resume continues it)"
-        )
-        return EXIT_INTERRUPTED
-    if baseline is not None:
-        comparison = compare(baseline, report)
-        render_comparison(comparison, console)
-        return EXIT_OFFENDERS if comparison.regressed else EXIT_CLEAN
-    return _sweep_exit(report)
-
-
-def _sweep_exit(report: SweepReport) -> int:
-    s = report.summary
-    if s.offending:
-        return EXIT_OFFENDERS
-    if s.failed:
-        return EXIT_MODEL_FAILED
-    if s.models and s.skipped == s.models:
-        reason = next(r.message for r in report.models)
-        raise UsageError(f"no model was audited: all {s.models} were skipped ({reason})")
-    return EXIT_CLEAN
 
 
 @app.command("bench")
@@ -387,14 +285,6 @@ def bench_command(
 
     console = Console(stderr=json_path is not None and str(json_path) == "-")
     with _exit_codes():
-        specs = [spec for spec in (model, timm_model) if spec]
-        if len(specs) != 1:
-            raise UsageError("bench one model: a torchvision name, module:factory, or --timm NAME")
-        ref = select([model] if model else [], [timm_model] if timm_model else [], [], [])
-        if len(ref) != 1:
-            raise UsageError(f"bench one model: {specs[0]!r} selects {len(ref)}")
-        for path, option in ((json_path, "--json"), (dashboard_json, "--dashboard-json")):
-            check_writable(path, option)
         settings = BenchSettings(
             audit=_settings(batch_size, input_size, device, dtype, amp, train, optimizer),
             rounds=rounds,
@@ -403,31 +293,14 @@ def bench_command(
             threads=threads,
             attribute=attribute,
         )
-        report = _bench(ref[0], settings)
-    from cl_audit.bench_report import dashboard_records
-    from cl_audit.render.bench import render_bench
-
-    render_bench(report, console)
-    try:
-        if json_path is not None:
-            write_text(json_path, report.to_json() + "\n", "--json")
-        if dashboard_json is not None:
-            records = dashboard_records(report, ref[0].source.value)
-            write_text(dashboard_json, json.dumps(records, indent=2) + "\n", "--dashboard-json")
-    except UsageError as e:
-        raise _fail(str(e), EXIT_USAGE) from None
-
-
-def _bench(ref: ModelRef, settings: BenchSettings) -> BenchReport:
-    from cl_audit.bench import bench_module
-    from cl_audit.run import prepare
-    from cl_audit.sources import load_model
-
-    loaded = load_model(ref)
-    module, example = prepare(loaded, settings.audit)
-    return bench_module(
-        module, (example,), settings, name=loaded.name, source=ref.source.value, loss=loaded.loss
-    )
+        commands.bench(
+            model,
+            timm_model,
+            settings,
+            json_path=json_path,
+            dashboard_json=dashboard_json,
+            console=console,
+        )
 
 
 @app.command("merge")
@@ -446,25 +319,11 @@ def merge_command(
     Exit codes: 0 merged (with --baseline: nothing new), 1 with --baseline: new offences or
     failures, 2 unreadable input, mixed versions or duplicate models.
     """
-    from cl_audit.render.terminal import render_comparison
-    from cl_audit.sweep.compare import compare, merge
-
-    err = Console(stderr=True)
-    try:
-        previous = read_sweep(baseline) if baseline is not None else None
-        merged = merge([read_sweep(path) for path in reports], force=force)
-        write_text(output, merged.to_json() + "\n", "--output")
-    except UsageError as e:
-        raise _fail(str(e), EXIT_USAGE) from None
-    s = merged.summary
-    err.print(
-        f"merged {len(reports)} reports: {s.models} models, {s.offending} offending, "
-        f"{s.failed} failed"
-    )
-    if previous is not None:
-        comparison = compare(previous, merged)
-        render_comparison(comparison, err)
-        raise typer.Exit(EXIT_OFFENDERS if comparison.regressed else EXIT_CLEAN)
+    with _exit_codes():
+        outcome = commands.merge_reports(
+            reports, output, force=force, baseline=baseline, console=Console(stderr=True)
+        )
+    raise typer.Exit(_EXIT[outcome])
 
 
 @app.command("render")
@@ -476,13 +335,8 @@ def render_command(
 
     Exit codes: 0 written, 2 unreadable report or unwritable path.
     """
-    from cl_audit.render.outputs import write_outputs
-
-    try:
-        check_writable(html, "--html")
-        write_outputs(read_report(report_path), html=html)
-    except UsageError as e:
-        raise _fail(str(e), EXIT_USAGE) from None
+    with _exit_codes():
+        commands.render(report_path, html)
 
 
 def main() -> None:

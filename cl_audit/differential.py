@@ -19,7 +19,7 @@ import torch
 
 from cl_audit.attribution import ModuleNames, locate
 from cl_audit.intercept.naming import aten_op_name, python_op_name
-from cl_audit.intercept.recorder import tensor_arguments
+from cl_audit.intercept.tracking import tensor_arguments
 from cl_audit.report import (
     Differential,
     DifferentialRun,

@@ -7,7 +7,8 @@ from importlib import metadata
 
 import torch
 
-from cl_audit.report import Environment, TensorMode
+from cl_audit.enums import Engine, TensorMode
+from cl_audit.report import Environment
 
 __all__ = ["autocast_in_effect", "autocast_name", "distribution_version", "dtype_name", "probe"]
 
@@ -43,7 +44,7 @@ def probe(
     device: str | None,
     dtype: str | None,
     autocast: str | None,
-    engine: str,
+    engine: Engine,
     mode: TensorMode,
     train: bool = False,
     optimizer: str | None = None,

@@ -2,22 +2,9 @@
 
 from __future__ import annotations
 
-from enum import Enum, unique
+from cl_audit.enums import Stage
 
 __all__ = ["AuditError", "ModelFailedError", "Stage", "UsageError"]
-
-
-@unique
-class Stage(str, Enum):
-    """Where a model failed: importing the user's file, building, preparing the input and
-    converting, the forward pass, and in a training step the backward and the optimizer step."""
-
-    IMPORT = "import"
-    BUILD = "build"
-    SETUP = "setup"
-    FORWARD = "forward"
-    BACKWARD = "backward"
-    STEP = "step"
 
 
 class AuditError(RuntimeError):

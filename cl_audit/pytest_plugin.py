@@ -111,14 +111,15 @@ class _Session:
     def write(self) -> None:
         if not (self.update and self.path is not None and self.rows):
             return
+        from cl_audit.enums import Engine, TensorMode
         from cl_audit.environment import probe
-        from cl_audit.report import SweepReport, TensorMode
+        from cl_audit.report import SweepReport
 
         self._load()  # the old rows: those of tests that did not run are kept
         rows = {row.name: row for row in self._old_rows}
         rows.update(self.rows)
         environment = probe(
-            device=None, dtype=None, autocast=None, engine="dispatch", mode=TensorMode.EAGER
+            device=None, dtype=None, autocast=None, engine=Engine.DISPATCH, mode=TensorMode.EAGER
         )
         report = SweepReport.build(environment, {"pytest": True}, list(rows.values()))
         self.path.write_text(report.to_json() + "\n")

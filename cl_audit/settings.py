@@ -9,14 +9,13 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
-from enum import Enum, unique
 
 import torch
 
 from cl_audit.compat import fake_cuda_problem
+from cl_audit.enums import Amp, DType, Engine, Optimizer, Strategy, TensorMode
 from cl_audit.environment import autocast_name
 from cl_audit.errors import UsageError
-from cl_audit.report import TensorMode
 
 __all__ = [
     "Amp",
@@ -26,53 +25,11 @@ __all__ = [
     "Optimizer",
     "Strategy",
     "TensorMode",
+    "check_engine",
     "parse_engine",
     "parse_input_size",
     "resolve_device",
 ]
-
-
-@unique
-class Engine(str, Enum):
-    DISPATCH = "dispatch"  # aten-level TorchDispatchMode, named by a TorchFunctionMode
-    PATCH = "patch"  # wraps the public callables of torch, torch.Tensor and F
-
-
-@unique
-class Strategy(str, Enum):
-    """How model and input are converted before the audited forward."""
-
-    CHANNELS_LAST = "channels-last"  # as Module.to(memory_format=torch.channels_last) does
-    CONV_WEIGHTS = "conv-weights"  # as nn.utils.convert_conv2d_weight_memory_format does
-    NCHW = "nchw"  # everything NCHW (NCDHW): the baseline a bench compares with
-    AS_GIVEN = "as-given"  # nothing converted: the caller chose the format
-
-
-@unique
-class DType(str, Enum):
-    FLOAT32 = "float32"
-    BFLOAT16 = "bfloat16"
-    FLOAT16 = "float16"
-
-    @property
-    def torch_dtype(self) -> torch.dtype:
-        return getattr(torch, self.value)
-
-
-@unique
-class Amp(str, Enum):
-    BF16 = "bf16"
-    FP16 = "fp16"
-
-    @property
-    def torch_dtype(self) -> torch.dtype:
-        return torch.bfloat16 if self is Amp.BF16 else torch.float16
-
-
-@unique
-class Optimizer(str, Enum):
-    SGD = "sgd"
-    ADAMW = "adamw"
 
 
 @dataclass(frozen=True)
@@ -95,6 +52,20 @@ class AuditSettings:
     optimizer: Optimizer = Optimizer.SGD
     seed: int = 0
     time: bool = False  # time the step and the flagged operations (eager only)
+
+    def __post_init__(self) -> None:
+        """Combinations that cannot take effect are refused once, here, with the reason."""
+        check_engine(self.engine, train=self.train, time=self.time)
+        fake = self.tensor_mode is TensorMode.FAKE
+        if self.time and fake:
+            raise UsageError("--time measures kernels, and fake tensors run none: drop --fake")
+        if self.train and fake and _device_type(self.device) == "cuda":
+            if not torch.cuda.is_available():
+                raise UsageError(
+                    "--train --fake --device cuda: autograd's engine needs a CUDA device for the "
+                    "backward even on fake tensors (no kernel runs); use a machine with a GPU, "
+                    "or --device cpu"
+                )
 
     @property
     def bfloat16(self) -> bool:
@@ -142,6 +113,22 @@ def _fake_cuda_autocast(dtype: torch.dtype) -> Iterator[None]:
         torch.set_autocast_enabled("cuda", enabled)
         torch.set_autocast_dtype("cuda", previous)
         torch.clear_autocast_cache()
+
+
+def check_engine(engine: Engine, *, train: bool = False, time: bool = False) -> None:
+    """Training and timing audits need the dispatch engine."""
+    if train and engine is not Engine.DISPATCH:
+        raise UsageError("--train needs the dispatch engine: the patch engine cannot see backward")
+    if time and engine is not Engine.DISPATCH:
+        raise UsageError("--time needs the dispatch engine (it labels each aten call)")
+
+
+def _device_type(text: str) -> str | None:
+    """The device's type, or None for a string ``resolve_device`` will refuse."""
+    try:
+        return torch.device(text).type
+    except RuntimeError:
+        return None
 
 
 def parse_engine(engine: Engine | str) -> Engine:

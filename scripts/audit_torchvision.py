@@ -17,9 +17,9 @@ import time
 import torch
 
 from cl_audit.report import ModelSource
-from cl_audit.run import audit_loaded
 from cl_audit.settings import AuditSettings, Engine
 from cl_audit.sources import ModelRef, load_model
+from cl_audit.sources.audit import audit_loaded
 from cl_audit.sources.torchvision_models import CHANNELS_LAST_TIER
 
 REPORTS_FORMAT = "cl-audit.reports"

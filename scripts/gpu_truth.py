@@ -24,9 +24,9 @@ from dataclasses import replace
 import torch
 
 from cl_audit.report import ModelReport, ModelSource, TensorMode
-from cl_audit.run import audit_loaded
 from cl_audit.settings import Amp, AuditSettings
 from cl_audit.sources import BuildOptions, ModelRef, load_model
+from cl_audit.sources.audit import audit_loaded
 from cl_audit.sources.torchvision_models import CHANNELS_LAST_TIER
 
 # a spread of timm families: convolutional, mobile, transformer, hybrid

@@ -20,9 +20,9 @@ from selenium.webdriver.chrome.service import Service
 from cl_audit.files import read_report, write_text
 from cl_audit.render.html import model_html, sweep_html
 from cl_audit.report import ModelSource, SweepReport
-from cl_audit.run import audit_loaded
 from cl_audit.settings import AuditSettings
 from cl_audit.sources import ModelRef, load_model
+from cl_audit.sources.audit import audit_loaded
 
 OUT = Path(__file__).resolve().parents[1] / "reports" / "html"
 MODELS = ("shufflenet_v2_x1_0", "maxvit_t")

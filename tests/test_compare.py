@@ -10,8 +10,7 @@ from literal_reports import finding, row, sweep
 from cl_audit.errors import UsageError
 from cl_audit.render.junit import junit_xml
 from cl_audit.report import Status as S
-from cl_audit.report import SweepReport
-from cl_audit.sweep.compare import compare, merge
+from cl_audit.report import SweepReport, compare, merge
 
 CAT = finding()
 FLATTEN = finding("torch.flatten", "aten.clone", round_trips=0)

@@ -14,8 +14,7 @@ from literal_reports import finding, model_report, row, sweep
 from rich.console import Console
 
 from cl_audit.render.terminal import render_comparison, render_report, render_sweep
-from cl_audit.report import Status
-from cl_audit.sweep.compare import compare
+from cl_audit.report import Status, compare
 
 GOLDEN = Path(__file__).with_name("golden")
 

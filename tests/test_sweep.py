@@ -17,9 +17,8 @@ import pytest
 from torch_checks import fake_group_norm_loses_what_eager_keeps, needs_fake_cuda
 
 from cl_audit.errors import UsageError
-from cl_audit.report import ModelSource, SweepReport, load_schema
+from cl_audit.report import ModelSource, SweepReport, compare, load_schema, merge
 from cl_audit.sources import ModelRef
-from cl_audit.sweep.compare import compare, merge
 from cl_audit.sweep.plan import estimated_cost, parse_shard, select, shard
 
 TESTS = Path(__file__).parent
@@ -304,9 +303,9 @@ def test_bad_baseline_is_a_usage_error(tmp_path):
 def test_zero_filled_build_is_restored_by_identity_and_keeps_verdicts():
     import torch
 
-    from cl_audit.run import audit_loaded
     from cl_audit.settings import AuditSettings
     from cl_audit.sources import BuildOptions, building, load_model
+    from cl_audit.sources.audit import audit_loaded
 
     shufflenet = ModelRef(ModelSource.TORCHVISION, "shufflenet_v2_x0_5")
 

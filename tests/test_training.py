@@ -101,7 +101,7 @@ def test_fake_cuda_training_without_a_gpu_is_refused_with_the_reason():
 
 
 def test_fake_scaler_does_what_grad_scaler_does_when_no_gradient_overflows():
-    from cl_audit.run import _FakeScaler
+    from cl_audit.training import FakeScaler
 
     def step(scaler_for: object) -> list[torch.Tensor]:
         torch.manual_seed(0)
@@ -113,7 +113,7 @@ def test_fake_scaler_does_what_grad_scaler_does_when_no_gradient_overflows():
         scaler.update()
         return [p.detach().clone() for p in model.parameters()]
 
-    fake = step(_FakeScaler(torch.device("cpu")))
+    fake = step(FakeScaler(torch.device("cpu")))
     real = step(torch.amp.GradScaler("cpu"))
     assert all(torch.allclose(a, b) for a, b in zip(fake, real, strict=True))
 

@@ -13,8 +13,8 @@ from torch import nn
 
 from cl_audit.audit import Audit, audit
 from cl_audit.environment import autocast_in_effect
-from cl_audit.report import DifferentialRun, DifferentialStatus, ModelReport, Phase
-from cl_audit.run import gradient_layouts
+from cl_audit.report import ModelReport, Phase
+from cl_audit.training import gradient_layouts, training_report
 
 __all__ = ["StepAudit", "show"]
 
@@ -85,20 +85,11 @@ class StepAudit:
             raise RuntimeError("StepAudit.finish() without start()")
         self.stop()
         report = self._audit.report(model=self.name, input_shape=self._input_shape)
-        environment = replace(
-            report.environment,
-            autocast=self._autocast or report.environment.autocast,
-            train=True,
-            optimizer=self.optimizer_name,
-        )
-        return replace(
-            report,
-            environment=environment,
-            gradient_layouts=self._layouts,
-            differential=DifferentialRun(
-                DifferentialStatus.SKIPPED, "training steps are not compared yet"
-            ),
-        )
+        if self._autocast is not None:
+            report = replace(
+                report, environment=replace(report.environment, autocast=self._autocast)
+            )
+        return training_report(report, self.optimizer_name, self._layouts)
 
 
 def show(report: ModelReport, json_path: Path | None, console: Console | None = None) -> None:

@@ -16,7 +16,7 @@ from torch.autograd.profiler import record_function
 from torch.overrides import TorchFunctionMode
 
 from cl_audit.compat import TorchDispatchMode
-from cl_audit.intercept.recorder import Recorder
+from cl_audit.intercept.observer import Observer
 
 __all__ = ["CALL_LABEL", "DispatchEngine"]
 
@@ -45,24 +45,30 @@ class _PythonCalls(TorchFunctionMode):
 
 
 class _AtenObserver(TorchDispatchMode):
-    def __init__(self, recorder: Recorder, python_calls: _PythonCalls) -> None:
+    def __init__(self, observer: Observer, python_calls: _PythonCalls) -> None:
         super().__init__()
-        self._recorder = recorder
+        self._observer = observer
         self._python_calls = python_calls
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         result = func(*args, **(kwargs or {}))
-        self._recorder.observe(func, self._python_calls.current, args, kwargs, result)
+        self._observer.observe(func, self._python_calls.current, args, kwargs, result)
         return result
 
 
 class _LabellingObserver(_AtenObserver):
-    """Each call inside a profiler range named by the number the recorder gives it."""
+    """Each call inside a profiler range named by its number (1, 2, ...), as the recorder
+    numbers the calls it checks."""
+
+    def __init__(self, observer: Observer, python_calls: _PythonCalls) -> None:
+        super().__init__(observer, python_calls)
+        self._calls = 0
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        with record_function(f"{CALL_LABEL}{self._recorder.calls_checked + 1}"):
+        self._calls += 1
+        with record_function(f"{CALL_LABEL}{self._calls}"):
             result = func(*args, **(kwargs or {}))
-        self._recorder.observe(func, self._python_calls.current, args, kwargs, result)
+        self._observer.observe(func, self._python_calls.current, args, kwargs, result)
         return result
 
 
@@ -73,12 +79,18 @@ class DispatchEngine:
 
     name = "dispatch"
 
-    def __init__(self, recorder: Recorder, label_calls: bool = False) -> None:
-        # A training audit's recorder leaves locations on the autograd nodes of each result.
-        training = getattr(recorder, "training", False)
-        self._python_calls = _PythonCalls(recorder.python_result if training else None)
-        observer = _LabellingObserver if label_calls else _AtenObserver
-        self._observer = observer(recorder, self._python_calls)
+    def __init__(
+        self,
+        observer: Observer,
+        *,
+        label_calls: bool = False,
+        on_python_result: Callable[[object], None] | None = None,
+    ) -> None:
+        # A training audit's recorder leaves locations on the autograd nodes of each result
+        # (``on_python_result``: it sees results after autograd recorded them).
+        self._python_calls = _PythonCalls(on_python_result)
+        aten = _LabellingObserver if label_calls else _AtenObserver
+        self._observer = aten(observer, self._python_calls)
         self._entered: list[Any] = []
         self.unwrapped: tuple[str, ...] = ()
 

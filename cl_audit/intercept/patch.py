@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from cl_audit.intercept.recorder import Recorder
+from cl_audit.intercept.observer import Observer
 
 __all__ = ["METADATA_METHODS", "OPERATOR_DUNDERS", "PatchEngine", "patch_targets"]
 
@@ -106,8 +106,8 @@ class PatchEngine:
 
     name = "patch"
 
-    def __init__(self, recorder: Recorder) -> None:
-        self._recorder = recorder
+    def __init__(self, observer: Observer) -> None:
+        self._observer = observer
         self._state = _State()
         self._saved: list[_Saved] = []
         self.unwrapped: tuple[str, ...] = ()
@@ -150,7 +150,7 @@ class PatchEngine:
 
     def _wrap(self, label: str, original: Callable[..., Any]) -> Callable[..., Any]:
         state = self._state
-        observe = self._recorder.observe
+        observe = self._observer.observe
 
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             if state.busy:

@@ -11,7 +11,6 @@ forgotten, not confused.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from itertools import chain
 from typing import Any
 
@@ -21,6 +20,15 @@ from cl_audit.attribution import Location, ModuleNames, locate
 from cl_audit.compat import current_autograd_node, view_base
 from cl_audit.compat import storage_key as _storage_key
 from cl_audit.intercept.naming import aten_op_name, python_op_name
+from cl_audit.intercept.tracking import (
+    Occurrence,
+    Origin,
+    Tally,
+    merge_origins,
+    nbytes,
+    summary_of,
+    tensor_arguments,
+)
 from cl_audit.layout import MemoryLayout, layout_of
 from cl_audit.report import (
     Conversion,
@@ -29,7 +37,6 @@ from cl_audit.report import (
     Producer,
     Provenance,
     RegainSource,
-    TensorSummary,
     TimelineEvent,
 )
 from cl_audit.rule import (
@@ -41,7 +48,7 @@ from cl_audit.rule import (
     regain_source,
 )
 
-__all__ = ["TIMELINE_LIMIT", "Recorder", "tensor_arguments"]
+__all__ = ["TIMELINE_LIMIT", "Recorder"]
 
 TIMELINE_LIMIT = 20_000  # events kept in a report's format timeline
 _NODE_KEY = "cl_audit.location"  # where a forward operation leaves its location on its node
@@ -53,71 +60,6 @@ _SPATIAL_RANKS = SPATIAL_RANKS
 _Tensor = torch.Tensor
 _SEQUENCES = (list, tuple)
 _SCALARS = (int, float, bool)
-
-
-@dataclass
-class _Tally:
-    count: int = 0
-    bytes_converted: int = 0
-    round_trips: int = 0
-    calls: list[int] = field(default_factory=list)  # call numbers, for the time attribution
-
-
-class _Occurrence:
-    """One execution of a loss; a regain of data derived from it makes it a round trip, once."""
-
-    __slots__ = ("regained", "tally")
-
-    def __init__(self, tally: _Tally) -> None:
-        self.tally = tally
-        self.regained = False
-
-
-@dataclass(eq=False)
-class _Origin:
-    """Where a run of contiguous data began (a loss or another producer; with a root cause, the
-    loss's root cause), and the loss occurrences the data derives from."""
-
-    producer: Producer
-    occurrences: tuple[_Occurrence, ...]
-
-
-def tensor_arguments(values: Any) -> list[torch.Tensor]:
-    """Tensors among ``values``, also inside lists and tuples (``cat``); on the hot path."""
-    found: list[torch.Tensor] = []
-    for value in values:
-        if isinstance(value, _Tensor):
-            found.append(value)
-        elif type(value) in _SEQUENCES and value and not isinstance(value[0], _SCALARS):
-            found.extend(v for v in value if isinstance(v, _Tensor))
-    return found
-
-
-def _nbytes(tensors: list[torch.Tensor]) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors)
-
-
-def _summary(tensor: torch.Tensor) -> TensorSummary:
-    return TensorSummary(
-        shape=tuple(tensor.shape),
-        strides=tuple(tensor.stride()),
-        dtype=str(tensor.dtype).removeprefix("torch."),
-        device=str(tensor.device),
-        layout=layout_of(tensor),
-    )
-
-
-def _merge(origins: list[_Origin]) -> _Origin:
-    """One origin for data derived from several: the union of their loss occurrences, led by the
-    first that has any (so a loss-sourced regain names a loss)."""
-    if len(origins) == 1:
-        return origins[0]
-    occurrences: dict[int, _Occurrence] = {}
-    for origin in origins:
-        for occurrence in origin.occurrences:
-            occurrences.setdefault(id(occurrence), occurrence)
-    lead = next((o for o in origins if o.occurrences), origins[0])
-    return _Origin(lead.producer, tuple(occurrences.values()))
 
 
 class Recorder:
@@ -150,8 +92,8 @@ class Recorder:
             None  # (device, dtype) of the first 4D/5D input
         )
         self._ops_seen: set[object] = set()
-        self._tallies: dict[tuple, _Tally] = {}
-        self._origins: dict[int, _Origin] = {}  # storage -> origin of its contiguous data
+        self._tallies: dict[tuple, Tally] = {}
+        self._origins: dict[int, Origin] = {}  # storage -> origin of its contiguous data
         self._cl_ordered: set[int] = set()  # new storages of channels_last data in another shape
         self._parameters: set[int] = set()  # parameter-derived storages
         self._copy_ops: dict[object, bool] = {}
@@ -235,7 +177,7 @@ class Recorder:
                 interesting |= bool(contiguous)
             elif layout is _OTHER:
                 interesting |= bool(sources or reshaped)  # maybe a stack of channels_last maps
-        found: list[_Origin] = []  # origins of the tracked contiguous data read, first first
+        found: list[Origin] = []  # origins of the tracked contiguous data read, first first
         if in_keys is not None and origins:
             for tensor, key in zip(inputs, in_keys, strict=True):
                 origin = origins.get(key)
@@ -271,7 +213,7 @@ class Recorder:
         if sources or reshaped:  # channels_last data written in another order (torch.stack)
             cl_ordered.update(key for t, key in new if layout_of(t) is _OTHER)
         if found:  # data derived from tracked data: new outputs, unless channels_last
-            origin = _merge(found)
+            origin = merge_origins(found)
             for t, key in new:
                 if layout_of(t) is not _CL:
                     origins[key] = origin
@@ -291,7 +233,7 @@ class Recorder:
             return
         if contiguous:
             return  # derived from data from outside the audit: stays untracked (OUTSIDE)
-        origin = _Origin(self._producer(aten_op, python_op, self._locate()), ())
+        origin = Origin(self._producer(aten_op, python_op, self._locate()), ())
         for key in spatial_contiguous:
             origins[key] = origin
 
@@ -383,8 +325,8 @@ class Recorder:
         parameters = self._parameters
         return all(_storage_key(t) in parameters for t in tensors)
 
-    def _origins_of(self, tensors: list[torch.Tensor]) -> list[_Origin]:
-        found: list[_Origin] = []
+    def _origins_of(self, tensors: list[torch.Tensor]) -> list[Origin]:
+        found: list[Origin] = []
         for tensor in tensors:
             origin = self._origins.get(_storage_key(tensor))
             if origin is not None and all(origin is not f for f in found):
@@ -410,12 +352,12 @@ class Recorder:
         root_cause: Producer | None,
         provenance: Provenance,
         source: RegainSource | None,
-    ) -> _Tally:
+    ) -> Tally:
         key = (
             kind,
             producer,
-            tuple(_summary(t) for t in inputs),
-            tuple(_summary(t) for t in outputs),
+            tuple(summary_of(t) for t in inputs),
+            tuple(summary_of(t) for t in outputs),
             mixed,
             root_cause,
             provenance,
@@ -424,7 +366,7 @@ class Recorder:
         )
         tally = self._tallies.get(key)
         if tally is None:
-            tally = self._tallies[key] = _Tally()
+            tally = self._tallies[key] = Tally()
         return tally
 
     def _record_loss(
@@ -437,7 +379,7 @@ class Recorder:
         sources: list[torch.Tensor],
         reshaped: list[torch.Tensor],
         contiguous: list[torch.Tensor],
-        found: list[_Origin],
+        found: list[Origin],
     ) -> None:
         location = self._locate()
         producer = self._producer(aten_op, python_op, location)
@@ -456,11 +398,11 @@ class Recorder:
         tally.count += 1
         tally.calls.append(self.calls_checked)
         self._mark = Conversion.LOSS
-        tally.bytes_converted += _nbytes([t for t, _ in lost])
+        tally.bytes_converted += nbytes([t for t, _ in lost])
         # Downstream, the contiguous data still traces back to the root cause, if there is one,
         # and derives from this occurrence and from the losses its inputs derive from.
-        occurrences = _merge([_Origin(producer, (_Occurrence(tally),)), *found]).occurrences
-        origin = _Origin(producer if root is None else root.producer, occurrences)
+        occurrences = merge_origins([Origin(producer, (Occurrence(tally),)), *found]).occurrences
+        origin = Origin(producer if root is None else root.producer, occurrences)
         for _, key in lost:
             self._origins[key] = origin
 
@@ -491,7 +433,7 @@ class Recorder:
         tally.count += 1
         tally.calls.append(self.calls_checked)
         self._mark = Conversion.REGAIN
-        tally.bytes_converted += _nbytes(regained)
+        tally.bytes_converted += nbytes(regained)
         for origin in found:
             for occurrence in origin.occurrences:
                 if not occurrence.regained:

@@ -9,6 +9,7 @@ from rich.text import Text
 
 from cl_audit.render import format_bytes
 from cl_audit.report import (
+    Comparison,
     DifferentialStatus,
     Finding,
     ModelReport,
@@ -19,7 +20,6 @@ from cl_audit.report import (
     Timing,
     by_call_site,
 )
-from cl_audit.sweep.compare import Comparison
 
 __all__ = [
     "format_bytes",

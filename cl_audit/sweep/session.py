@@ -116,7 +116,7 @@ def run_sweep(
         device=audit.device,
         dtype=audit.dtype.value,
         autocast=audit.autocast_description,
-        engine=audit.engine.value,
+        engine=audit.engine,
         mode=audit.tensor_mode,
         train=audit.train,
         optimizer=audit.optimizer.value if audit.train else None,

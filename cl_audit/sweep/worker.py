@@ -13,9 +13,9 @@ from typing import Any
 
 from cl_audit.errors import ModelFailedError, Stage, UsageError
 from cl_audit.report import Mode, ModelRow, Status, TensorMode
-from cl_audit.run import audit_loaded
 from cl_audit.settings import AuditSettings
 from cl_audit.sources import BuildOptions, ModelRef, load_model
+from cl_audit.sources.audit import audit_loaded
 
 __all__ = ["MIN_VERDICT_SIDE", "Job", "SweepSettings", "audit_job", "failed_row", "parse_memory"]
 

@@ -1,0 +1,246 @@
+"""What each ``cl-audit`` command does once its options are settings: the package decides single
+model against sweep, gates on baselines and writes every output; the CLI maps the ``Outcome``
+(and the domain errors) to exit codes.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from rich.console import Console
+
+from cl_audit.enums import Outcome, TensorMode
+from cl_audit.errors import UsageError
+from cl_audit.files import check_writable, read_report, read_sweep, write_text
+from cl_audit.report import SweepReport, compare, merge
+from cl_audit.settings import AuditSettings
+from cl_audit.sources import BuildOptions, ModelRef, load_model
+from cl_audit.sweep.plan import parse_shard, select, shard
+from cl_audit.sweep.worker import SweepSettings
+
+if TYPE_CHECKING:
+    from cl_audit.bench import BenchSettings
+
+__all__ = ["AuditOutputs", "Selection", "audit", "bench", "merge_reports", "render"]
+
+# Options that only a sweep uses; given for one model they are reported as not applied.
+SWEEP_ONLY = ("jobs", "timeout", "max_memory", "max_input_size", "checkpoint", "confirm")
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The models asked for, as given (a sweep records it)."""
+
+    models: tuple[str, ...] = ()
+    timm: tuple[str, ...] = ()
+    torchvision: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+    shard: str | None = None
+
+    def refs(self) -> list[ModelRef]:
+        """The models selected, in order; with ``shard`` ("K/N"), this shard's."""
+        refs = select(
+            list(self.models), list(self.timm), list(self.torchvision), list(self.exclude)
+        )
+        return refs if self.shard is None else shard(refs, *parse_shard(self.shard))
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "models": list(self.models),
+            "timm": list(self.timm),
+            "torchvision": list(self.torchvision),
+            "exclude": list(self.exclude),
+            "shard": self.shard,
+        }
+
+
+@dataclass(frozen=True)
+class AuditOutputs:
+    json: Path | None = None
+    html: Path | None = None
+    junit: Path | None = None
+    checkpoint: Path | None = None
+
+    def check(self) -> None:
+        """Refuse an unwritable path before any model runs."""
+        for path, option in ((self.json, "--json"), (self.junit, "--junit"), (self.html, "--html")):
+            check_writable(path, option)
+
+
+def audit(
+    sweep: SweepSettings,
+    selection: Selection,
+    outputs: AuditOutputs,
+    *,
+    baseline: Path | None,
+    resume: bool,
+    list_only: bool,
+    show_all: bool,
+    unapplied: tuple[str, ...],
+    console: Console,
+) -> Outcome:
+    """One model audited in this process, or a sweep (several models, or any of JUnit, a
+    baseline, a shard, a resume), each model in a worker of its own; with ``list_only`` the
+    selection is printed instead. ``unapplied`` names the sweep-only options given: for one
+    model they are reported as not applied."""
+    refs = selection.refs()
+    if list_only:
+        for ref in refs:
+            console.print(ref.key, highlight=False, soft_wrap=True)
+        return Outcome.CLEAN
+    if not refs:
+        raise UsageError("no model selected: give a model name, --timm or --torchvision")
+    outputs.check()
+    if len(refs) == 1 and not (outputs.junit or baseline or resume or selection.shard):
+        if unapplied:
+            flags = ", ".join("--" + o.replace("_", "-") for o in unapplied)
+            Console(stderr=True).print(
+                f"note: {flags} apply to sweeps (several models, or --junit, --baseline, "
+                "--shard, --resume): not applied to one model",
+                highlight=False,
+            )
+        return _single(refs[0], sweep.audit, outputs, show_all, console)
+    if sweep.audit.time:
+        raise UsageError(
+            "--time times one model: models audited side by side in a sweep share the "
+            "CPU, so their timings would not be comparable"
+        )
+    return _sweep(refs, sweep, selection, outputs, baseline, resume, console)
+
+
+def _single(
+    ref: ModelRef, settings: AuditSettings, outputs: AuditOutputs, show_all: bool, console: Console
+) -> Outcome:
+    from cl_audit.render.outputs import write_outputs
+    from cl_audit.render.terminal import render_report
+    from cl_audit.sources.audit import audit_loaded
+
+    loaded = load_model(ref, BuildOptions(meta=settings.tensor_mode is TensorMode.FAKE))
+    report = audit_loaded(loaded, settings)
+    render_report(report, console, show_all)
+    write_outputs(report, outputs.json, outputs.html)
+    return Outcome.OFFENDING if report.offenders else Outcome.CLEAN
+
+
+def _sweep(
+    refs: list[ModelRef],
+    settings: SweepSettings,
+    selection: Selection,
+    outputs: AuditOutputs,
+    baseline_path: Path | None,
+    resume: bool,
+    console: Console,
+) -> Outcome:
+    from cl_audit.render.outputs import write_outputs
+    from cl_audit.render.progress import SweepProgress
+    from cl_audit.render.terminal import render_sweep
+    from cl_audit.sweep.session import default_checkpoint, run_sweep
+
+    err = Console(stderr=True)
+    baseline = read_sweep(baseline_path) if baseline_path is not None else None
+    chosen = selection.to_dict()
+    outcome = run_sweep(
+        refs,
+        settings,
+        chosen,
+        outputs.checkpoint or default_checkpoint(outputs.json, chosen, settings),
+        resume,
+        progress=lambda total, done: SweepProgress(err, total=total, already_done=done),
+        notify=err.print,
+    )
+    report = outcome.report
+    render_sweep(report, console)
+    write_outputs(report, outputs.json, outputs.html, outputs.junit)
+    if outcome.interrupted:
+        err.print(
+            f"interrupted: {report.summary.models} of {outcome.selected} models done; "
+            f"checkpoint {outcome.checkpoint} (--resume continues it)"
+        )
+        return Outcome.INTERRUPTED
+    if baseline is not None:
+        return _gate(baseline, report, console)
+    return _verdict(report)
+
+
+def _gate(baseline: SweepReport, report: SweepReport, console: Console) -> Outcome:
+    """New offences or failures against ``baseline`` offend; anything else is clean."""
+    from cl_audit.render.terminal import render_comparison
+
+    comparison = compare(baseline, report)
+    render_comparison(comparison, console)
+    return Outcome.OFFENDING if comparison.regressed else Outcome.CLEAN
+
+
+def _verdict(report: SweepReport) -> Outcome:
+    s = report.summary
+    if s.offending:
+        return Outcome.OFFENDING
+    if s.failed:
+        return Outcome.FAILED
+    if s.models and s.skipped == s.models:
+        reason = next(r.message for r in report.models)
+        raise UsageError(f"no model was audited: all {s.models} were skipped ({reason})")
+    return Outcome.CLEAN
+
+
+def bench(
+    model: str | None,
+    timm_model: str | None,
+    settings: BenchSettings,
+    *,
+    json_path: Path | None,
+    dashboard_json: Path | None,
+    console: Console,
+) -> None:
+    """Bench one model and write its outputs."""
+    from cl_audit.bench import bench_module
+    from cl_audit.bench_report import dashboard_records
+    from cl_audit.render.bench import render_bench
+    from cl_audit.sources.audit import prepare
+
+    specs = [spec for spec in (model, timm_model) if spec]
+    if len(specs) != 1:
+        raise UsageError("bench one model: a torchvision name, module:factory, or --timm NAME")
+    refs = select([model] if model else [], [timm_model] if timm_model else [], [], [])
+    if len(refs) != 1:
+        raise UsageError(f"bench one model: {specs[0]!r} selects {len(refs)}")
+    for path, option in ((json_path, "--json"), (dashboard_json, "--dashboard-json")):
+        check_writable(path, option)
+    (ref,) = refs
+    loaded = load_model(ref)
+    module, example = prepare(loaded, settings.audit)
+    report = bench_module(
+        module, (example,), settings, name=loaded.name, source=ref.source.value, loss=loaded.loss
+    )
+    render_bench(report, console)
+    if json_path is not None:
+        write_text(json_path, report.to_json() + "\n", "--json")
+    if dashboard_json is not None:
+        records = dashboard_records(report, ref.source.value)
+        write_text(dashboard_json, json.dumps(records, indent=2) + "\n", "--dashboard-json")
+
+
+def merge_reports(
+    paths: list[Path], output: Path, *, force: bool, baseline: Path | None, console: Console
+) -> Outcome:
+    """Merge sweep reports into ``output``; with ``baseline``, gate the merged report on it."""
+    previous = read_sweep(baseline) if baseline is not None else None
+    merged = merge([read_sweep(path) for path in paths], force=force)
+    write_text(output, merged.to_json() + "\n", "--output")
+    s = merged.summary
+    console.print(
+        f"merged {len(paths)} reports: {s.models} models, {s.offending} offending, "
+        f"{s.failed} failed"
+    )
+    return Outcome.CLEAN if previous is None else _gate(previous, merged, console)
+
+
+def render(report_path: Path, html: Path) -> None:
+    """A saved report (any version, model or sweep) as one self-contained HTML file."""
+    from cl_audit.render.outputs import write_outputs
+
+    check_writable(html, "--html")
+    write_outputs(read_report(report_path), html=html)

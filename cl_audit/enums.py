@@ -1,0 +1,186 @@
+"""Every choice and category cl-audit names, as enums: user strings become these at the
+boundary, reports write their values."""
+
+from __future__ import annotations
+
+from enum import Enum, unique
+
+import torch
+
+__all__ = [
+    "Amp",
+    "Conversion",
+    "DType",
+    "Differential",
+    "DifferentialStatus",
+    "Engine",
+    "Mode",
+    "ModelSource",
+    "Optimizer",
+    "Outcome",
+    "Phase",
+    "Provenance",
+    "RegainSource",
+    "Stage",
+    "Status",
+    "Strategy",
+    "TensorMode",
+]
+
+
+@unique
+class Engine(str, Enum):
+    DISPATCH = "dispatch"  # aten-level TorchDispatchMode, named by a TorchFunctionMode
+    PATCH = "patch"  # wraps the public callables of torch, torch.Tensor and F
+
+
+@unique
+class Strategy(str, Enum):
+    """How model and input are converted before the audited forward."""
+
+    CHANNELS_LAST = "channels-last"  # as Module.to(memory_format=torch.channels_last) does
+    CONV_WEIGHTS = "conv-weights"  # as nn.utils.convert_conv2d_weight_memory_format does
+    NCHW = "nchw"  # everything NCHW (NCDHW): the baseline a bench compares with
+    AS_GIVEN = "as-given"  # nothing converted: the caller chose the format
+
+
+@unique
+class DType(str, Enum):
+    FLOAT32 = "float32"
+    BFLOAT16 = "bfloat16"
+    FLOAT16 = "float16"
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return getattr(torch, self.value)
+
+
+@unique
+class Amp(str, Enum):
+    BF16 = "bf16"
+    FP16 = "fp16"
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return torch.bfloat16 if self is Amp.BF16 else torch.float16
+
+
+@unique
+class Optimizer(str, Enum):
+    SGD = "sgd"
+    ADAMW = "adamw"
+
+
+@unique
+class TensorMode(str, Enum):
+    """How an audit ran its tensors."""
+
+    EAGER = "eager"  # kernels ran on real data
+    FAKE = "fake"  # FakeTensors: layouts from the operators' meta functions, a prediction
+
+
+@unique
+class ModelSource(str, Enum):
+    """Where a model of a sweep or a CLI run comes from."""
+
+    TORCHVISION = "torchvision"
+    TIMM = "timm"
+    USER = "user"  # module:factory or file.py:factory
+
+
+@unique
+class Phase(str, Enum):
+    """When an operation ran in an audited training step."""
+
+    FORWARD = "forward"
+    BACKWARD = "backward"
+    OPTIMIZER = "optimizer"
+
+
+@unique
+class Conversion(str, Enum):
+    """Direction of a memory-format conversion."""
+
+    LOSS = "loss"  # channels_last in, newly materialised contiguous out
+    REGAIN = "regain"  # contiguous in, newly materialised channels_last out
+
+
+@unique
+class Provenance(str, Enum):
+    """Where the data an operation converted comes from, traced by storage identity."""
+
+    BATCH = "batch"  # the input batch and whatever it flows into: activations
+    PARAMETER = "parameter"  # only parameters, buffers and constants made during the forward
+
+
+@unique
+class RegainSource(str, Enum):
+    """What made the contiguous input of a regain."""
+
+    LOSS = "loss"  # a recorded loss: the regain closes a round trip
+    PRODUCER = "producer"  # an operation that is not a loss; ``root_cause`` names it
+    OUTSIDE = "outside"  # data from outside the audit: the input, a parameter or buffer
+
+
+@unique
+class Differential(str, Enum):
+    """A terminal loss compared with its counterpart in the same forward run in NCHW."""
+
+    CAUSED = "caused"  # the counterpart ran on other strides: channels_last added this copy
+    NEUTRAL = "neutral"  # same input and output strides in NCHW: channels_last changed nothing
+    UNALIGNED = "unaligned"  # no counterpart found: counted as caused, and listed
+
+
+@unique
+class DifferentialStatus(str, Enum):
+    """Whether terminal losses were compared with a forward run in NCHW."""
+
+    RAN = "ran"
+    NOT_NEEDED = "not-needed"  # no terminal activation loss to classify
+    SKIPPED = "skipped"  # not asked for (--no-differential, or the audit() context manager)
+    FAILED = "failed"  # the NCHW run failed: every terminal loss counts as caused
+
+
+@unique
+class Status(str, Enum):
+    OK = "ok"
+    ERROR = "error"
+    TIMEOUT = "timeout"
+    OUT_OF_MEMORY = "out-of-memory"
+    SKIPPED = "skipped"
+
+    @property
+    def failed(self) -> bool:
+        return self in (Status.ERROR, Status.TIMEOUT, Status.OUT_OF_MEMORY)
+
+
+@unique
+class Mode(str, Enum):
+    """How a sweep's row was obtained."""
+
+    EAGER = "eager"  # a real forward pass on the device
+    FAKE = "fake"  # fake tensors: layouts from the ops' meta functions, no data
+    CONFIRMED = "fake+eager"  # fake mode flagged or failed it, and this is the eager re-run
+
+
+@unique
+class Stage(str, Enum):
+    """Where a model failed: importing the user's file, building, preparing the input and
+    converting, the forward pass, and in a training step the backward and the optimizer step."""
+
+    IMPORT = "import"
+    BUILD = "build"
+    SETUP = "setup"
+    FORWARD = "forward"
+    BACKWARD = "backward"
+    STEP = "step"
+
+
+@unique
+class Outcome(str, Enum):
+    """What a command came to; the CLI maps each to its exit code."""
+
+    CLEAN = "clean"
+    OFFENDING = "offending"  # offenders, or with a baseline new offences or failures
+    FAILED = "failed"  # a sweep in which some model failed and none offended
+    INTERRUPTED = "interrupted"

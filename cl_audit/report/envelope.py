@@ -1,0 +1,103 @@
+"""The versioned JSON envelopes of reports: formats and versions, gzip, schema loading.
+
+Every document is ``{"format": ..., "version": ..., ...}``; readers check both and accept the
+versions they know. Version 2 of the model report sorts losses by what they mean; version 1
+documents are still read.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from enum import Enum
+from importlib import resources
+from typing import Any
+
+REPORT_FORMAT = "cl-audit.report"
+
+
+REPORT_VERSION = 2
+
+
+BENCH_FORMAT = "cl-audit.bench"  # cl_audit.bench_report
+
+
+BENCH_VERSION = 1
+
+
+_READABLE_VERSIONS = (1, 2)
+
+
+class ReportFormatError(ValueError):
+    """A JSON document is not a cl-audit report this version can read."""
+
+
+def parse_json(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ReportFormatError(f"not JSON: {e}") from None
+
+
+_GZIP_MAGIC = b"\x1f\x8b"
+
+
+def encode_document(text: str, compress: bool) -> bytes:
+    """What ``decode_document`` reads: UTF-8, gzip-compressed (reproducibly) when asked."""
+    data = text.encode()
+    return gzip.compress(data, mtime=0) if compress else data
+
+
+def decode_document(data: bytes) -> Any:
+    """A JSON document as written by ``--json``, gzip-compressed or not."""
+    if data[:2] == _GZIP_MAGIC:
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError) as e:
+            raise ReportFormatError(f"broken gzip data: {e}") from None
+    try:
+        return parse_json(data.decode())
+    except UnicodeDecodeError as e:
+        raise ReportFormatError(f"not text: {e}") from None
+
+
+def check_envelope(
+    data: Any, expected_format: str, readable: tuple[int, ...] = _READABLE_VERSIONS
+) -> int:
+    """The document's version; refuses other formats and versions with a message."""
+    if not isinstance(data, dict) or "format" not in data:
+        raise ReportFormatError(f"not a {expected_format} document (no 'format' key)")
+    if data["format"] != expected_format:
+        raise ReportFormatError(f"unknown format {data['format']!r}; expected {expected_format!r}")
+    version = data.get("version")
+    if version not in readable:
+        raise ReportFormatError(
+            f"unsupported {expected_format} version {version!r}; this cl-audit reads versions "
+            f"{' and '.join(map(str, readable))}"
+        )
+    return version
+
+
+def load_schema(name: str = "report", version: int | None = None) -> dict[str, Any]:
+    """The JSON Schema shipped in the package for ``cl-audit.<name>`` documents (report, sweep,
+    bench) of ``version`` (the current one by default)."""
+    current = {"report": REPORT_VERSION, "sweep": SWEEP_VERSION, "bench": BENCH_VERSION}[name]
+    version = current if version is None else version
+    file = f"{name}.schema.json" if version == current else f"{name}-v{version}.schema.json"
+    return json.loads(resources.files("cl_audit.schema").joinpath(file).read_text())
+
+
+def plain_json(value: Any) -> Any:
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, dict):
+        return {k: plain_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain_json(v) for v in value]
+    return value
+
+
+SWEEP_FORMAT = "cl-audit.sweep"
+
+
+SWEEP_VERSION = 2

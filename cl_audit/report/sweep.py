@@ -1,0 +1,332 @@
+"""The report of a sweep: one row per model, the summary, the operator-coverage index, and the
+pure operations on sweep reports (merging shards, comparing with a baseline)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from cl_audit.enums import (
+    Mode,
+    ModelSource,
+    Stage,
+    Status,
+)
+from cl_audit.errors import UsageError
+from cl_audit.report.envelope import (
+    SWEEP_FORMAT,
+    SWEEP_VERSION,
+    ReportFormatError,
+    check_envelope,
+    decode_document,
+    parse_json,
+    plain_json,
+)
+from cl_audit.report.model import (
+    AppliedOverride,
+    Environment,
+    Finding,
+    ModelReport,
+    Summary,
+    environment_from_dict,
+    findings_from_dicts,
+    tuple_or_none,
+)
+
+
+@dataclass(frozen=True)
+class ModelRow:
+    """One model of a sweep. Rows of fake mode are ``predicted``: nothing ran on the device."""
+
+    name: str
+    source: ModelSource
+    status: Status
+    mode: Mode
+    input_shape: tuple[int, ...] | None
+    parameters: int | None
+    summary: Summary | None
+    offenders: tuple[Finding, ...]
+    message: str | None  # the error, or why it was skipped
+    stage: Stage | None
+    seconds: float
+    peak_memory_mb: float | None
+    parameter_conversions: tuple[Finding, ...] = ()
+    format_neutral: tuple[Finding, ...] = ()
+    regains: tuple[Finding, ...] = ()  # each names its source: no regain goes unexplained
+    kernel_overrides: tuple[AppliedOverride, ...] = ()  # fake CUDA: predicted from kernel source
+
+    @property
+    def key(self) -> str:
+        return f"{self.source.value}:{self.name}"
+
+    @property
+    def predicted(self) -> bool:
+        return self.mode is Mode.FAKE
+
+    @property
+    def offending(self) -> bool:
+        return self.status is Status.OK and bool(self.offenders)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**plain_json(asdict(self)), "predicted": self.predicted}
+
+    @classmethod
+    def from_report(
+        cls,
+        report: ModelReport,
+        name: str,
+        source: ModelSource,
+        mode: Mode,
+        *,
+        parameters: int | None = None,
+        seconds: float = 0.0,
+    ) -> ModelRow:
+        """The row of a model that gave a verdict."""
+        return cls(
+            name=name,
+            source=source,
+            status=Status.OK,
+            mode=mode,
+            input_shape=report.input_shape,
+            parameters=parameters,
+            summary=report.summary,
+            offenders=report.offenders,
+            message=None,
+            stage=None,
+            seconds=seconds,
+            peak_memory_mb=None,
+            parameter_conversions=report.parameter_conversions,
+            format_neutral=report.format_neutral,
+            regains=report.regains,
+            kernel_overrides=report.environment.kernel_overrides,
+        )
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ModelRow:
+        summary = data["summary"]
+        stage = data["stage"]
+        return cls(
+            name=data["name"],
+            source=ModelSource(data["source"]),
+            status=Status(data["status"]),
+            mode=Mode(data["mode"]),
+            input_shape=tuple_or_none(data["input_shape"]),
+            parameters=data["parameters"],
+            summary=None if summary is None else Summary(**summary),
+            offenders=findings_from_dicts(data["offenders"]),
+            message=data["message"],
+            stage=None if stage is None else Stage(stage),
+            seconds=data["seconds"],
+            peak_memory_mb=data["peak_memory_mb"],
+            parameter_conversions=findings_from_dicts(data.get("parameter_conversions", ())),
+            format_neutral=findings_from_dicts(data.get("format_neutral", ())),
+            regains=findings_from_dicts(data.get("regains", ())),
+            kernel_overrides=tuple(AppliedOverride(**o) for o in data.get("kernel_overrides", ())),
+        )
+
+
+@dataclass(frozen=True)
+class OperatorCoverage:
+    """How one operation converts data across the models of a sweep: as an offender, as a
+    parameter conversion, and as a format-neutral loss, each counted apart."""
+
+    op: str  # Finding.op_id: the aten name where known, else the Python-level one
+    python_ops: tuple[str, ...]
+    models: int  # models where it is an offender
+    events: int
+    bytes_converted: int
+    examples: tuple[str, ...]  # "model:module.path" for a few of the offender places
+    parameter_models: int = 0
+    parameter_events: int = 0
+    parameter_bytes: int = 0
+    neutral_models: int = 0
+    neutral_events: int = 0
+    neutral_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class SweepSummary:
+    models: int
+    clean: int
+    offending: int
+    failed: int
+    skipped: int
+    by_status: dict[str, int]
+
+
+@dataclass(frozen=True)
+class SweepReport:
+    environment: Environment
+    settings: dict[str, Any]
+    summary: SweepSummary
+    models: tuple[ModelRow, ...]
+    operators: tuple[OperatorCoverage, ...]
+
+    @classmethod
+    def build(
+        cls, environment: Environment, settings: dict[str, Any], rows: list[ModelRow]
+    ) -> SweepReport:
+        """Summary and operator coverage derived from the rows, in a stable order."""
+        ordered = tuple(sorted(rows, key=lambda r: (r.source.value, r.name)))
+        by_status: dict[str, int] = {s.value: 0 for s in Status}
+        for row in ordered:
+            by_status[row.status.value] += 1
+        summary = SweepSummary(
+            models=len(ordered),
+            clean=sum(1 for r in ordered if r.status is Status.OK and not r.offenders),
+            offending=sum(1 for r in ordered if r.offending),
+            failed=sum(1 for r in ordered if r.status.failed),
+            skipped=by_status[Status.SKIPPED.value],
+            by_status=by_status,
+        )
+        return cls(environment, settings, summary, ordered, operator_coverage(ordered))
+
+    def to_dict(self) -> dict[str, Any]:
+        body = {**plain_json(asdict(self)), "models": [row.to_dict() for row in self.models]}
+        return {"format": SWEEP_FORMAT, "version": SWEEP_VERSION, **body}
+
+    def to_json(self, indent: int | None = 1) -> str:
+        return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SweepReport:
+        check_envelope(data, SWEEP_FORMAT)
+        try:
+            rows = [ModelRow.from_dict(r) for r in data["models"]]
+            return cls.build(
+                environment_from_dict(data["environment"]), dict(data["settings"]), rows
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise ReportFormatError(f"malformed {SWEEP_FORMAT} document: {e!r}") from None
+
+    @classmethod
+    def from_json(cls, text: str) -> SweepReport:
+        return cls.from_dict(parse_json(text))
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> SweepReport:
+        """JSON as written by ``--json``, gzip-compressed or not."""
+        return cls.from_dict(decode_document(data))
+
+
+_EXAMPLES_PER_OPERATOR = 5
+
+
+def _tally(tallies: dict[str, dict[str, Any]], row: ModelRow, finding: Finding, kind: str) -> None:
+    tally = tallies.setdefault(
+        finding.op_id,
+        {"python": set(), "examples": [], **{f"{k}_{n}": 0 for k in _KINDS for n in _NUMBERS}},
+    )
+    tally.setdefault(f"{kind}_keys", set()).add(row.key)
+    if finding.python_op:
+        tally["python"].add(finding.python_op)
+    tally[f"{kind}_events"] += finding.count
+    tally[f"{kind}_bytes"] += finding.bytes_converted
+    example = f"{row.name}:{finding.module_path}"
+    if kind == "offender" and len(tally["examples"]) < _EXAMPLES_PER_OPERATOR:
+        if example not in tally["examples"]:
+            tally["examples"].append(example)
+
+
+_KINDS = ("offender", "parameter", "neutral")
+
+
+_NUMBERS = ("events", "bytes")
+
+
+def operator_coverage(rows: tuple[ModelRow, ...]) -> tuple[OperatorCoverage, ...]:
+    """For each converting op: models, events and bytes as an offender, as a parameter
+    conversion and as a format-neutral loss, with example places; worst offenders first."""
+    tallies: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        if row.status is not Status.OK:
+            continue
+        lists = (row.offenders, row.parameter_conversions, row.format_neutral)
+        for kind, findings in zip(_KINDS, lists, strict=True):
+            for finding in findings:
+                _tally(tallies, row, finding, kind)
+    coverage = [
+        OperatorCoverage(
+            op=op,
+            python_ops=tuple(sorted(t["python"])),
+            models=len(t.get("offender_keys", ())),
+            events=t["offender_events"],
+            bytes_converted=t["offender_bytes"],
+            examples=tuple(t["examples"]),
+            parameter_models=len(t.get("parameter_keys", ())),
+            parameter_events=t["parameter_events"],
+            parameter_bytes=t["parameter_bytes"],
+            neutral_models=len(t.get("neutral_keys", ())),
+            neutral_events=t["neutral_events"],
+            neutral_bytes=t["neutral_bytes"],
+        )
+        for op, t in tallies.items()
+    ]
+    order = lambda c: (-c.models, -c.events, -c.parameter_models, -c.neutral_models, c.op)  # noqa: E731
+    return tuple(sorted(coverage, key=order))
+
+
+def merge(reports: list[SweepReport], force: bool = False) -> SweepReport:
+    """One report from shards. Refuses reports made by different cl-audit or torch versions,
+    and models present in two of them, unless ``force`` (then the later one wins)."""
+    if not reports:
+        raise UsageError("merge: no reports given")
+    first = reports[0].environment
+    rows: dict[str, ModelRow] = {}
+    for report in reports:
+        env = report.environment
+        if not force and (env.tool, env.torch) != (first.tool, first.torch):
+            raise UsageError(
+                f"merge: reports come from different versions (cl-audit {first.tool}, torch "
+                f"{first.torch} vs cl-audit {env.tool}, torch {env.torch}); --force to merge"
+            )
+        for row in report.models:
+            if row.key in rows and not force:
+                raise UsageError(f"merge: {row.key} is in two reports; --force to keep the later")
+            rows[row.key] = row
+    settings = {k: v for k, v in reports[0].settings.items() if k != "shard"}
+    settings["merged_from"] = len(reports)
+    return SweepReport.build(first, settings, list(rows.values()))
+
+
+def _offences(report: SweepReport) -> set[tuple[str, str]]:
+    return {
+        (row.key, finding.op_id)
+        for row in report.models
+        if row.offending
+        for finding in row.offenders
+    }
+
+
+def _failures(report: SweepReport) -> set[str]:
+    return {row.key for row in report.models if row.status.failed}
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """What changed since a baseline: offences are (model key, op) pairs."""
+
+    new_offences: tuple[tuple[str, str], ...]
+    fixed_offences: tuple[tuple[str, str], ...]
+    new_failures: tuple[str, ...]
+    fixed_failures: tuple[str, ...]
+
+    @property
+    def regressed(self) -> bool:
+        return bool(self.new_offences or self.new_failures)
+
+
+def compare(baseline: SweepReport, current: SweepReport) -> Comparison:
+    """New offences and failures gate; something counts as fixed only for models that ran now
+    (a model missing from the current sweep fixes nothing)."""
+    ran_ok = {row.key for row in current.models if row.status is Status.OK}
+    ran = {row.key for row in current.models}
+    old, new = _offences(baseline), _offences(current)
+    old_failed, new_failed = _failures(baseline), _failures(current)
+    return Comparison(
+        new_offences=tuple(sorted(new - old)),
+        fixed_offences=tuple(sorted(o for o in old - new if o[0] in ran_ok)),
+        new_failures=tuple(sorted(new_failed - old_failed)),
+        fixed_failures=tuple(sorted(k for k in old_failed - new_failed if k in ran)),
+    )

@@ -1,0 +1,115 @@
+"""Time in an audit: uninstrumented steps timed (synchronised on CUDA), the audited step under
+``torch.profiler`` with libkineto's own log lines kept off the terminal, and each finding given
+the time of its own calls (the dispatch engine runs each call in a profiler range named by its
+number, ``CALL_LABEL``)."""
+
+from __future__ import annotations
+
+import os
+import re
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from cl_audit.intercept.dispatch import CALL_LABEL
+from cl_audit.report import ModelReport, Timing
+
+__all__ = ["TIMED_STEPS", "WARMUP_STEPS", "Profiler", "call_times", "step_timing", "timed_ms"]
+
+
+TIMED_STEPS = 7  # uninstrumented steps timed by --time, after WARMUP_STEPS
+
+
+WARMUP_STEPS = 2
+
+
+# Lines that libkineto writes to the process's stderr on its own (profiler start and stop, "no
+# GPU" on a CPU machine): dropped; anything else written to stderr meanwhile is passed on.
+_KINETO_LINE = re.compile(r"^(USDT|INFO|WARNING|ERROR):\d{4}-\d\d-\d\d [^\]]*\.cpp:\d+\]")
+
+
+class Profiler:
+    """``torch.profiler.profile`` (CPU, and CUDA kernels on CUDA), with libkineto's own log
+    lines kept off the terminal."""
+
+    def __init__(self, device: torch.device) -> None:
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if device.type == "cuda":
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        self._profile = torch.profiler.profile(activities=activities)
+        self._saved = -1
+        self._capture: Any = None
+
+    def __enter__(self) -> Profiler:
+        sys.stderr.flush()
+        self._capture = tempfile.TemporaryFile()
+        self._saved = os.dup(2)
+        os.dup2(self._capture.fileno(), 2)
+        self._profile.__enter__()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        try:
+            self._profile.__exit__(*exc_info)
+            self._profile.events()  # the events are processed (and logged about) here
+        finally:
+            sys.stderr.flush()
+            os.dup2(self._saved, 2)
+            os.close(self._saved)
+            self._capture.seek(0)
+            text = self._capture.read().decode(errors="replace")
+            self._capture.close()
+            kept = [line for line in text.splitlines(keepends=True) if not _KINETO_LINE.match(line)]
+            sys.stderr.write("".join(kept))
+
+    def events(self) -> Any:
+        return self._profile.events()
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed_ms(call: Callable[[], object], device: torch.device) -> float:
+    """Milliseconds that ``call`` takes, synchronised on CUDA."""
+    synchronize(device)
+    start = time.perf_counter()
+    call()
+    synchronize(device)
+    return (time.perf_counter() - start) * 1e3
+
+
+def call_times(profiler: Any, device: torch.device) -> dict[int, float]:
+    """Milliseconds by call number, from the profiler ranges the dispatch engine opened:
+    CPU time on CPU, the kernels' time on CUDA."""
+    times: dict[int, float] = {}
+    for event in profiler.events():
+        if event.name.startswith(CALL_LABEL):
+            micros = event.device_time_total if device.type == "cuda" else event.cpu_time_total
+            number = int(event.name[len(CALL_LABEL) :])
+            times[number] = times.get(number, 0.0) + micros / 1e3
+    return times
+
+
+def step_timing(
+    report: ModelReport, rounds: tuple[float, ...], profiled: float, device: torch.device
+) -> Timing:
+    def total(findings: tuple[Any, ...]) -> float:
+        return sum(f.time_ms or 0.0 for f in findings)
+
+    return Timing(
+        clock="cuda" if device.type == "cuda" else "cpu",
+        threads=torch.get_num_threads(),
+        step_ms=statistics.median(rounds),
+        rounds_ms=rounds,
+        profiled_step_ms=profiled,
+        offenders_ms=total(report.offenders),
+        regains_ms=total(report.regains),
+        parameter_ms=total(report.parameter_conversions),
+    )

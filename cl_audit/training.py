@@ -1,0 +1,191 @@
+"""The training step an audit runs, and how its facts enter the report.
+
+One home for what the CLI (``--train``), the Python API (``audit_model(train=True)``), the sweep
+worker, ``cl-audit bench --train`` and the fastai and Lightning callbacks share: the step itself
+(forward and loss under autocast, backward with a gradient scaler for fp16, optimizer step),
+the loss when the model gives none, the gradients' layouts, the fake scaler, and
+``training_report``, the one function that writes a training step's facts into a report.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import replace
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from cl_audit.audit import Audit
+from cl_audit.compat import amp_unscale_, amp_update_scale_
+from cl_audit.enums import Amp, DifferentialStatus, Optimizer, Phase, Stage, TensorMode
+from cl_audit.report import DifferentialRun, GradientLayout, ModelReport
+from cl_audit.settings import AuditSettings
+from cl_audit.timing import TIMED_STEPS, WARMUP_STEPS, timed_ms
+
+__all__ = [
+    "FakeScaler",
+    "Step",
+    "gradient_layouts",
+    "make_optimizer",
+    "training_loss",
+    "training_report",
+]
+
+_Forward = Callable[[], object]
+NOT_COMPARED = DifferentialRun(DifferentialStatus.SKIPPED, "training steps are not compared yet")
+
+
+def training_report(
+    report: ModelReport, optimizer: str | None, layouts: tuple[GradientLayout, ...]
+) -> ModelReport:
+    """``report`` as the report of a training step: its environment says so (and names the
+    optimizer), the gradients' layouts are listed, and no NCHW comparison was made (training
+    steps are not compared yet)."""
+    environment = replace(report.environment, train=True, optimizer=optimizer)
+    return replace(
+        report, environment=environment, gradient_layouts=layouts, differential=NOT_COMPARED
+    )
+
+
+class Step:
+    """One forward (inference, under no_grad), or one training step: forward and loss under
+    autocast, backward (fp16 through a gradient scaler), optimizer step; ``stage`` says how far
+    it got. The optimizer and scaler are made once and kept, so repeated steps train on."""
+
+    def __init__(
+        self,
+        settings: AuditSettings,
+        parameters: dict[str, torch.Tensor],
+        loss: Callable[[Any], torch.Tensor] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.parameters = parameters
+        self._loss = loss or (lambda output: training_loss(output, settings.seed))
+        self.stage = Stage.FORWARD
+        self.layouts: tuple[GradientLayout, ...] = ()
+        self._optimizer: torch.optim.Optimizer | None = None
+        self._scaler: torch.amp.GradScaler | FakeScaler | None = None
+
+    def timed(self, forward: _Forward, device: torch.device) -> tuple[float, ...]:
+        """Milliseconds of ``TIMED_STEPS`` steps after ``WARMUP_STEPS``, no audit running."""
+        for _ in range(WARMUP_STEPS):
+            self.run(forward, None)
+        return tuple(timed_ms(lambda: self.run(forward, None), device) for _ in range(TIMED_STEPS))
+
+    def run(self, forward: _Forward, active: Audit | None) -> None:
+        settings = self.settings
+        self.stage = Stage.FORWARD
+        if active is not None:
+            active.enter_phase(Phase.FORWARD)
+        with torch.enable_grad() if settings.train else torch.no_grad(), settings.autocast():
+            output = forward()
+            loss = self._loss(output) if settings.train else None
+        if loss is None:
+            return
+        self.stage = Stage.BACKWARD
+        if active is not None:
+            active.enter_phase(Phase.BACKWARD)
+        if settings.amp is Amp.FP16 and self._scaler is None:
+            fake = settings.tensor_mode is TensorMode.FAKE
+            device = torch.device(settings.device)
+            self._scaler = FakeScaler(device) if fake else torch.amp.GradScaler(device.type)
+        if self._scaler is not None:
+            loss = self._scaler.scale(loss)
+        for parameter in self.parameters.values():
+            parameter.grad = None
+        loss.backward()
+        self.layouts = gradient_layouts(self.parameters)
+        self.stage = Stage.STEP
+        if active is not None:
+            active.enter_phase(Phase.OPTIMIZER)
+        if self._optimizer is None:
+            self._optimizer = make_optimizer(settings.optimizer, self.parameters.values())
+        if self._scaler is None:
+            self._optimizer.step()
+        else:
+            self._scaler.step(self._optimizer)
+            self._scaler.update()
+
+
+class FakeScaler:
+    """``GradScaler``'s arithmetic for fake tensors: the loss scaled, the gradients unscaled in
+    place (``_amp_foreach_non_finite_check_and_unscale_``), the scale updated
+    (``_amp_update_scale_``), as ``GradScaler`` runs them; but the step always runs, since
+    skipping a step with inf/NaN gradients reads data (``found_inf.item()``) that fake tensors
+    do not have. ``GradScaler`` itself disables itself on fake CUDA without a GPU."""
+
+    def __init__(self, device: torch.device) -> None:
+        self._scale = torch.full((), 2.0**16, dtype=torch.float32, device=device)
+        self._growth = torch.zeros((), dtype=torch.int32, device=device)
+        self._found_inf = torch.zeros((), dtype=torch.float32, device=device)
+
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        return loss * self._scale.to(dtype=loss.dtype)
+
+    def step(self, optimizer: torch.optim.Optimizer) -> None:
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        grads = [p.grad for p in params if p.grad is not None]
+        with torch.no_grad():
+            inverse = self._scale.double().reciprocal().float()
+            by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+            for grad in grads:
+                by_dtype.setdefault(grad.dtype, []).append(grad)
+            for group in by_dtype.values():
+                amp_unscale_(group, self._found_inf, inverse)
+        optimizer.step()
+
+    def update(self) -> None:
+        amp_update_scale_(self._scale, self._growth, self._found_inf)
+
+
+_OPTIMIZERS = {
+    Optimizer.SGD: lambda params: torch.optim.SGD(params, lr=1e-3, momentum=0.9),
+    Optimizer.ADAMW: lambda params: torch.optim.AdamW(params, lr=1e-3),
+}
+
+
+def make_optimizer(kind: Optimizer, parameters: Iterable[torch.Tensor]) -> torch.optim.Optimizer:
+    """The optimizer a training audit steps: SGD (lr 1e-3, momentum 0.9) or AdamW (lr 1e-3)."""
+    return _OPTIMIZERS[kind](list(parameters))
+
+
+def training_loss(output: object, seed: int) -> torch.Tensor:
+    """Cross-entropy against random labels for a classifier's (batch, classes) logits; else
+    the sum of every floating-point output."""
+    if isinstance(output, torch.Tensor) and output.dim() == 2 and output.is_floating_point():
+        generator = torch.Generator().manual_seed(seed)
+        labels = torch.randint(output.shape[1], (output.shape[0],), generator=generator)
+        return F.cross_entropy(output.float(), labels.to(output.device))
+    tensors = [t for t in _flat_tensors(output) if t.is_floating_point() and t.requires_grad]
+    if not tensors:
+        raise ValueError("the model's output has no floating-point tensor to take a loss of")
+    return torch.stack([t.float().sum() for t in tensors]).sum()
+
+
+def _flat_tensors(value: object) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, (list, tuple)):
+        return [t for item in value for t in _flat_tensors(item)]
+    return []
+
+
+def gradient_layouts(parameters: dict[str, torch.Tensor]) -> tuple[GradientLayout, ...]:
+    """Parameters whose gradient has other strides than the parameter (size-1 dims aside)."""
+    found = []
+    for name, parameter in parameters.items():
+        grad = parameter.grad
+        if grad is None or grad.numel() < 2 or _order(grad) == _order(parameter):
+            continue
+        found.append(
+            GradientLayout(name, tuple(parameter.shape), parameter.stride(), grad.stride())
+        )
+    return tuple(found)
+
+
+def _order(tensor: torch.Tensor) -> tuple[int, ...]:
+    """The strides of the dims that are not size 1: what decides the layout."""
+    return tuple(st for size, st in zip(tensor.shape, tensor.stride(), strict=True) if size > 1)
