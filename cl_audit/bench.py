@@ -31,6 +31,7 @@ from cl_audit.bench_report import (
 from cl_audit.convert import apply_strategy, strategy_input
 from cl_audit.environment import probe
 from cl_audit.errors import ModelFailedError, Stage, UsageError
+from cl_audit.inputs import Example, example_of
 from cl_audit.report import Conversion, ModelReport, by_call_site
 from cl_audit.run import audit_module
 from cl_audit.settings import AuditSettings, Strategy, TensorMode, resolve_device
@@ -74,7 +75,7 @@ class _Configuration:
 
 def bench_module(
     model: nn.Module,
-    inputs: tuple[Any, ...],
+    inputs: tuple[Any, ...] | Example,
     settings: BenchSettings,
     *,
     name: str,
@@ -85,10 +86,14 @@ def bench_module(
     step's time to the audit's findings. ``model`` is left as it was (copies are converted);
     ``loss(output)`` is a training step's loss (default: ``training_loss``)."""
     base = settings.audit
+    example = example_of(inputs)
+    first = example.first
+    if first is None:
+        raise UsageError(f"bench {name}: the model's input holds no tensor")
     device = resolve_device(base.device)
     with _threads(settings.threads):
         configurations = [
-            _configure(model, inputs, base, s, amp, loss) for s, amp in _plan(settings)
+            _configure(model, example, base, s, amp, loss) for s, amp in _plan(settings)
         ]
         rounds = _alternate(configurations, settings, device, name)
         attribution = None
@@ -96,11 +101,10 @@ def bench_module(
             cl = next(c for c in reversed(configurations) if c.strategy is Strategy.CHANNELS_LAST)
             step_ms = statistics.median(rounds[cl.name])
             audited = audit_module(
-                copy.deepcopy(model), inputs, _timed(cl.settings), name=name, loss=loss
+                copy.deepcopy(model), example, _timed(cl.settings), name=name, loss=loss
             )
             attribution = attribute(audited, cl.name, step_ms)
         threads = torch.get_num_threads()
-    first = next(x for x in inputs if isinstance(x, torch.Tensor))
     environment = probe(
         device=str(device),
         dtype=str(first.dtype).removeprefix("torch."),
@@ -133,7 +137,7 @@ def _plan(settings: BenchSettings) -> list[tuple[Strategy, bool]]:
 
 def _configure(
     model: nn.Module,
-    inputs: tuple[Any, ...],
+    example: Example,
     base: AuditSettings,
     strategy: Strategy,
     amp: bool,
@@ -143,11 +147,11 @@ def _configure(
     name = configuration_name(strategy, settings.amp and settings.amp.value)
     try:
         copied = apply_strategy(copy.deepcopy(model), strategy).train(base.train)
-        converted = tuple(strategy_input(x, strategy) for x in inputs)
+        converted = example.map(lambda x: strategy_input(x, strategy))
     except Exception as e:
         raise ModelFailedError(Stage.SETUP, name, e) from e
     step = Step(settings, dict(copied.named_parameters()), loss)
-    return _Configuration(name, strategy, settings, step, lambda: copied(*converted))
+    return _Configuration(name, strategy, settings, step, lambda: converted.call(copied))
 
 
 def _alternate(

@@ -125,7 +125,12 @@ def audit_command(
     exclude: Annotated[Patterns, _opt(help="Drop models matching these globs.")] = None,
     list_only: Annotated[bool, _opt("--list", help="Print the selection and exit.")] = False,
     input_size: Annotated[Optional[str], _opt(help="Per-sample CxHxW or CxTxHxW.")] = None,  # noqa: UP045
-    batch_size: Annotated[int, typer.Option(min=1, help="Batch size.")] = 2,
+    batch_size: Annotated[
+        Optional[int],  # noqa: UP045
+        typer.Option(
+            min=1, help="Batch size (default 2; an example input's own).", show_default=False
+        ),
+    ] = None,
     device: Annotated[str, typer.Option(help="torch device.")] = "cpu",
     dtype: Annotated[DType, typer.Option(help="Model and input dtype.")] = DType.FLOAT32,
     amp: Annotated[Optional[Amp], _opt(help="Run under autocast with this dtype.")] = None,  # noqa: UP045
@@ -215,7 +220,7 @@ def audit_command(
 
 
 def _settings(
-    batch_size: int,
+    batch_size: int | None,
     input_size: str | None,
     device: str,
     dtype: DType,
@@ -245,7 +250,12 @@ def bench_command(
     model: Annotated[Optional[str], typer.Argument(help=_MODELS_HELP, show_default=False)] = None,  # noqa: UP045
     timm_model: Annotated[Optional[str], _opt("--timm", help="A timm model name.")] = None,  # noqa: UP045
     input_size: Annotated[Optional[str], _opt(help="Per-sample CxHxW or CxTxHxW.")] = None,  # noqa: UP045
-    batch_size: Annotated[int, typer.Option(min=1, help="Batch size.")] = 2,
+    batch_size: Annotated[
+        Optional[int],  # noqa: UP045
+        typer.Option(
+            min=1, help="Batch size (default 2; an example input's own).", show_default=False
+        ),
+    ] = None,
     device: Annotated[str, typer.Option(help="torch device.")] = "cpu",
     dtype: Annotated[DType, typer.Option(help="Model and input dtype.")] = DType.FLOAT32,
     amp: Annotated[

@@ -213,7 +213,7 @@ def bench(
     loaded = load_model(ref)
     module, example = prepare(loaded, settings.audit)
     report = bench_module(
-        module, (example,), settings, name=loaded.name, source=ref.source.value, loss=loaded.loss
+        module, example, settings, name=loaded.name, source=ref.source.value, loss=loaded.loss
     )
     render_bench(report, console)
     if json_path is not None:

@@ -65,16 +65,21 @@ def to_nchw(module: nn.Module) -> nn.Module:
     return _restride(module, channels_last=False)
 
 
+def _spatial(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and value.dim() in (4, 5) and value.is_floating_point()
+
+
 def input_to_channels_last(value: Any) -> Any:
-    """A 4D/5D tensor copied to channels_last; anything else unchanged."""
-    if isinstance(value, torch.Tensor) and value.dim() in (4, 5):
+    """A 4D/5D floating-point tensor copied to channels_last (``channels_last_3d`` for 5D);
+    anything else (masks, token ids, timesteps) unchanged."""
+    if _spatial(value):
         return value.contiguous(memory_format=channels_last_format(value.dim()))
     return value
 
 
 def input_to_nchw(value: Any) -> Any:
-    """A 4D/5D tensor copied to NCHW (NCDHW) order; anything else unchanged."""
-    if isinstance(value, torch.Tensor) and value.dim() in (4, 5):
+    """A 4D/5D floating-point tensor copied to NCHW (NCDHW) order; anything else unchanged."""
+    if _spatial(value):
         return value.contiguous()
     return value
 

@@ -27,6 +27,7 @@ from cl_audit.divergences import CUDA_KERNEL_OVERRIDES, divergence_table
 from cl_audit.enums import Amp, DifferentialStatus, Engine, Optimizer, Stage, Strategy, TensorMode
 from cl_audit.errors import ModelFailedError
 from cl_audit.fake import KernelSourceMode, fake_state
+from cl_audit.inputs import Example, example_of
 from cl_audit.report import AppliedOverride, DifferentialRun, Environment, ModelReport
 from cl_audit.settings import AuditSettings, parse_engine, resolve_device
 from cl_audit.timing import Profiler, call_times, step_timing, timed_ms
@@ -40,11 +41,12 @@ _Forward = Callable[[], object]
 class _Eager:
     """Runs the model itself; the NCHW run restrides it and converts it back afterwards."""
 
-    def __init__(self, model: nn.Module, inputs: tuple[Any, ...], settings: AuditSettings) -> None:
-        self.model, self.inputs, self.strategy = model, inputs, settings.strategy
+    def __init__(self, model: nn.Module, example: Example, settings: AuditSettings) -> None:
+        self.model, self.example, self.strategy = model, example, settings.strategy
         self.train = settings.train
         self.parameters: tuple[torch.Tensor, ...] = ()
-        self.device = next((str(x.device) for x in inputs if isinstance(x, torch.Tensor)), None)
+        first = next(example.tensors(), None)
+        self.device = None if first is None else str(first.device)
 
     def trainable(self) -> dict[str, torch.Tensor]:
         return dict(self.model.named_parameters())
@@ -57,14 +59,14 @@ class _Eager:
 
     def converted(self) -> _Forward:
         apply_strategy(self.model, self.strategy)
-        inputs = tuple(strategy_input(x, self.strategy) for x in self.inputs)
+        example = self.example.map(lambda x: strategy_input(x, self.strategy))
         self.model.train(self.train)
-        return lambda: self.model(*inputs)
+        return lambda: example.call(self.model)
 
     def nchw(self) -> _Forward:
         to_nchw(self.model)
-        inputs = tuple(input_to_nchw(x) for x in self.inputs)
-        return lambda: self.model(*inputs)
+        example = self.example.map(input_to_nchw)
+        return lambda: example.call(self.model)
 
     def restore(self) -> None:
         apply_strategy(self.model, self.strategy)
@@ -77,11 +79,11 @@ class _Fake:
     def __init__(
         self,
         model: nn.Module,
-        inputs: tuple[Any, ...],
+        example: Example,
         settings: AuditSettings,
         device: torch.device,
     ) -> None:
-        self.model, self.inputs, self._device = model, inputs, device
+        self.model, self.example, self._device = model, example, device
         self.strategy, self.train = settings.strategy, settings.train
         self._mode = new_fake_mode()
         self.parameters: tuple[torch.Tensor, ...] = ()
@@ -112,25 +114,23 @@ class _Fake:
         table = divergence_table(self._device.type).name
         return replace(environment, fake_divergences=table, kernel_overrides=applied)
 
-    def _forward(self, fmt: torch.memory_format | None, inputs: tuple[Any, ...]) -> _Forward:
+    def _forward(self, fmt: torch.memory_format | None, example: Example) -> _Forward:
         state = fake_state(self._mode, self.model, self._device, fmt)
         self.parameters = tuple(state.values())
         names = {name for name, _ in self.model.named_parameters()}
         self._trainable = {n: t.requires_grad_(self.train) for n, t in state.items() if n in names}
-        fakes = tuple(
-            fake_tensor(self._mode, x, self._device) if isinstance(x, torch.Tensor) else x
-            for x in inputs
+        fakes = example.map(
+            lambda x: fake_tensor(self._mode, x, self._device) if isinstance(x, torch.Tensor) else x
         )
-        return lambda: functional_call(self.model, state, fakes)
+        return lambda: functional_call(self.model, state, fakes.args, dict(fakes.kwargs))
 
     def converted(self) -> _Forward:
         self.model.train(self.train)
         apply_strategy(self.model, self.strategy)
-        return self._forward(None, tuple(strategy_input(x, self.strategy) for x in self.inputs))
+        return self._forward(None, self.example.map(lambda x: strategy_input(x, self.strategy)))
 
     def nchw(self) -> _Forward:
-        inputs = tuple(input_to_nchw(x) for x in self.inputs)
-        return self._forward(torch.contiguous_format, inputs)
+        return self._forward(torch.contiguous_format, self.example.map(input_to_nchw))
 
     def restore(self) -> None:
         """Nothing to undo: the NCHW run used restrided fake copies."""
@@ -138,13 +138,14 @@ class _Fake:
 
 def audit_module(
     model: nn.Module,
-    inputs: tuple[Any, ...],
+    inputs: tuple[Any, ...] | Example,
     settings: AuditSettings,
     *,
     name: str | None = None,
     loss: Callable[[Any], torch.Tensor] | None = None,
 ) -> ModelReport:
-    """Audit one forward pass of ``model`` on ``inputs`` as ``settings`` say, or with
+    """Audit one forward pass of ``model`` on ``inputs`` (positional arguments, or an
+    ``Example`` with keyword arguments too) as ``settings`` say, or with
     ``settings.train`` one training step (forward with gradients, ``loss(output)`` or
     ``training_loss``, backward, optimizer step).
 
@@ -155,15 +156,16 @@ def audit_module(
     """
     device = resolve_device(settings.device, settings.tensor_mode, settings.bfloat16)
     label = name or type(model).__name__
+    example = example_of(inputs)
     if settings.tensor_mode is TensorMode.FAKE:
-        run: _Eager | _Fake = _Fake(model, inputs, settings, device)
+        run: _Eager | _Fake = _Fake(model, example, settings, device)
     else:
-        run = _Eager(model, inputs, settings)
+        run = _Eager(model, example, settings)
     try:
         forward = run.converted()
     except Exception as e:
         raise ModelFailedError(Stage.SETUP, label, e) from e
-    first = next((x for x in inputs if isinstance(x, torch.Tensor)), None)
+    first = example.first
     step = Step(settings, run.trainable(), loss)
     rounds: tuple[float, ...] = ()
     profiled = 0.0
@@ -248,7 +250,7 @@ def _differential(
 
 def audit_model(
     model: nn.Module,
-    example_input: torch.Tensor | tuple[Any, ...],
+    example_input: torch.Tensor | tuple[Any, ...] | dict[str, Any],
     *,
     engine: Engine | str = Engine.DISPATCH,
     name: str | None = None,
@@ -263,16 +265,19 @@ def audit_model(
     """Audit one eval-mode, no-grad forward pass of ``model``, or with ``train`` one training
     step (train mode, forward and loss, backward, an ``optimizer`` step; see ``training_loss``).
 
+    ``example_input``: a tensor, a tuple of positional arguments, or a dict of keyword
+    arguments (tensors and other values: timesteps, token ids, masks are passed as given).
     ``convert``: ``True`` (the default, or ``"channels-last"``) converts the model in place,
-    and copies its 4D/5D tensor inputs, to channels_last (``channels_last_3d`` for 5D);
+    and copies its 4D/5D floating-point tensor inputs, to channels_last (``channels_last_3d``
+    for 5D);
     ``"conv-weights"`` converts only convolution weights; ``False`` audits the model as given.
     ``differential`` runs an inference forward once more in NCHW when a loss is terminal, to
     tell format-neutral ones apart (the model is converted back afterwards). ``amp``
     (``"bf16"``/``"fp16"``) runs under autocast; ``loss(output)`` replaces the default training
     loss; ``time`` adds ``Timing`` (eager runs only).
     """
-    inputs = example_input if isinstance(example_input, (tuple, list)) else (example_input,)
-    first = next((x for x in inputs if isinstance(x, torch.Tensor)), None)
+    example = example_of(example_input)
+    first = example.first
     if isinstance(convert, bool):
         strategy = Strategy.CHANNELS_LAST if convert else Strategy.AS_GIVEN
     else:
@@ -287,4 +292,4 @@ def audit_model(
         optimizer=Optimizer(optimizer),
         time=time,
     )
-    return audit_module(model, tuple(inputs), settings, name=name, loss=loss)
+    return audit_module(model, example, settings, name=name, loss=loss)

@@ -32,13 +32,16 @@ __all__ = [
 ]
 
 
+DEFAULT_BATCH = 2
+
+
 @dataclass(frozen=True)
 class AuditSettings:
     """Everything that decides what one audit runs. ``input_size`` is per sample (None: the
     model's own); ``differential`` re-runs the forward in NCHW to classify terminal losses;
     ``time`` times uninstrumented steps and profiles the audited one (``Timing``)."""
 
-    batch_size: int = 2
+    batch_size: int | None = None  # None: DEFAULT_BATCH, or an example input's own
     input_size: tuple[int, ...] | None = None
     device: str = "cpu"
     dtype: DType = DType.FLOAT32
@@ -79,7 +82,7 @@ class AuditSettings:
 
     def input_shape(self, model_shape: tuple[int, ...]) -> tuple[int, ...]:
         """The batched input shape, from ``input_size`` or the model's per-sample shape."""
-        return (self.batch_size, *(self.input_size or model_shape))
+        return (self.batch_size or DEFAULT_BATCH, *(self.input_size or model_shape))
 
     def autocast(self) -> contextlib.AbstractContextManager[object]:
         """``torch.autocast`` for the device; on fake CUDA without a GPU, the same state set

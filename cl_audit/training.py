@@ -9,6 +9,7 @@ the loss when the model gives none, the gradients' layouts, the fake scaler, and
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any
@@ -164,8 +165,12 @@ def training_loss(output: object, seed: int) -> torch.Tensor:
 
 
 def _flat_tensors(value: object) -> list[torch.Tensor]:
+    """The tensors in an output: nested in lists, tuples, dicts (transformers' and diffusers'
+    output objects are dicts) and dataclasses."""
     if isinstance(value, torch.Tensor):
         return [value]
+    if dataclasses.is_dataclass(value) and not isinstance(value, (type, dict)):
+        value = [getattr(value, f.name) for f in dataclasses.fields(value)]
     if isinstance(value, dict):
         value = list(value.values())
     if isinstance(value, (list, tuple)):

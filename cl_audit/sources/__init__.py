@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from cl_audit.errors import UsageError
+from cl_audit.inputs import Example
 from cl_audit.report import ModelSource
 
 __all__ = [
@@ -70,6 +71,7 @@ class LoadedModel:
     capped: bool = False  # input_shape is smaller than the model's own, by BuildOptions
     declared: bool = False  # input_shape is the user's own, audited as declared
     loss: Callable[[Any], torch.Tensor] | None = None  # a factory's own training loss
+    example: Example | None = None  # a factory's own inputs: input_shape is then theirs
 
 
 @dataclass(frozen=True)

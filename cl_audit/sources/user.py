@@ -2,9 +2,11 @@
 
 The factory is called without arguments and returns an ``nn.Module``, a
 ``(module, input_shape)`` pair, where ``input_shape`` is per sample, like ``--input-size``:
-``(3, 224, 224)`` for images, ``(3, 16, 112, 112)`` for clips, or a
-``(module, input_shape, loss)`` triple, ``loss(output)`` giving the scalar that a training
-audit (``--train``) back-propagates.
+``(3, 224, 224)`` for images, ``(3, 16, 112, 112)`` for clips, or a ``(module, example)``
+pair, where ``example`` is the model's own input: a tensor, a tuple of positional arguments or
+a dict of keyword arguments (batch and sizes are the example's own). A third element,
+``loss``, gives the scalar ``loss(output)`` that a training audit (``--train``)
+back-propagates.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from types import ModuleType
 from torch import nn
 
 from cl_audit.errors import ModelFailedError, Stage, UsageError
+from cl_audit.inputs import example_of, is_shape
 from cl_audit.sources import BuildOptions, LoadedModel
 
 __all__ = ["build"]
@@ -70,18 +73,23 @@ def build(spec: str, options: BuildOptions) -> LoadedModel:
         raise ModelFailedError(Stage.BUILD, spec, e) from e
     loss = None
     if isinstance(made, tuple) and len(made) == 3:
-        module, shape, loss = made
+        module, given, loss = made
     elif isinstance(made, tuple) and len(made) == 2:
-        module, shape = made
+        module, given = made
     else:
-        module, shape = made, _DEFAULT_SHAPE
+        module, given = made, _DEFAULT_SHAPE
     if not isinstance(module, nn.Module) or (loss is not None and not callable(loss)):
         raise UsageError(
             f"{spec}: the factory returned {type(made).__name__}; expected an nn.Module, a "
-            "(module, input_shape) pair or a (module, input_shape, loss) triple"
+            "(module, input_shape or example) pair or a (module, input_shape or example, loss) "
+            "triple"
         )
+    if is_shape(given):
+        return LoadedModel(spec, module, tuple(given), declared=True, loss=loss)
     try:
-        input_shape = tuple(int(d) for d in shape)
-    except (TypeError, ValueError):
-        raise UsageError(f"{spec}: input_shape {shape!r} is not a sequence of ints") from None
-    return LoadedModel(spec, module, input_shape, declared=True, loss=loss)
+        example = example_of(given)
+    except TypeError as e:
+        raise UsageError(f"{spec}: {e}; or an input_shape such as (3, 224, 224)") from None
+    first = example.first
+    shape = () if first is None else tuple(first.shape)
+    return LoadedModel(spec, module, shape, declared=True, loss=loss, example=example)
