@@ -90,3 +90,10 @@ def test_a_sweep_row_audits_the_example(tmp_path):
     rows = {r["name"].rsplit(":", 1)[1]: r for r in json.loads(out.read_text())["models"]}
     assert rows["keywords"]["input_shape"] == [3, 3, 8, 8]
     assert rows["keywords"]["status"] == "ok" and rows["tensor_only"]["status"] == "ok"
+
+
+def test_time_takes_an_example():
+    report = cl_audit.audit_model(em.Conditioned(), em.example(), time=True)
+    assert report.timing is not None and report.timing.step_ms > 0
+    (offender,) = report.offenders
+    assert offender.time_ms is not None

@@ -1,0 +1,42 @@
+"""Slow tier: models from popular libraries (``examples/libraries.py``, each with its own
+example input) through the real CLI; each test skips, saying so, when its library is not
+installed (``pip install -e '.[libraries]'``)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+LIBRARIES = Path(__file__).resolve().parents[1] / "examples" / "libraries.py"
+CLI = str(Path(sys.executable).with_name("cl-audit"))
+
+# factory: (the library it needs, the offending op, the library file that writes it)
+CASES = {
+    "hf_segformer": ("transformers", "Tensor.contiguous", "models/segformer/modeling_segformer.py"),
+    "diffusers_unet": ("diffusers", "Tensor.contiguous", "models/transformers/transformer_2d.py"),
+    "yolo11n": ("ultralytics", "Tensor.matmul", "ultralytics/nn/modules/block.py"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("factory", list(CASES))
+def test_library_model_with_its_example_names_the_library_line_that_loses_the_format(
+    factory, tmp_path
+):
+    library, op, source = CASES[factory]
+    if importlib.util.find_spec(library) is None:
+        pytest.skip(f"{library} is not installed (pip install -e '.[libraries]')")
+    env = {**os.environ, "YOLO_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "COLUMNS": "160"}
+    result = subprocess.run(
+        [CLI, f"{LIBRARIES}:{factory}", "--json", "-"],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600, check=False,
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr
+    offenders = json.loads(result.stdout)["offenders"]
+    assert any(f["python_op"] == op and source in f["call_site"] for f in offenders), offenders
