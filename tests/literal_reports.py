@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from cl_audit.enums import Engine
 from cl_audit.errors import Stage
 from cl_audit.layout import MemoryLayout
 from cl_audit.report import (
@@ -33,7 +34,7 @@ ENVIRONMENT = Environment(
     device="cpu",
     dtype="float32",
     autocast=None,
-    engine="dispatch",
+    engine=Engine.DISPATCH,
     mode=TensorMode.EAGER,
 )
 CL_IN = TensorSummary((2, 8, 4, 4), (128, 1, 32, 8), "float32", "cpu", MemoryLayout.CHANNELS_LAST)

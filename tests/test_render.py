@@ -7,6 +7,7 @@ and review the diff of tests/golden/.
 from __future__ import annotations
 
 import io
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -77,3 +78,19 @@ def test_one_row_per_op_and_call_site_with_modules_folded_at_80_columns(request)
         assert word in text  # never broken mid-word at 80 columns
     assert max(len(line) for line in text.splitlines()) <= 80
     check("single-80.txt", text, request)
+
+
+@pytest.mark.parametrize("width", [60, 80, 100])
+def test_a_long_call_site_never_breaks_inside_its_file_and_line(width):
+    site = "ultralytics/nn/modules/a/rather/deeply/nested/package/path/block.py:1331"
+    report = model_report()
+    report = replace(report, offenders=(replace(report.offenders[0], call_site=site),))
+    buffer = io.StringIO()
+    console = Console(file=buffer, width=width, color_system=None, force_terminal=False)
+    render_report(report, console)
+    lines = buffer.getvalue().splitlines()
+    shown = [line for line in lines if "block.py:1331" in line]
+    assert shown, "the file and line number are on one line"
+    if len(site) + 30 > width:  # the cell is narrower than the path: shortened from the left
+        assert any("…" in line for line in shown)
+    assert not any(line.rstrip(" │").endswith("block.py:13") for line in lines)

@@ -281,7 +281,8 @@ def model_html(report: ModelReport) -> str:
         f'<h1>cl-audit: {_e(report.model or "(unnamed)")} <span class="'
         f'{"verdict-bad" if bad else "verdict-good"}">{verdict}</span></h1>'
         f'<p class="dim">input {_e(report.input_shape)}, {_e(env.device)} {_e(env.dtype)}'
-        f"{', autocast ' + _e(env.autocast) if env.autocast else ''}, engine {_e(env.engine)}, "
+        f"{', autocast ' + _e(env.autocast) if env.autocast else ''}, "
+        f"engine {_e(env.engine.value)}, "
         f"{_e(env.mode.value)} mode{predicted}; {s.calls_checked} calls checked; NCHW comparison "
         f"{_e(report.differential.status.value)}"
         f"{': ' + _e(report.differential.message) if report.differential.message else ''}; "
@@ -392,7 +393,7 @@ def sweep_html(report: SweepReport) -> str:
     body = (
         f"<h1>cl-audit sweep: {s.models} models</h1>"
         f'<p class="dim">{_e(env.device)} {_e(env.dtype)}, {_e(env.mode.value)} mode, engine '
-        f"{_e(env.engine)}; cl-audit {_e(env.tool)}, torch {_e(env.torch)}</p>"
+        f"{_e(env.engine.value)}; cl-audit {_e(env.tool)}, torch {_e(env.torch)}</p>"
         f'<div class="cards">{cards}</div><h2>Models</h2>'
         '<input type="search" id="filter" placeholder="filter models">'
         f'<select id="status-filter"><option value="">any status</option>{statuses}</select>'

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from rich.console import Console, Group
+from rich.console import Console, ConsoleOptions, Group, RenderResult
+from rich.measure import Measurement
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
@@ -77,7 +78,7 @@ def summary_text(report: ModelReport) -> Text:
     mode = ", fake tensors (predicted)" if report.predicted else ""
     lines = [
         f"model {report.model or '(unnamed)'}  input {'x'.join(map(str, report.input_shape or ()))}"
-        f"  {env.device} {env.dtype}{amp}  engine {env.engine}{mode}",
+        f"  {env.device} {env.dtype}{amp}  engine {env.engine.value}{mode}",
         f"{s.calls_checked} calls checked, {s.distinct_ops} distinct ops",
         f"{s.losses} losses at {len(by_call_site(report.offenders))} call sites "
         f"({s.offending_ops} distinct ops): "
@@ -111,6 +112,23 @@ def _modules_cell(group: SiteGroup) -> str:
     return where + (f" and {others} more module{'s' * (others > 1)}" if others else "")
 
 
+class CallSite:
+    """A ``file:line`` that never breaks inside: in a narrower cell it is shortened from the
+    left with an ellipsis, so the line number always shows."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        width = max(options.max_width, 2)
+        shown = self.text if len(self.text) <= width else "…" + self.text[-(width - 1) :]
+        yield Text(shown, style="cyan", no_wrap=True, overflow="crop")
+
+    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
+        line = self.text.rpartition("/")[2]  # at the least the file's own name and line
+        return Measurement(min(len(line) + 1, len(self.text)), len(self.text))
+
+
 def offenders_table(
     findings: tuple[Finding, ...], title: str = "Operations that lose channels_last"
 ) -> Table:
@@ -122,7 +140,7 @@ def offenders_table(
     for group in by_call_site(findings):
         f = group.first
         op = f"{f.python_op}\n{f.aten_op}" if f.python_op and f.aten_op else f.op
-        where = f"[cyan]{f.call_site or '?'}[/cyan]\n{_modules_cell(group)}"
+        where = _modules_cell(group)
         tensors = _tensors_cell(f)
         if tensors:
             where += f"\n[dim]{tensors}[/dim]"
@@ -138,7 +156,8 @@ def offenders_table(
         kinds.append(format_bytes(group.bytes_converted))
         if group.time_ms is not None:
             kinds.append(f"{group.time_ms:.2f} ms")
-        table.add_row(op, where, "\n".join([str(group.count), *kinds]))
+        cell = Group(CallSite(f.call_site or "?"), Text.from_markup(where, overflow="fold"))
+        table.add_row(op, cell, "\n".join([str(group.count), *kinds]))
     return table
 
 
@@ -170,7 +189,7 @@ def render_sweep(report: SweepReport, console: Console, top: int = 10) -> None:
     text = Text(
         f"{s.models} models: {s.clean} clean, {s.offending} offending, {s.failed} failed, "
         f"{s.skipped} skipped  ({env.device} {env.dtype}, {env.mode.value} mode, "
-        f"engine {env.engine})"
+        f"engine {env.engine.value})"
     )
     console.print(Panel(text, title="cl-audit sweep", expand=False))
     offending = [cov for cov in report.operators if cov.models]
