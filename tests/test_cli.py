@@ -230,6 +230,12 @@ def test_a_batched_factory_shape_gets_a_one_line_hint():
     assert "Traceback" not in result.output
 
 
+def test_a_failure_unrelated_to_the_input_gets_no_shape_hint():
+    result = invoke(f"{TOYS}:batched_shape_missing_import")
+    assert result.exit_code == 3
+    assert "ModuleNotFoundError" in result.output and "hint" not in result.output
+
+
 def test_sweep_only_options_are_reported_for_one_model():
     result = invoke(f"{TOYS}:clean_net", "--timeout", "5", "--max-memory", "1GB")
     assert result.exit_code == 0

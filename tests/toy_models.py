@@ -155,3 +155,15 @@ def interrupting() -> tuple[nn.Module, tuple[int, ...]]:
 def batched_shape() -> tuple[nn.Module, tuple[int, ...]]:
     """A common mistake: the input shape given with its batch."""
     return CleanNet(), (2, 3, 16, 16)
+
+
+class NeedsAnOptionalPackage(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        import a_package_that_is_not_installed  # noqa: F401
+
+        return x
+
+
+def batched_shape_missing_import() -> tuple[nn.Module, tuple[int, ...]]:
+    """A 4-dim shape, and a forward that fails for a reason unrelated to the input."""
+    return NeedsAnOptionalPackage(), (2, 3, 16, 16)

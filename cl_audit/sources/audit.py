@@ -66,7 +66,8 @@ def audit_loaded(loaded: LoadedModel, settings: AuditSettings) -> ModelReport:
     try:
         return audit_module(module, example, settings, name=loaded.name, loss=loaded.loss)
     except ModelFailedError as e:
-        if e.stage is not Stage.FORWARD or not _looks_batched(loaded, settings):
+        about_input = isinstance(e.cause, (RuntimeError, ValueError, IndexError))
+        if e.stage is not Stage.FORWARD or not about_input or not _looks_batched(loaded, settings):
             raise
         shape = None if first is None else tuple(first.shape)
         hint = (
