@@ -6,6 +6,7 @@ configurations (shipped with their packages), never a download: set ``YOLO_OFFLI
 
 from __future__ import annotations
 
+import from_libraries
 import torch
 from torch import nn
 
@@ -27,7 +28,7 @@ def _yolo(config: str, task: str) -> Factory:
 
 
 def yolo11n() -> Factory:
-    return _yolo("yolo11n.yaml", "detect")
+    return from_libraries.yolo()  # the README's example (320 px, like _yolo)
 
 
 def yolo11n_seg() -> Factory:
@@ -42,26 +43,7 @@ def yolov8n() -> Factory:
 
 
 def diffusers_unet() -> Factory:
-    from diffusers import UNet2DConditionModel
-
-    unet = UNet2DConditionModel(
-        sample_size=32,
-        in_channels=4,
-        out_channels=4,
-        block_out_channels=(32, 64),
-        layers_per_block=1,
-        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
-        up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
-        cross_attention_dim=32,
-        attention_head_dim=8,
-        norm_num_groups=16,
-    )
-    example = {
-        "sample": _images(32, 4),
-        "timestep": torch.tensor([10]),
-        "encoder_hidden_states": torch.randn(2, 8, 32),
-    }
-    return unet, example
+    return from_libraries.unet()  # the README's example
 
 
 def diffusers_vae() -> Factory:

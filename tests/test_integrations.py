@@ -283,7 +283,12 @@ def test_lightning_callback_logs_counts_and_survives_a_failing_step(tmp_path):
 
 @pytest.mark.parametrize(
     "example",
-    ["pytest/test_channels_last.py", "fastai_channels_last.py", "lightning_channels_last.py"],
+    [
+        "pytest/test_channels_last.py",
+        "fastai_channels_last.py",
+        "lightning_channels_last.py",
+        "from_libraries.py",
+    ],
 )
 def test_readme_shows_each_example_verbatim(example):
     assert (EXAMPLES / example).read_text().strip() in README
