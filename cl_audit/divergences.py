@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
 
-from cl_audit.compat import TORCH_VERSION
+from cl_audit.compat import TORCH_VERSION, torch_version
 
 __all__ = ["CUDA_KERNEL_OVERRIDES", "DivergenceTable", "KernelOverride", "divergence_table"]
 
@@ -50,11 +50,6 @@ def _tables() -> tuple[dict, ...]:
     return tuple(document["tables"])
 
 
-def _version(text: str) -> Version:
-    major, minor = text.split(".")
-    return int(major), int(minor)
-
-
 def _entries(table: dict) -> dict[tuple[str, str], str]:
     return {
         (e["op"], e["phase"]): "; ".join(
@@ -70,7 +65,7 @@ def divergence_table(device_type: str, version: Version = TORCH_VERSION) -> Dive
     the device's tables (named as such); without any for the device, an empty table."""
     label = f"{version[0]}.{version[1]}"
     tables = [t for t in _tables() if t["device"] == device_type]
-    exact = [t for t in tables if _version(t["torch"]) == version]
+    exact = [t for t in tables if torch_version(t["torch"]) == version]
     if exact:
         (table,) = exact
         return DivergenceTable(
