@@ -13,7 +13,8 @@ from cl_audit.attribution import ModuleNames
 from cl_audit.environment import autocast_in_effect, dtype_name, probe
 from cl_audit.errors import AuditError
 from cl_audit.intercept.dispatch import DispatchEngine
-from cl_audit.intercept.observer import Observer
+from cl_audit.intercept.ledger import Ledger
+from cl_audit.intercept.observer import Observer, Tee
 from cl_audit.intercept.patch import PatchEngine
 from cl_audit.intercept.recorder import Recorder
 from cl_audit.report import (
@@ -77,7 +78,9 @@ class Audit:
     for the HTML report's format timeline (a stack walk each: slower); ``training`` attributes
     backward events to the module whose forward made them (see ``enter_phase``);
     ``label_calls`` runs each operation in a profiler range named by its call number, so that
-    ``report(call_times=...)`` can give each finding its profiled time.
+    ``report(call_times=...)`` can give each finding its profiled time; ``ledger`` (dispatch
+    engine) counts the bytes written and copied, for a cost comparison; ``also`` is another
+    observer of every operation (the NCHW run's counterpart watcher).
     """
 
     def __init__(
@@ -88,16 +91,23 @@ class Audit:
         timeline: bool = False,
         training: bool = False,
         label_calls: bool = False,
+        ledger: Ledger | None = None,
+        also: Observer | None = None,
     ) -> None:
         self.engine = parse_engine(engine)
         check_engine(self.engine, train=training, time=label_calls)
         self._recorder = Recorder(
-            ModuleNames(model), parameters=parameters, timeline=timeline, training=training
+            ModuleNames(model),
+            parameters=parameters,
+            timeline=timeline,
+            training=training,
+            ledger=ledger,
         )
         recorder = self._recorder
+        observer: Observer = recorder if also is None else Tee(recorder, also)
         self._impl: DispatchEngine | PatchEngine = (
             DispatchEngine(
-                recorder,
+                observer,
                 label_calls=label_calls,
                 on_python_result=recorder.python_result if training else None,
             )
@@ -187,10 +197,12 @@ def audit(
     timeline: bool = False,
     training: bool = False,
     label_calls: bool = False,
+    ledger: Ledger | None = None,
+    also: Observer | None = None,
 ) -> Audit:
     """``with cl_audit.audit() as a: model(x)`` then ``a.report()``.
 
     Passing ``model`` names modules from it and tells its parameters and buffers apart from
     activations; without it modules are learned from the call stack.
     """
-    return Audit(engine, model, parameters, timeline, training, label_calls)
+    return Audit(engine, model, parameters, timeline, training, label_calls, ledger, also)

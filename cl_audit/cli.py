@@ -1,8 +1,9 @@
 """The ``cl-audit`` command: options parsed into settings at the boundary, one call into the
 package, and the one place where domain errors become exit codes.
 
-Exit codes: 0 no offender, 1 offenders (with ``--baseline``: new offences or failures), 2 usage
-error, 3 a model failed to build or run, 130 interrupted.
+Exit codes: 0 clean or minor, 1 offending (the cost reaches the gate; with ``--baseline``: new
+offences, grown costs or failures), 2 usage error, 3 a model failed to build or run, 130
+interrupted.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from cl_audit import commands
 from cl_audit.commands import Selection
 from cl_audit.enums import Outcome
 from cl_audit.errors import ModelFailedError, UsageError
+from cl_audit.report.cost import Gate
 from cl_audit.settings import (
     Amp,
     AuditSettings,
@@ -30,6 +32,7 @@ from cl_audit.settings import (
     Strategy,
     TensorMode,
     parse_input_size,
+    parse_size,
     resolve_device,
 )
 from cl_audit.sweep.worker import SweepSettings, parse_memory
@@ -63,15 +66,19 @@ def _help() -> None:
     [bold]cl-audit merge[/bold] combines sweep reports; [bold]cl-audit render[/bold] turns a
     saved report into HTML.
 
-    [bold]Exit codes[/bold]: 0 no offender, 1 offenders found (with --baseline: new offences
-    or failures), 2 usage error (unknown model, bad option, every model of a sweep
+    [bold]Exit codes[/bold]: 0 clean or minor, 1 offending: channels_last-only copies reach
+    the gate (--fail-share and --fail-bytes; with --baseline: new offences, grown costs or
+    failures), 2 usage error (unknown model, bad option, every model of a sweep
     skipped; an installed torch that cannot do what was asked), 3 the model failed to build or
     run (a sweep: some model failed and none offended), 130 interrupted.
     """
 
 
 _MODELS_HELP = "torchvision names or globs, or module:factory / path/file.py:factory."
-_DIFFERENTIAL_HELP = "Re-run in NCHW to tell caused terminal losses from format-neutral ones."
+_DIFFERENTIAL_HELP = (
+    "Re-run in NCHW and weigh what channels_last costs against it (without it, no cost: "
+    "any offender offends)."
+)
 _CHECKPOINT_HELP = "Sweep: JSON Lines of finished rows (default: --json's path + .jsonl)."
 _CONVERT_HELP = "channels-last: model and input; conv-weights: convolution weights only."
 
@@ -139,6 +146,12 @@ def audit_command(
     ),
     fake: Annotated[bool, _opt("--fake", help="Fake tensors: a prediction, fast.")] = False,
     differential: Annotated[bool, typer.Option(help=_DIFFERENTIAL_HELP)] = True,
+    fail_share: Annotated[
+        float, typer.Option(min=0, help="Offend at this % of the bytes written (and --fail-bytes).")
+    ] = 1.0,
+    fail_bytes: Annotated[
+        str, typer.Option(help="Offend at this many channels_last-only bytes (and --fail-share).")
+    ] = "1MiB",
     train: Annotated[bool, _opt("--train", help="Audit a training step, not inference.")] = False,
     optimizer: Annotated[Optimizer, typer.Option(help="With --train.")] = Optimizer.SGD,
     convert: Annotated[_Convert, typer.Option(help=_CONVERT_HELP)] = _Convert.CHANNELS_LAST,
@@ -166,8 +179,9 @@ def audit_command(
     offenders; several (or --junit, --baseline, --shard, --resume) make a sweep, each model in
     a worker of its own.
 
-    [bold]Exit codes[/bold]: 0 no offender, 1 offenders found (with --baseline: new offences
-    or failures), 2 usage error (unknown model, bad option, every model of a sweep
+    [bold]Exit codes[/bold]: 0 clean or minor, 1 offending: channels_last-only copies reach
+    the gate (--fail-share and --fail-bytes; with --baseline: new offences, grown costs or
+    failures), 2 usage error (unknown model, bad option, every model of a sweep
     skipped; an installed torch that cannot do what was asked), 3 the model failed to build or
     run (a sweep: some model failed and none offended), 130 interrupted.
     """
@@ -189,6 +203,7 @@ def audit_command(
             tensor_mode=TensorMode.FAKE if fake else TensorMode.EAGER,
             differential=differential,
             timeline=html is not None,
+            gate=Gate(share=fail_share / 100, bytes=parse_size(fail_bytes)),
         )
         selection = Selection(
             tuple(models or ()),

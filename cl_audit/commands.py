@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from rich.console import Console
 
-from cl_audit.enums import Outcome, TensorMode
+from cl_audit.enums import Outcome, TensorMode, Verdict
 from cl_audit.errors import UsageError
 from cl_audit.files import check_writable, read_report, read_sweep, write_text
 from cl_audit.report import SweepReport, compare, merge
@@ -122,7 +122,7 @@ def _single(
     report = audit_loaded(loaded, settings)
     render_report(report, console, show_all)
     write_outputs(report, outputs.json, outputs.html)
-    return Outcome.OFFENDING if report.offenders else Outcome.CLEAN
+    return Outcome.OFFENDING if report.verdict is Verdict.OFFENDING else Outcome.CLEAN
 
 
 def _sweep(

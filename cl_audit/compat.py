@@ -34,6 +34,7 @@ __all__ = [
     "is_fake",
     "module_apply",
     "new_fake_mode",
+    "op_traits",
     "storage_key",
     "torch_version",
     "view_base",
@@ -74,6 +75,26 @@ def storage_key(tensor: torch.Tensor) -> int:
 def view_base(tensor: torch.Tensor) -> torch.Tensor | None:
     """The tensor a view was taken of, or None for a tensor that owns its data."""
     return tensor._base
+
+
+# --- operator traits (the cost ledger, once per distinct operator) ---------------------------
+
+_POINTWISE = getattr(torch.Tag, "pointwise", None)
+_REDUCTION = getattr(torch.Tag, "reduction", None)
+
+
+def op_traits(op: object) -> tuple[bool, bool, bool, bool]:
+    """``(pointwise, reduction, view, in_place)`` of an aten operator overload, from its tags,
+    ``is_view`` and the trailing underscore of in-place names; all False for anything else."""
+    tags = getattr(op, "tags", ())
+    packet = getattr(op, "overloadpacket", None)
+    name = getattr(packet, "__name__", "")
+    return (
+        _POINTWISE is not None and _POINTWISE in tags,
+        _REDUCTION is not None and _REDUCTION in tags,
+        bool(getattr(op, "is_view", False)),
+        name.endswith("_") and not name.endswith("__"),
+    )
 
 
 # --- training --------------------------------------------------------------------------------

@@ -10,10 +10,12 @@ import torch
 __all__ = [
     "Amp",
     "Conversion",
+    "CostKind",
     "DType",
     "Differential",
     "DifferentialStatus",
     "Engine",
+    "Evidence",
     "Mode",
     "ModelSource",
     "Optimizer",
@@ -25,6 +27,7 @@ __all__ = [
     "Status",
     "Strategy",
     "TensorMode",
+    "Verdict",
 ]
 
 
@@ -181,6 +184,32 @@ class Outcome(str, Enum):
     """What a command came to; the CLI maps each to its exit code."""
 
     CLEAN = "clean"
-    OFFENDING = "offending"  # offenders, or with a baseline new offences or failures
+    OFFENDING = "offending"  # an offending verdict; with a baseline new offences, costs, failures
     FAILED = "failed"  # a sweep in which some model failed and none offended
     INTERRUPTED = "interrupted"
+
+
+@unique
+class Verdict(str, Enum):
+    """What channels_last costs a model against NCHW, weighed by the gate."""
+
+    OFFENDING = "offending"  # channels_last-only bytes reach the gate
+    MINOR = "minor"  # a channels_last-only cost under the gate
+    CLEAN = "clean"  # no channels_last-only cost
+
+
+@unique
+class CostKind(str, Enum):
+    """What a cost site's bytes are."""
+
+    COPY = "copy"  # an explicit copy operation (contiguous, clone, flatten's copy, ``.to``)
+    KERNEL = "kernel"  # a conversion inside a kernel (a convolution converting its input)
+    PARAMETER = "parameter"  # either, of parameter-derived data (a standardised weight)
+
+
+@unique
+class Evidence(str, Enum):
+    """How the conversions inside kernels were counted."""
+
+    MEASURED = "measured"  # the profiler's copies inside each operation (eager runs)
+    PREDICTED = "predicted"  # from the operations' strides (fake runs; no data ran)

@@ -3,8 +3,8 @@
 The Python API (``audit_model``), the CLI, the sweep worker, bench and the scripts all come
 here. It converts model and inputs as the settings' strategy says, runs one forward pass in eval
 mode under no_grad and the settings' autocast (or one training step, ``cl_audit.training``),
-eagerly or on fake tensors, with an audit, and then, when a loss is terminal, the same forward
-in NCHW for the differential verdict.
+eagerly or on fake tensors, with an audit and a cost ledger, and then the same forward or step
+in NCHW: the two ledgers give what channels_last costs and the verdict (``cl_audit.cost``).
 """
 
 from __future__ import annotations
@@ -19,18 +19,21 @@ from torch import nn
 from torch.func import functional_call
 
 from cl_audit.attribution import ModuleNames
-from cl_audit.audit import audit, watching
+from cl_audit.audit import Audit, audit, watching
 from cl_audit.compat import TORCH_VERSION, fake_tensor, new_fake_mode
 from cl_audit.convert import apply_strategy, input_to_nchw, strategy_input, to_nchw
-from cl_audit.differential import CounterpartWatcher, apply_differential, needs_differential
+from cl_audit.cost import compare_ledgers
+from cl_audit.differential import CounterpartWatcher, apply_differential
 from cl_audit.divergences import CUDA_KERNEL_OVERRIDES, divergence_table
 from cl_audit.enums import Amp, DifferentialStatus, Engine, Optimizer, Stage, Strategy, TensorMode
 from cl_audit.errors import ModelFailedError
 from cl_audit.fake import KernelSourceMode, fake_state
 from cl_audit.inputs import Example, example_of
+from cl_audit.intercept.ledger import Ledger
 from cl_audit.report import AppliedOverride, DifferentialRun, Environment, ModelReport
+from cl_audit.report.cost import Gate
 from cl_audit.settings import AuditSettings, parse_engine, resolve_device
-from cl_audit.timing import Profiler, call_times, step_timing, timed_ms
+from cl_audit.timing import Profiler, call_times, copies_by_call, step_timing, timed_ms
 from cl_audit.training import Step, training_report
 
 __all__ = ["audit_model", "audit_module"]
@@ -147,11 +150,13 @@ def audit_module(
     """Audit one forward pass of ``model`` on ``inputs`` (positional arguments, or an
     ``Example`` with keyword arguments too) as ``settings`` say, or with
     ``settings.train`` one training step (forward with gradients, ``loss(output)`` or
-    ``training_loss``, backward, optimizer step).
+    ``training_loss``, backward, optimizer step); then, unless ``settings.differential`` is
+    off, the same forward or step once more in NCHW, and the cost of channels_last against it.
 
     The model is converted in place as the strategy says (channels_last by default) and put in
-    eval (or train) mode. With ``settings.time`` the step is first timed without the audit
-    (warm-up, then ``TIMED_STEPS`` steps) and the audited step runs under ``torch.profiler``.
+    eval (or train) mode; a compared training step steps the optimizer twice (channels_last,
+    then NCHW). With ``settings.time`` the step is first timed without the audit (warm-up,
+    then ``TIMED_STEPS`` steps) and the audited step runs under ``torch.profiler``.
     Raises ``ModelFailedError`` naming the stage when the model fails.
     """
     device = resolve_device(settings.device, settings.tensor_mode, settings.bfloat16)
@@ -167,25 +172,13 @@ def audit_module(
         raise ModelFailedError(Stage.SETUP, label, e) from e
     first = example.first
     step = Step(settings, run.trainable(), loss)
+    ledger = _ledger(settings)
     rounds: tuple[float, ...] = ()
     profiled = 0.0
-    profiler: Any = contextlib.nullcontext()
     try:
         if settings.time:
             rounds = step.timed(forward, device)
-            profiler = Profiler(device)
-        with (
-            run.tensor_mode(),
-            audit(
-                settings.engine,
-                model=model,
-                parameters=run.parameters,
-                timeline=settings.timeline,
-                training=settings.train,
-                label_calls=settings.time,
-            ) as active,
-            profiler,
-        ):
+        with run.tensor_mode(), _audited(settings, model, run, ledger, device) as (active, prof):
             if settings.time:
                 profiled = timed_ms(lambda: step.run(forward, active), device)
             else:
@@ -201,7 +194,7 @@ def audit_module(
         device=run.device,
         dtype=None if first is None else first.dtype,
         mode=settings.tensor_mode,
-        call_times=call_times(profiler, device) if settings.time else None,
+        call_times=call_times(prof, device) if settings.time else None,
     )
     environment = run.environment(
         replace(report.environment, autocast=settings.autocast_description)
@@ -209,43 +202,104 @@ def audit_module(
     report = replace(report, environment=environment)
     if settings.train:
         report = training_report(report, settings.optimizer.value, step.layouts)
-    else:
-        report = _differential(report, run, model, settings)
     if settings.time:
         report = replace(report, timing=step_timing(report, rounds, profiled, device))
-    return report
+    return _compared(report, run, model, settings, ledger, loss, device)
 
 
-def _differential(
-    report: ModelReport, run: _Eager | _Fake, model: nn.Module, settings: AuditSettings
+def _ledger(settings: AuditSettings) -> Ledger | None:
+    """A cost ledger when the audit compares with NCHW: the dispatch engine, and a strategy
+    that makes the model channels_last (an eager run measures kernel copies)."""
+    if not settings.differential or settings.engine is not Engine.DISPATCH:
+        return None
+    if settings.strategy not in (Strategy.CHANNELS_LAST, Strategy.CONV_WEIGHTS):
+        return None
+    return Ledger(measured=settings.tensor_mode is TensorMode.EAGER)
+
+
+@contextlib.contextmanager
+def _audited(
+    settings: AuditSettings,
+    model: nn.Module,
+    run: _Eager | _Fake,
+    ledger: Ledger | None,
+    device: torch.device,
+    also: Any = None,
+) -> Iterator[tuple[Audit, Any]]:
+    """An audit of one run, under the profiler when it times (``--time``) or measures the
+    copies inside kernels (an eager ledger); the measured copies enter the ledger on exit."""
+    measure = ledger is not None and ledger.measured
+    label_calls = settings.time or measure
+    profiler: Any = Profiler(device, shapes=measure) if label_calls else contextlib.nullcontext()
+    with (
+        audit(
+            settings.engine,
+            model=model,
+            parameters=run.parameters,
+            timeline=settings.timeline,
+            training=settings.train,
+            label_calls=label_calls,
+            ledger=ledger,
+            also=also,
+        ) as active,
+        profiler,
+    ):
+        yield active, profiler
+    if measure:
+        ledger.add_measured(*copies_by_call(profiler))
+
+
+def _compared(
+    report: ModelReport,
+    run: _Eager | _Fake,
+    model: nn.Module,
+    settings: AuditSettings,
+    ledger: Ledger | None,
+    loss: Callable[[Any], torch.Tensor] | None,
+    device: torch.device,
 ) -> ModelReport:
-    """Classify the terminal losses against the same forward in NCHW (see differential.py)."""
+    """The same forward or step in NCHW: its ledger against this run's gives the cost and the
+    verdict; an inference forward also classifies the terminal losses (differential.py). The
+    patch engine, which sees no aten operation, only classifies."""
     if not settings.differential:
         status = DifferentialRun(DifferentialStatus.SKIPPED, "not asked for")
         return replace(report, differential=status)
     if settings.strategy not in (Strategy.CHANNELS_LAST, Strategy.CONV_WEIGHTS):
         status = DifferentialRun(DifferentialStatus.SKIPPED, "the model's format is the caller's")
         return replace(report, differential=status)
-    if not needs_differential(report):
+    terminal = tuple(f for f in report.offenders if f.terminal and not settings.train)
+    watcher = CounterpartWatcher(ModuleNames(model), terminal) if terminal else None
+    if ledger is None and watcher is None:
         return replace(report, differential=DifferentialRun(DifferentialStatus.NOT_NEEDED))
-    terminal = tuple(f for f in report.offenders if f.terminal)
-    watcher = CounterpartWatcher(ModuleNames(model), terminal)
+    nchw = None if ledger is None else Ledger(measured=ledger.measured)
+    quiet = replace(settings, timeline=False, time=False)
     try:
         forward = run.nchw()
-        with torch.no_grad(), settings.autocast(), run.tensor_mode():
-            with watching(settings.engine, watcher):
-                forward()
+        if nchw is None:
+            with torch.no_grad(), settings.autocast(), run.tensor_mode():
+                with watching(settings.engine, watcher):
+                    forward()
+        else:
+            step = Step(settings, run.trainable(), loss)
+            with run.tensor_mode(), _audited(quiet, model, run, nchw, device, watcher) as audited:
+                step.run(forward, audited[0])
     except Exception as e:
-        message = f"the NCHW run failed ({type(e).__name__}: {e}"[:300] + "); terminal losses "
+        message = f"the NCHW run failed ({type(e).__name__}: {e}"[:300] + "); no cost weighed"
         failed = DifferentialRun(
-            DifferentialStatus.FAILED,
-            message + "count as caused",
-            unaligned=sum(f.terminal for f in terminal),
+            DifferentialStatus.FAILED, message, unaligned=sum(f.terminal for f in terminal)
         )
         return replace(report, differential=failed)
     finally:
         run.restore()
-    return apply_differential(report, watcher)
+    if watcher is not None:
+        report = apply_differential(report, watcher)
+    else:
+        report = replace(report, differential=DifferentialRun(DifferentialStatus.RAN))
+    if ledger is None or nchw is None:
+        return report
+    time_share = None if report.timing is None else report.timing.share
+    cost = compare_ledgers(ledger, nchw, settings.gate, time_share)
+    return replace(report, cost=cost, summary=replace(report.summary, verdict=cost.verdict))
 
 
 def audit_model(
@@ -261,6 +315,8 @@ def audit_model(
     optimizer: Optimizer | str = Optimizer.SGD,
     loss: Callable[[Any], torch.Tensor] | None = None,
     time: bool = False,
+    fail_share: float = 100 * Gate.share,
+    fail_bytes: int = Gate.bytes,
 ) -> ModelReport:
     """Audit one eval-mode, no-grad forward pass of ``model``, or with ``train`` one training
     step (train mode, forward and loss, backward, an ``optimizer`` step; see ``training_loss``).
@@ -271,8 +327,10 @@ def audit_model(
     and copies its 4D/5D floating-point tensor inputs, to channels_last (``channels_last_3d``
     for 5D);
     ``"conv-weights"`` converts only convolution weights; ``False`` audits the model as given.
-    ``differential`` runs an inference forward once more in NCHW when a loss is terminal, to
-    tell format-neutral ones apart (the model is converted back afterwards). ``amp``
+    ``differential`` runs the forward or step once more in NCHW and weighs the cost of
+    channels_last against it (the model is converted back afterwards): the verdict is
+    ``offending`` when the channels_last-only bytes reach ``fail_share`` percent of the bytes
+    written and ``fail_bytes``, ``minor`` under that, ``clean`` without any. ``amp``
     (``"bf16"``/``"fp16"``) runs under autocast; ``loss(output)`` replaces the default training
     loss; ``time`` adds ``Timing`` (eager runs only).
     """
@@ -287,6 +345,7 @@ def audit_model(
         engine=parse_engine(engine),
         strategy=strategy,
         differential=differential,
+        gate=Gate(share=fail_share / 100, bytes=fail_bytes),
         amp=None if amp is None else Amp(amp),
         train=train,
         optimizer=Optimizer(optimizer),

@@ -16,6 +16,7 @@ from cl_audit.compat import fake_cuda_problem
 from cl_audit.enums import Amp, DType, Engine, Optimizer, Strategy, TensorMode
 from cl_audit.environment import autocast_name
 from cl_audit.errors import UsageError
+from cl_audit.report.cost import Gate
 
 __all__ = [
     "Amp",
@@ -28,11 +29,15 @@ __all__ = [
     "check_engine",
     "parse_engine",
     "parse_input_size",
+    "parse_size",
     "resolve_device",
 ]
 
 
 DEFAULT_BATCH = 2
+
+
+DEFAULT_GATE = Gate()  # 1% of the bytes written and 1 MiB
 
 
 @dataclass(frozen=True)
@@ -55,10 +60,13 @@ class AuditSettings:
     optimizer: Optimizer = Optimizer.SGD
     seed: int = 0
     time: bool = False  # time the step and the flagged operations (eager only)
+    gate: Gate = DEFAULT_GATE  # when a channels_last-only cost offends
 
     def __post_init__(self) -> None:
         """Combinations that cannot take effect are refused once, here, with the reason."""
         check_engine(self.engine, train=self.train, time=self.time)
+        if self.gate.share < 0 or self.gate.bytes < 0:
+            raise UsageError("--fail-share and --fail-bytes cannot be negative")
         fake = self.tensor_mode is TensorMode.FAKE
         if self.time and fake:
             raise UsageError("--time measures kernels, and fake tensors run none: drop --fake")
@@ -116,6 +124,24 @@ def _fake_cuda_autocast(dtype: torch.dtype) -> Iterator[None]:
         torch.set_autocast_enabled("cuda", enabled)
         torch.set_autocast_dtype("cuda", previous)
         torch.clear_autocast_cache()
+
+
+_SIZE_UNITS = {"B": 1, "KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30, "KB": 1000, "MB": 10**6,
+               "GB": 10**9, "": 1}  # fmt: skip
+
+
+def parse_size(text: str, option: str = "--fail-bytes") -> int:
+    """A byte count such as ``1MiB``, ``512KiB``, ``2MB`` or ``0``."""
+    cleaned = text.strip().upper().replace(" ", "")
+    digits = cleaned.rstrip("BKMGI")
+    unit = cleaned[len(digits) :]
+    try:
+        value = float(digits)
+    except ValueError:
+        value = -1.0
+    if value < 0 or unit not in _SIZE_UNITS:
+        raise UsageError(f"{option} {text!r}: expected a size such as 1MiB, 512KiB or 0")
+    return int(value * _SIZE_UNITS[unit])
 
 
 def check_engine(engine: Engine, *, train: bool = False, time: bool = False) -> None:

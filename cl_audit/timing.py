@@ -19,7 +19,15 @@ import torch
 from cl_audit.intercept.dispatch import CALL_LABEL
 from cl_audit.report import ModelReport, Timing
 
-__all__ = ["TIMED_STEPS", "WARMUP_STEPS", "Profiler", "call_times", "step_timing", "timed_ms"]
+__all__ = [
+    "TIMED_STEPS",
+    "WARMUP_STEPS",
+    "Profiler",
+    "call_times",
+    "copies_by_call",
+    "step_timing",
+    "timed_ms",
+]
 
 
 TIMED_STEPS = 7  # uninstrumented steps timed by --time, after WARMUP_STEPS
@@ -37,11 +45,11 @@ class Profiler:
     """``torch.profiler.profile`` (CPU, and CUDA kernels on CUDA), with libkineto's own log
     lines kept off the terminal."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, shapes: bool = False) -> None:
         activities = [torch.profiler.ProfilerActivity.CPU]
         if device.type == "cuda":
             activities.append(torch.profiler.ProfilerActivity.CUDA)
-        self._profile = torch.profiler.profile(activities=activities)
+        self._profile = torch.profiler.profile(activities=activities, record_shapes=shapes)
         self._saved = -1
         self._capture: Any = None
 
@@ -95,6 +103,38 @@ def call_times(profiler: Any, device: torch.device) -> dict[int, float]:
             number = int(event.name[len(CALL_LABEL) :])
             times[number] = times.get(number, 0.0) + micros / 1e3
     return times
+
+
+# Element sizes of the dtype names the profiler records.
+_ELEMENT_SIZES = {
+    "float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "long int": 8, "int": 4,
+    "short int": 2, "signed char": 1, "unsigned char": 1, "bool": 1,
+}  # fmt: skip
+
+
+def copies_by_call(profiler: Any) -> tuple[dict[int, int], dict[int, str]]:
+    """The bytes of the ``aten::copy_`` events inside each labelled call (a profiler run with
+    shapes), and each call's operation as the profiler names it (``aten.convolution``)."""
+    copied: dict[int, int] = {}
+    names: dict[int, str] = {}
+    for event in profiler.events():
+        if event.name != "aten::copy_" or not event.input_shapes:
+            continue
+        node, child = event.cpu_parent, event
+        while node is not None and not node.name.startswith(CALL_LABEL):
+            node, child = node.cpu_parent, node
+        if node is None:
+            continue
+        call = int(node.name[len(CALL_LABEL) :])
+        shape = event.input_shapes[0]
+        dtype = (event.input_dtypes or ["float"])[0]
+        size = _ELEMENT_SIZES.get(dtype, 4)
+        numel = 1
+        for extent in shape:
+            numel *= extent
+        copied[call] = copied.get(call, 0) + numel * size
+        names[call] = child.name.replace("::", ".")
+    return copied, names
 
 
 def step_timing(

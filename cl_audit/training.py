@@ -34,15 +34,15 @@ __all__ = [
 ]
 
 _Forward = Callable[[], object]
-NOT_COMPARED = DifferentialRun(DifferentialStatus.SKIPPED, "training steps are not compared yet")
+NOT_COMPARED = DifferentialRun(DifferentialStatus.SKIPPED, "no NCHW step was run")
 
 
 def training_report(
     report: ModelReport, optimizer: str | None, layouts: tuple[GradientLayout, ...]
 ) -> ModelReport:
     """``report`` as the report of a training step: its environment says so (and names the
-    optimizer), the gradients' layouts are listed, and no NCHW comparison was made (training
-    steps are not compared yet)."""
+    optimizer), the gradients' layouts are listed, and no NCHW step ran yet (``run`` compares
+    after this; the callbacks do not)."""
     environment = replace(report.environment, train=True, optimizer=optimizer)
     return replace(
         report, environment=environment, gradient_layouts=layouts, differential=NOT_COMPARED

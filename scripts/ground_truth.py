@@ -17,7 +17,8 @@ output, backward, an SGD step with momentum), eager CPU, float32, batch 2, one t
   model's line), or in a backward the autograd node that ran it;
 - channels_last-only bytes = the sum over sites of max(0, CL bytes - NCHW bytes); saved bytes
   the reverse; the denominator is the bytes written by every aten operation of the
-  channels_last step (its outputs' sizes, counted by a dispatch mode in a separate run);
+  channels_last step (its new outputs' sizes, views excluded, in-place outputs included,
+  counted by a dispatch mode in a separate run);
 - the verdict: ``offending`` when the channels_last-only bytes are at least 1% of the bytes
   written and at least 1 MiB, ``minor`` when there are some, ``clean`` when there are none.
 
@@ -51,7 +52,8 @@ _SIZES = {"float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "long int
 
 
 class _BytesWritten(TorchDispatchMode):
-    """Sums the bytes of every tensor an aten operation returns."""
+    """Sums the bytes every aten operation writes: the tensors it returns in storage none of
+    its inputs has (views write nothing), and the outputs of in-place operations."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -59,8 +61,14 @@ class _BytesWritten(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         out = func(*args, **(kwargs or {}))
+        flat = list(args) + list((kwargs or {}).values())
+        inputs = [t for a in flat for t in (a if isinstance(a, (list, tuple)) else (a,))]
+        pointers = {t.untyped_storage().data_ptr() for t in inputs if isinstance(t, torch.Tensor)}
+        in_place = func.overloadpacket.__name__.endswith("_")
         for t in out if isinstance(out, (list, tuple)) else (out,):
-            if isinstance(t, torch.Tensor):
+            if isinstance(t, torch.Tensor) and (
+                in_place or t.untyped_storage().data_ptr() not in pointers
+            ):
                 self.total += t.numel() * t.element_size()
         return out
 
@@ -210,10 +218,29 @@ def spearman(a: list[float], b: list[float]) -> float:
     return cov / (va * vb) if va and vb else float("nan")
 
 
+def _verdict(row: dict) -> str:
+    """A sweep row's verdict: its summary's (version 3), else offending when it has offenders."""
+    verdict = row["summary"].get("verdict")
+    return verdict or ("offending" if row["offenders"] else "clean")
+
+
+def _offends(row: dict) -> bool:
+    return _verdict(row) == "offending"
+
+
+def _reported(row: dict) -> int:
+    """The bytes a row reports: its cost's channels_last-only bytes (version 3), else the
+    bytes its findings converted."""
+    if row.get("cost") is not None:
+        return row["cost"]["extra_bytes"]
+    return row["summary"]["bytes_converted"] + row["summary"]["parameter_bytes"]
+
+
 def compare(truth_path: Path, inference: Path, training: Path) -> dict[str, object]:
-    """Agreement of cl-audit's sweep verdicts (a row offends or not) with the ground truth's
-    (``offending`` or not), and the Spearman correlation of cl-audit's reported bytes with the
-    measured channels_last-only bytes, per mode. Reads the sweeps' JSON, not cl-audit."""
+    """Agreement of cl-audit's sweep verdicts (a row offends or not; and the same of the three
+    verdicts) with the ground truth's, and the Spearman correlation of cl-audit's reported
+    bytes with the measured channels_last-only bytes, per mode. Reads the sweeps' JSON, not
+    cl-audit."""
     import gzip
 
     def rows(path: Path) -> dict[str, dict]:
@@ -235,20 +262,20 @@ def compare(truth_path: Path, inference: Path, training: Path) -> dict[str, obje
         ]
         if not pairs:
             continue
-        offends = [bool(r["offenders"]) for _, r in pairs]
+        offends = [_offends(r) for _, r in pairs]
         measured = [t["verdict"] == "offending" for t, _ in pairs]
         disagree = [
-            {"model": t["model"], "truth": t["verdict"], "cl_audit_offends": bool(r["offenders"]),
-             "cl_only_bytes": t["cl_only_bytes"], "share": t["share"]}
+            {"model": t["model"], "truth": t["verdict"], "cl_audit": _verdict(r),
+             "cl_only_bytes": t["cl_only_bytes"], "reported": _reported(r), "share": t["share"]}
             for (t, r) in pairs
-            if bool(r["offenders"]) != (t["verdict"] == "offending")
+            if _offends(r) != (t["verdict"] == "offending")
         ]  # fmt: skip
-        reported = [
-            r["summary"]["bytes_converted"] + r["summary"]["parameter_bytes"] for _, r in pairs
-        ]
+        reported = [_reported(r) for _, r in pairs]
+        verdicts = sum(_verdict(r) == t["verdict"] for t, r in pairs)
         result[mode] = {
             "models": len(pairs),
             "agree": sum(a == b for a, b in zip(offends, measured, strict=True)),
+            "same_verdict": verdicts,
             "truth_offending": sum(measured),
             "cl_audit_offending": sum(offends),
             "spearman_reported_vs_cl_only": spearman(

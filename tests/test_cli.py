@@ -19,6 +19,7 @@ from cl_audit.report import load_schema
 
 TOYS = str(Path(__file__).with_name("toy_models.py"))
 runner = CliRunner()
+ANY_COST = ("--fail-share", "0", "--fail-bytes", "0")  # the toy models' costs are a few KiB
 
 
 def invoke(*args: str):
@@ -28,15 +29,15 @@ def invoke(*args: str):
 def test_clean_torchvision_model_exits_0():
     result = invoke("resnet18", "--input-size", "3x64x64")
     assert result.exit_code == 0, result.output
-    assert "keeps channels_last" in result.output
+    assert "cl-audit: clean" in result.output and "channels_last adds 0 B" in result.output
     assert "2x3x64x64" in result.output
 
 
 def test_offending_user_model_exits_1_with_table_and_json(tmp_path):
     out = tmp_path / "r.json"
-    result = invoke(f"{TOYS}:channel_shuffle", "--json", str(out))
+    result = invoke(f"{TOYS}:channel_shuffle", "--json", str(out), *ANY_COST)
     assert result.exit_code == 1, result.output
-    assert "Tensor.contiguous" in result.output and "aten.clone" in result.output
+    assert "Tensor.contiguous" in result.output and "torch.conv2d" in result.output
     assert "toy_models.py:" in result.output
     data = json.loads(out.read_text())
     jsonschema.validate(data, load_schema())
@@ -125,7 +126,9 @@ def run_cli(
 
 def test_console_script_subprocess_exit_codes():
     assert run_cli(f"{TOYS}:clean_net").returncode == 0
-    offending = run_cli(f"{TOYS}:channel_shuffle")
+    minor = run_cli(f"{TOYS}:channel_shuffle")  # 16 KiB: under the default 1 MiB gate
+    assert minor.returncode == 0 and "cl-audit: minor" in minor.stdout
+    offending = run_cli(f"{TOYS}:channel_shuffle", *ANY_COST)
     assert offending.returncode == 1 and "Tensor.contiguous" in offending.stdout
     unknown = run_cli("resnet5")
     assert unknown.returncode == 2 and "Traceback" not in unknown.stderr
@@ -174,7 +177,7 @@ def test_timm_model_through_cli():
 
 
 def test_dict_and_tuple_outputs_are_fine():
-    result = invoke(f"{TOYS}:dict_output", "--json", "-")
+    result = invoke(f"{TOYS}:dict_output", "--json", "-", *ANY_COST)
     assert result.exit_code == 1  # the softmax over channels
     assert json.loads(result.stdout)["offenders"][0]["python_op"] == "F.softmax"
 
@@ -220,7 +223,7 @@ def test_a_model_file_can_import_its_sibling_modules(tmp_path):
     )
     result = run_cli(f"{tmp_path / 'net.py'}:build")
     assert result.returncode == 0, result.stderr
-    assert "keeps channels_last" in result.stdout
+    assert "cl-audit: clean" in result.stdout
 
 
 def test_a_batched_factory_shape_gets_a_one_line_hint():
@@ -281,11 +284,15 @@ def test_render_writes_html_of_saved_reports_of_either_version(tmp_path):
 
 def test_html_of_a_sweep_and_of_one_model_from_the_cli(tmp_path):
     sweep = run_cli(
-        f"{TOYS}:clean_net", f"{TOYS}:channel_shuffle", "--html", str(tmp_path / "s.html")
+        f"{TOYS}:clean_net",
+        f"{TOYS}:channel_shuffle",
+        "--html",
+        str(tmp_path / "s.html"),
+        *ANY_COST,
     )
     assert sweep.returncode == 1, sweep.stderr
     page = (tmp_path / "s.html").read_text()
     assert "channel_shuffle" in page and 'id="heatmap"' in page
-    single = invoke(f"{TOYS}:channel_shuffle", "--html", str(tmp_path / "m.html"))
+    single = invoke(f"{TOYS}:channel_shuffle", "--html", str(tmp_path / "m.html"), *ANY_COST)
     assert single.exit_code == 1
     assert 'id="timeline"' in (tmp_path / "m.html").read_text()  # recorded because of --html

@@ -20,7 +20,9 @@ MODELS = Path(__file__).with_name("example_models.py")
 
 
 def invoke(*args: str):
-    return CliRunner().invoke(app, [*args], env={"COLUMNS": "160"})
+    """The CLI, with any channels_last-only cost offending (these models' costs are KiB)."""
+    gate = ["--fail-share", "0", "--fail-bytes", "0"] if args[0] != "bench" else []
+    return CliRunner().invoke(app, [*args, *gate], env={"COLUMNS": "160"})
 
 
 def flatten_offender(report) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-__all__ = ["Observer"]
+__all__ = ["Observer", "Tee"]
 
 
 class Observer(Protocol):
@@ -14,3 +14,16 @@ class Observer(Protocol):
     def observe(
         self, aten_op: object, python_op: object, args: Any, kwargs: Any, result: Any
     ) -> None: ...
+
+
+class Tee:
+    """Hands each operation to two observers, in order."""
+
+    def __init__(self, first: Observer, second: Observer) -> None:
+        self._first, self._second = first, second
+
+    def observe(
+        self, aten_op: object, python_op: object, args: Any, kwargs: Any, result: Any
+    ) -> None:
+        self._first.observe(aten_op, python_op, args, kwargs, result)
+        self._second.observe(aten_op, python_op, args, kwargs, result)

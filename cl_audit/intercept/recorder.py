@@ -19,6 +19,7 @@ import torch
 from cl_audit.attribution import Location, ModuleNames, locate
 from cl_audit.compat import current_autograd_node, view_base
 from cl_audit.compat import storage_key as _storage_key
+from cl_audit.intercept.ledger import Ledger
 from cl_audit.intercept.naming import aten_op_name, python_op_name
 from cl_audit.intercept.tracking import (
     Occurrence,
@@ -75,8 +76,10 @@ class Recorder:
         parameters: Iterable[torch.Tensor] = (),
         timeline: bool = False,
         training: bool = False,
+        ledger: Ledger | None = None,
     ) -> None:
         self._names = names
+        self.ledger = ledger  # the cost ledger of this run, fed every operation
         # The format timeline: each operation with a 4D/5D output, in order, with its module
         # (a stack walk per such operation, so only when asked for).
         self.timeline: list[TimelineEvent] | None = [] if timeline else None
@@ -187,6 +190,14 @@ class Recorder:
                     and layout_of(tensor) is not _CL  # read as channels_last: not contiguous data
                 ):
                     found.append(origin)
+        ledger = self.ledger
+        if ledger is not None and aten_op is not None:
+            if in_keys is None:
+                in_keys = [_storage_key(t) for t in inputs]
+            ledger.observe(
+                self.calls_checked, self.phase, aten_op, python_op, inputs, outputs, in_keys,
+                out_keys, parameters, self._locate, found[0].producer if found else None,
+            )  # fmt: skip
         if not (interesting or found):
             return  # the common case: no contiguous data appeared, none is tracked
         if in_keys is None:

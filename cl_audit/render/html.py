@@ -13,7 +13,7 @@ from html import escape
 
 from cl_audit.layout import MemoryLayout
 from cl_audit.render import format_bytes
-from cl_audit.render.terminal import timing_line
+from cl_audit.render.terminal import cost_line, timing_line
 from cl_audit.report import (
     Finding,
     ModelReport,
@@ -23,6 +23,7 @@ from cl_audit.report import (
     SiteGroup,
     Status,
     SweepReport,
+    Verdict,
     by_call_site,
 )
 
@@ -35,7 +36,8 @@ h1{font-size:1.4em;margin:0 0 .3em}h2{font-size:1.1em;margin:1.6em 0 .4em}
 table{border-collapse:collapse;margin:.4em 0;width:100%}
 th,td{border:1px solid #d7dae0;padding:.25em .45em;text-align:left;vertical-align:top}
 th{background:#f1f3f6;cursor:pointer;user-select:none;white-space:nowrap}
-td.num,th.num{text-align:right}code{font-size:.92em;overflow-wrap:anywhere}
+td.num,th.num{text-align:right}code{font-size:.92em;overflow-wrap:anywhere}code.op,code.site{white-space:nowrap;overflow-wrap:normal}
+.verdict-minor{color:#a86400}
 tr.target{outline:2px solid #f0a020}
 .cards{display:flex;gap:.6em;flex-wrap:wrap}.card{border:1px solid #d7dae0;border-radius:6px;
 padding:.4em .8em}.card b{display:block;font-size:1.3em}
@@ -168,9 +170,9 @@ def _site_rows(groups: tuple[SiteGroup, ...], prefix: str, anchors: dict[tuple, 
             strides = f"{_e(source.shape)}<br>{_e(source.strides)} &rarr; {_e(output.strides)}"
         verdict = f.differential.value if f.differential else ""
         rows.append(
-            f'<tr id="{_e(anchor)}"><td><code>{_e(f.python_op or "")}</code><br>'
-            f"<code>{_e(f.aten_op or '')}</code>{_phase(f)}</td>"
-            f"<td><code>{_e(f.call_site)}</code></td>"
+            f'<tr id="{_e(anchor)}"><td><code class="op">{_e(f.python_op or "")}</code><br>'
+            f'<code class="op">{_e(f.aten_op or "")}</code>{_phase(f)}</td>'
+            f'<td><code class="site">{_e(f.call_site)}</code></td>'
             f"<td>{folded}</td><td>{strides}</td>"
             f'<td class="num">{group.count}</td><td class="num">{group.round_trips}</td>'
             f'<td class="num">{group.terminal}</td><td>{_e(verdict)}</td>'
@@ -249,12 +251,74 @@ def _source(finding: Finding) -> str:
     return finding.regain_source.value if finding.regain_source else ""
 
 
+_VERDICT_CLASSES = {
+    Verdict.OFFENDING: "verdict-bad", Verdict.MINOR: "verdict-minor", Verdict.CLEAN: "verdict-good"
+}  # fmt: skip
+
+
+def _producer_text(producer: Producer | None) -> str:
+    if producer is None:
+        return ""
+    op = producer.python_op or producer.aten_op or "?"
+    return f"{op} in {producer.module_path or '(root)'} at {producer.call_site or '?'}"
+
+
+def _cost_section(report: ModelReport) -> str:
+    """The verdict's figures, then every site where the two runs copied different bytes, the
+    costliest first, with its fix site and remedy."""
+    cost = report.cost
+    if cost is None:
+        return (
+            f'<p class="dim">Cost not weighed ({_e(report.differential.status.value)}'
+            f"{': ' + _e(report.differential.message) if report.differential.message else ''})"
+            "; the verdict counts offenders.</p>"
+        )
+    lines = cost_line(cost, report.environment.train).split("\n")
+    rows = "".join(
+        f'<tr><td><code class="op">{_e(site.op)}</code></td><td>{_e(site.kind.value)}, '
+        f'{_e(site.phase.value)}</td><td><code class="site">{_e(site.call_site or "?")}</code>'
+        f"</td><td>{_e(site.module_path or '(root)')}</td>"
+        f'<td class="num" data-value="{site.extra}">{format_bytes(site.extra)}</td>'
+        f'<td class="num" data-value="{site.saved}">{format_bytes(site.saved)}</td>'
+        f"<td>{_e(_producer_text(site.fix_site))}</td><td>"
+        + (
+            f'{_e(site.remedy.advice)} <span class="dim">({_e(site.remedy.reference)})</span>'
+            if site.remedy is not None
+            else ('<span class="dim">no known remedy</span>' if site.extra else "")
+        )
+        + "</td></tr>"
+        for site in cost.sites
+    )
+    mixed = "".join(
+        f'<tr><td><code class="op">{_e(m.op)}</code></td><td><code class="site">'
+        f"{_e(m.call_site or '?')}</code></td><td>{_e(m.module_path or '(root)')}</td>"
+        f'<td class="num">{m.count}</td><td class="num">{format_bytes(m.bytes_read)}</td></tr>'
+        for m in cost.mixed
+    )
+    return (
+        f'<p><b>{_e(lines[0])}</b><br><span class="dim">{_e(lines[1])}</span></p>'
+        '<table class="sortable" id="cost"><thead><tr><th>op</th><th>kind</th><th>call site'
+        '</th><th>module</th><th class="num">channels_last only</th><th class="num">saved</th>'
+        "<th>NCHW-ordered data from (fix site)</th><th>remedy</th></tr></thead>"
+        f"<tbody>{rows}</tbody></table>"
+        + (
+            "<details><summary><b>Elementwise operations reading both orders</b> "
+            f"({len(cost.mixed)}: strided reads, no copy, not in the cost)</summary>"
+            '<table class="sortable" id="mixed"><thead><tr><th>op</th><th>call site</th>'
+            '<th>module</th><th class="num">count</th><th class="num">read strided</th></tr>'
+            f"</thead><tbody>{mixed}</tbody></table></details>"
+            if cost.mixed
+            else ""
+        )
+    )
+
+
 def model_html(report: ModelReport) -> str:
-    """One audit: the summary, the offenders by call site with links to their root causes,
-    the lists kept apart, the regains, and the format timeline."""
+    """One audit: the verdict and the cost by site with fix sites and remedies, then the
+    offenders by call site with links to their root causes, the lists kept apart, the
+    regains, and the format timeline."""
     s, env = report.summary, report.environment
-    bad = bool(report.offenders)
-    verdict = "loses channels_last" if bad else "keeps channels_last"
+    verdict = report.verdict.value
     anchors = _anchors(report)
     cards = _cards(
         (
@@ -268,7 +332,8 @@ def model_html(report: ModelReport) -> str:
         )
     )
     regains = "".join(
-        f"<tr><td><code>{_e(f.op)}</code></td><td><code>{_e(f.call_site)}</code></td>"
+        f'<tr><td><code class="op">{_e(f.op)}</code></td>'
+        f'<td><code class="site">{_e(f.call_site)}</code></td>'
         f"<td>{_e(f.module_path or '(root)')}</td><td>{_e(_source(f))}</td>"
         f'<td class="num">{f.count}</td><td>{_e(f.provenance.value)}</td>'
         f"<td>{_producer(f.root_cause, anchors)}</td></tr>"
@@ -279,7 +344,7 @@ def model_html(report: ModelReport) -> str:
         predicted += f"; a training step (optimizer {env.optimizer})"
     body = (
         f'<h1>cl-audit: {_e(report.model or "(unnamed)")} <span class="'
-        f'{"verdict-bad" if bad else "verdict-good"}">{verdict}</span></h1>'
+        f'{_VERDICT_CLASSES[report.verdict]}">{verdict}</span></h1>'
         f'<p class="dim">input {_e(report.input_shape)}, {_e(env.device)} {_e(env.dtype)}'
         f"{', autocast ' + _e(env.autocast) if env.autocast else ''}, "
         f"engine {_e(env.engine.value)}, "
@@ -289,6 +354,8 @@ def model_html(report: ModelReport) -> str:
         f"cl-audit {_e(env.tool)}, torch {_e(env.torch)}</p>"
         f'<div class="cards">{cards}</div>'
         + (f"<p>{_e(timing_line(report.timing))}</p>" if report.timing else "")
+        + "<h2>What channels_last costs, against NCHW</h2>"
+        + _cost_section(report)
         + "<h2>Offenders, by operation and call site</h2>"
         + _sites_table(report.offenders, "offender", anchors)
         + "<h2>Format timeline</h2>"
@@ -310,10 +377,15 @@ def model_html(report: ModelReport) -> str:
 def _model_row(row: ModelRow) -> str:
     s = row.summary
     converted = s.bytes_converted if s else 0
+    extra = row.cost.extra_bytes if row.cost else 0
+    share = row.cost.share if row.cost else 0.0
     return (
         f'<tr data-status="{_e(row.status.value)}"><td><a href="#model-{_e(row.key)}" '
         f'data-jump="model-{_e(row.key)}">{_e(row.name)}</a></td><td>{_e(row.source.value)}</td>'
         f"<td>{_e(row.status.value)}</td><td>{_e(row.mode.value)}</td>"
+        f"<td>{_e(row.verdict.value if row.verdict else '')}</td>"
+        f'<td class="num" data-value="{extra}">{format_bytes(extra)}</td>'
+        f'<td class="num" data-value="{share}">{share:.2%}</td>'
         f'<td class="num">{len(row.offenders)}</td>'
         f'<td class="num">{s.losses if s else 0}</td>'
         f'<td class="num" data-value="{converted}">{format_bytes(converted)}</td>'
@@ -375,15 +447,18 @@ def sweep_html(report: SweepReport) -> str:
     cards = _cards(
         (
             ("models", s.models),
-            ("clean", s.clean),
             ("offending", s.offending),
+            ("minor", s.minor),
+            ("clean", s.clean),
             ("failed", s.failed),
             ("skipped", s.skipped),
         )
     )
     statuses = "".join(f'<option value="{st.value}">{st.value}</option>' for st in Status)
     operators = "".join(
-        f"<tr><td><code>{_e(c.op)}</code></td><td>{_e(', '.join(c.python_ops))}</td>"
+        f'<tr><td><code class="op">{_e(c.op)}</code></td>'
+        f'<td class="num" data-value="{c.extra_bytes}">{format_bytes(c.extra_bytes)}</td>'
+        f'<td class="num">{c.cost_models}</td><td>{_e(", ".join(c.python_ops))}</td>'
         f'<td class="num">{c.models}</td><td class="num">{c.events}</td>'
         f'<td class="num" data-value="{c.bytes_converted}">{format_bytes(c.bytes_converted)}</td>'
         f'<td class="num">{c.parameter_models}</td><td class="num">{c.neutral_models}</td>'
@@ -398,13 +473,16 @@ def sweep_html(report: SweepReport) -> str:
         '<input type="search" id="filter" placeholder="filter models">'
         f'<select id="status-filter"><option value="">any status</option>{statuses}</select>'
         '<table class="sortable" id="models"><thead><tr><th>model</th><th>source</th>'
-        '<th>status</th><th>mode</th><th class="num">offender sites</th>'
+        '<th>status</th><th>mode</th><th>verdict</th><th class="num">channels_last only</th>'
+        '<th class="num">share</th><th class="num">offender sites</th>'
         '<th class="num">losses</th><th class="num">converted</th>'
         '<th class="num">parameter</th><th class="num">neutral</th><th>message</th></tr>'
         f"</thead><tbody>{''.join(_model_row(r) for r in report.models)}</tbody></table>"
-        "<h2>Operator coverage</h2>"
-        '<table class="sortable" id="operators"><thead><tr><th>op</th><th>Python-level calls'
-        '</th><th class="num">models</th><th class="num">events</th><th class="num">converted'
+        "<h2>Operator coverage, by channels_last-only cost</h2>"
+        '<table class="sortable" id="operators"><thead><tr><th>op</th><th class="num">'
+        'channels_last only</th><th class="num">cost models</th><th>Python-level calls'
+        '</th><th class="num">offender models</th><th class="num">events</th>'
+        '<th class="num">converted'
         '</th><th class="num">parameter models</th><th class="num">neutral models</th>'
         f"<th>for example</th></tr></thead><tbody>{operators}</tbody></table>"
         "<h2>Offending models by operator (events)</h2>"

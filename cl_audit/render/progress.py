@@ -12,6 +12,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from cl_audit.render import format_bytes
 from cl_audit.report import ModelRow, Status
 from cl_audit.sources import ModelRef
 
@@ -26,7 +27,7 @@ class SweepProgress:
         self._total = total
         self._done = already_done
         self._running: list[str] = []
-        self.counts = {"clean": 0, "offending": 0, "failed": 0, "skipped": 0}
+        self.counts = {"offending": 0, "minor": 0, "clean": 0, "failed": 0, "skipped": 0}
         self._bar: Progress | None = None
         if console.is_terminal:
             self._bar = Progress(
@@ -54,8 +55,8 @@ class SweepProgress:
         c = self.counts
         running = ", ".join(self._running[:3]) + (" ..." if len(self._running) > 3 else "")
         return (
-            f"[green]{c['clean']} clean[/green] [red]{c['offending']} offending[/red] "
-            f"[yellow]{c['failed']} failed[/yellow] | {running}"
+            f"[red]{c['offending']} offending[/red] {c['minor']} minor "
+            f"[green]{c['clean']} clean[/green] [yellow]{c['failed']} failed[/yellow] | {running}"
         )
 
     def start(self, ref: ModelRef) -> None:
@@ -72,13 +73,15 @@ class SweepProgress:
         elif row.status.failed:
             self.counts["failed"] += 1
         else:
-            self.counts["offending" if row.offenders else "clean"] += 1
+            self.counts[row.summary.verdict.value if row.summary else "clean"] += 1
         if self._bar is not None:
             self._bar.update(self._task, advance=1, description=self._describe())
             return
         verdict = row.status.value
-        if row.status is Status.OK:
-            verdict = f"{len(row.offenders)} offenders" if row.offenders else "clean"
+        if row.status is Status.OK and row.summary is not None:
+            verdict = row.summary.verdict.value
+            if row.cost is not None and row.cost.extra_bytes:
+                verdict += f" ({format_bytes(row.cost.extra_bytes)}, {row.cost.share:.2%})"
         stage = row.stage.value if row.stage else "?"
         detail = f" ({stage}: {row.message})" if row.status.failed else ""
         self._console.print(

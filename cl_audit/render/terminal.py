@@ -8,9 +8,12 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from cl_audit.enums import Evidence, Verdict
 from cl_audit.render import format_bytes
 from cl_audit.report import (
     Comparison,
+    Cost,
+    CostSite,
     DifferentialStatus,
     Finding,
     ModelReport,
@@ -23,6 +26,8 @@ from cl_audit.report import (
 )
 
 __all__ = [
+    "cost_line",
+    "cost_table",
     "format_bytes",
     "offenders_table",
     "render_comparison",
@@ -72,6 +77,24 @@ def _differential_line(report: ModelReport) -> str:
     return f"NCHW comparison {run.status.value}: {run.message}"
 
 
+def cost_line(cost: Cost, train: bool) -> str:
+    """The verdict's figures: "channels_last adds 48 MiB per forward (13%) at 9 sites; saves 0"."""
+    unit = "training step" if train else "forward"
+    sites = sum(1 for s in cost.sites if s.extra)
+    saving = sum(1 for s in cost.sites if s.saved)
+    gate = cost.gate
+    return (
+        f"channels_last adds {format_bytes(cost.extra_bytes)} per {unit} ({cost.share:.2%} of "
+        f"{format_bytes(cost.bytes_written)} written) at {sites} site{'s' * (sites != 1)}; "
+        f"saves {format_bytes(cost.saved_bytes)}"
+        + (f" at {saving} site{'s' * (saving != 1)}" if saving else "")
+        + f"; net {format_bytes(cost.net_bytes)}\n"
+        f"gate: {gate.share:.0%} and {format_bytes(gate.bytes)}; copies inside kernels "
+        + ("measured by the profiler" if cost.kernel_copies is Evidence.MEASURED
+           else "predicted from strides")
+    )  # fmt: skip
+
+
 def summary_text(report: ModelReport) -> Text:
     s, env = report.summary, report.environment
     amp = f", autocast {env.autocast}" if env.autocast else ""
@@ -79,6 +102,12 @@ def summary_text(report: ModelReport) -> Text:
     lines = [
         f"model {report.model or '(unnamed)'}  input {'x'.join(map(str, report.input_shape or ()))}"
         f"  {env.device} {env.dtype}{amp}  engine {env.engine.value}{mode}",
+    ]
+    if report.cost is not None:
+        lines.append(cost_line(report.cost, env.train))
+    else:
+        lines.append("cost not weighed: " + _differential_line(report))
+    lines += [
         f"{s.calls_checked} calls checked, {s.distinct_ops} distinct ops",
         f"{s.losses} losses at {len(by_call_site(report.offenders))} call sites "
         f"({s.offending_ops} distinct ops): "
@@ -87,8 +116,9 @@ def summary_text(report: ModelReport) -> Text:
         f"not offenders: {s.parameter_conversions} parameter conversions "
         f"({format_bytes(s.parameter_bytes)}), {s.format_neutral} format-neutral losses "
         f"({format_bytes(s.format_neutral_bytes)})",
-        _differential_line(report),
     ]
+    if report.cost is not None and report.differential.unaligned:
+        lines.append(_differential_line(report))
     if report.timing is not None:
         lines.append(timing_line(report.timing))
     return Text("\n".join(lines))
@@ -161,16 +191,79 @@ def offenders_table(
     return table
 
 
+_VERDICT_STYLES = {Verdict.OFFENDING: "red", Verdict.MINOR: "yellow", Verdict.CLEAN: "green"}
+
+
+def _fix_cell(site: CostSite) -> str:
+    where = _where(site.module_path, site.module_class)
+    lines = [where]
+    if site.fix_site is not None:
+        lines.append(f"[magenta]NCHW-ordered data from {_producer_cell(site.fix_site, False)}[/]")
+    if site.remedy is not None:
+        lines.append(
+            f"[green]remedy: {site.remedy.advice}[/green] [dim]({site.remedy.reference})[/]"
+        )
+    elif site.extra:
+        lines.append("[dim]no known remedy for this pattern[/dim]")
+    return "\n".join(lines)
+
+
+def cost_table(cost: Cost, top: int = 12) -> Table:
+    """The channels_last-only cost by site, the costliest first, folded over the modules a
+    site ran in; sites under 1% of the cost each fold into one line."""
+    groups: dict[tuple[object, ...], list[CostSite]] = {}
+    for site in cost.sites:
+        if site.extra:
+            key = (site.kind, site.phase, site.op, site.call_site, site.fix_site, site.remedy)
+            groups.setdefault(key, []).append(site)
+    folded = sorted(groups.values(), key=lambda g: -sum(s.extra for s in g))
+    shown = [g for g in folded[:top] if sum(s.extra for s in g) * 100 >= cost.extra_bytes]
+    table = Table(title="Where channels_last costs, against NCHW", show_lines=True, expand=True)
+    table.add_column("op", style="bold", no_wrap=True)
+    table.add_column("where; fix", overflow="fold", ratio=1)
+    table.add_column("extra", justify="right", no_wrap=True)
+    for group in shown:
+        first = group[0]
+        modules = len(group)
+        where = _fix_cell(first)
+        if modules > 1:
+            where = where.replace(
+                _where(first.module_path, first.module_class),
+                _where(first.module_path, first.module_class) + f" and {modules - 1} more",
+                1,
+            )
+        cell = Group(CallSite(first.call_site or "?"), Text.from_markup(where, overflow="fold"))
+        op = f"{first.op}\n[dim]{first.kind.value}, {first.phase.value}[/dim]"
+        extra = sum(s.extra for s in group)
+        table.add_row(op, cell, f"{format_bytes(extra)}\n{extra / cost.extra_bytes:.0%}")
+    rest = folded[len(shown) :]
+    if rest:
+        extra = sum(s.extra for g in rest for s in g)
+        table.add_row(
+            f"{len(rest)} more sites",
+            "each under 1% of the cost, or beyond the top",
+            format_bytes(extra),
+        )
+    return table
+
+
 def render_report(report: ModelReport, console: Console, show_all: bool = False) -> None:
-    """The summary and the offenders; with ``show_all`` also the parameter conversions and
-    the format-neutral losses, which otherwise are one summary line each."""
-    verdict = (
-        "[red]loses channels_last[/red]"
-        if report.offenders
-        else "[green]keeps channels_last[/green]"
-    )
+    """The verdict and the cost by site; with ``show_all`` also the findings (offenders,
+    parameter conversions, format-neutral losses) and the mixed-format operations. A report
+    weighed by no cost shows its offenders."""
+    style = _VERDICT_STYLES[report.verdict]
+    verdict = f"[{style}]{report.verdict.value}[/{style}]"
     console.print(Panel(summary_text(report), title=f"cl-audit: {verdict}", expand=False))
-    if report.offenders:
+    cost = report.cost
+    if cost is not None and cost.extra_bytes:
+        console.print(cost_table(cost))
+    if cost is not None and cost.mixed:
+        reads = sum(m.bytes_read for m in cost.mixed)
+        console.print(
+            f"{len(cost.mixed)} elementwise operations read both orders ({format_bytes(reads)} "
+            "read strided; no copy, not counted in the cost)"
+        )
+    if report.offenders and (cost is None or show_all):
         console.print(offenders_table(report.offenders))
     if show_all and report.parameter_conversions:
         title = "Conversions of parameter-derived data (not activations)"
@@ -187,30 +280,31 @@ def render_sweep(report: SweepReport, console: Console, top: int = 10) -> None:
     s = report.summary
     env = report.environment
     text = Text(
-        f"{s.models} models: {s.clean} clean, {s.offending} offending, {s.failed} failed, "
+        f"{s.models} models: {s.offending} offending, {s.minor} minor, {s.clean} clean, "
+        f"{s.failed} failed, "
         f"{s.skipped} skipped  ({env.device} {env.dtype}, {env.mode.value} mode, "
         f"engine {env.engine.value})"
     )
     console.print(Panel(text, title="cl-audit sweep", expand=False))
-    offending = [cov for cov in report.operators if cov.models]
-    if offending:
-        table = Table(title=f"Top offending operations (of {len(offending)})", expand=True)
+    costly = [cov for cov in report.operators if cov.extra_bytes or cov.models]
+    if costly:
+        table = Table(
+            title=f"Operations by channels_last-only cost (of {len(costly)})", expand=True
+        )
         table.add_column("op", style="bold", no_wrap=True)
-        table.add_column("models", justify="right", no_wrap=True)
-        table.add_column("events", justify="right", no_wrap=True)
-        table.add_column("converted", justify="right", no_wrap=True)
-        table.add_column("param/\nneutral", justify="right", no_wrap=True)
+        table.add_column("extra", justify="right", no_wrap=True)
+        table.add_column("models\ncost/offender", justify="right", no_wrap=True)
+        table.add_column("offender\nevents", justify="right", no_wrap=True)
         table.add_column("for example", overflow="fold")
-        for cov in offending[:top]:
+        for cov in costly[:top]:
             more = len(cov.python_ops) - 2
             name = "\n".join((cov.op, *cov.python_ops[:2], *[f"+{more} more"] * (more > 0)))
             models = list(dict.fromkeys(e.split(":", 1)[0] for e in cov.examples))
             table.add_row(
                 name,
-                str(cov.models),
+                format_bytes(cov.extra_bytes),
+                f"{cov.cost_models} / {cov.models}",
                 str(cov.events),
-                format_bytes(cov.bytes_converted),
-                f"{cov.parameter_models} / {cov.neutral_models}",
                 "\n".join(models[:3]),
             )
         console.print(table)
@@ -235,6 +329,7 @@ def render_comparison(comparison: Comparison, console: Console) -> None:
     for label, items, style in (
         ("new offence", [f"{k} {op}" for k, op in comparison.new_offences], "red"),
         ("new failure", list(comparison.new_failures), "red"),
+        ("cost grew past the gate", list(comparison.grown_costs), "red"),
         ("fixed", [f"{k} {op}" for k, op in comparison.fixed_offences], "green"),
         ("no longer failing", list(comparison.fixed_failures), "green"),
     ):

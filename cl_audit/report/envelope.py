@@ -1,8 +1,9 @@
 """The versioned JSON envelopes of reports: formats and versions, gzip, schema loading.
 
 Every document is ``{"format": ..., "version": ..., ...}``; readers check both and accept the
-versions they know. Version 2 of the model report sorts losses by what they mean; version 1
-documents are still read.
+versions they know. Version 3 of both envelopes weighs what channels_last costs against NCHW
+(``cost``, ``summary.verdict``); version 2 sorted losses by what they mean; versions 1 and 2
+are still read (their verdict: offending when there are offenders).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 REPORT_FORMAT = "cl-audit.report"
 
 
-REPORT_VERSION = 2
+REPORT_VERSION = 3
 
 
 BENCH_FORMAT = "cl-audit.bench"  # cl_audit.bench_report
@@ -25,7 +26,7 @@ BENCH_FORMAT = "cl-audit.bench"  # cl_audit.bench_report
 BENCH_VERSION = 1
 
 
-_READABLE_VERSIONS = (1, 2)
+_READABLE_VERSIONS = (1, 2, 3)
 
 
 class ReportFormatError(ValueError):
@@ -100,4 +101,4 @@ def plain_json(value: Any) -> Any:
 SWEEP_FORMAT = "cl-audit.sweep"
 
 
-SWEEP_VERSION = 2
+SWEEP_VERSION = 3

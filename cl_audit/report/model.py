@@ -16,8 +16,10 @@ from cl_audit.enums import (
     Provenance,
     RegainSource,
     TensorMode,
+    Verdict,
 )
 from cl_audit.layout import MemoryLayout
+from cl_audit.report.cost import Cost, Producer, cost_from_dict
 from cl_audit.report.envelope import (
     REPORT_FORMAT,
     REPORT_VERSION,
@@ -37,17 +39,6 @@ class TensorSummary:
     dtype: str
     device: str
     layout: MemoryLayout
-
-
-@dataclass(frozen=True)
-class Producer:
-    """The operation that produced a contiguous tensor which later met channels_last data."""
-
-    python_op: str | None
-    aten_op: str | None
-    module_path: str | None
-    module_class: str | None
-    call_site: str | None
 
 
 @dataclass(frozen=True)
@@ -171,6 +162,9 @@ class Summary:
     parameter_bytes: int = 0
     format_neutral: int = 0
     format_neutral_bytes: int = 0
+    # The cost's verdict when an NCHW comparison weighed it (``ModelReport.cost``); without one
+    # (the patch engine, the audit() context manager) OFFENDING when there are offenders.
+    verdict: Verdict = Verdict.CLEAN
 
 
 def summarise(
@@ -195,7 +189,17 @@ def summarise(
         parameter_bytes=sum(f.bytes_converted for f in parameter_conversions),
         format_neutral=sum(f.count for f in format_neutral),
         format_neutral_bytes=sum(f.bytes_converted for f in format_neutral),
+        verdict=Verdict.OFFENDING if offenders else Verdict.CLEAN,
     )
+
+
+def summary_from_dict(data: dict[str, Any], offenders: tuple[Finding, ...]) -> Summary:
+    """A summary as written; one written before verdicts (versions 1 and 2) gets the verdict of
+    its findings."""
+    verdict = data.get("verdict")
+    if verdict is None:
+        verdict = Verdict.OFFENDING if offenders else Verdict.CLEAN
+    return Summary(**{**data, "verdict": Verdict(verdict)})
 
 
 @dataclass(frozen=True)
@@ -299,6 +303,11 @@ class ModelReport:
     timeline: tuple[TimelineEvent, ...] = ()  # recorded when asked (--html): it costs time
     gradient_layouts: tuple[GradientLayout, ...] = ()  # training audits only
     timing: Timing | None = None  # with --time
+    cost: Cost | None = None  # channels_last against the same forward or step in NCHW
+
+    @property
+    def verdict(self) -> Verdict:
+        return self.summary.verdict
 
     @property
     def predicted(self) -> bool:
@@ -311,6 +320,8 @@ class ModelReport:
             body["timing"].update(
                 losses_ms=timing.losses_ms, share=timing.share, regain_share=timing.regain_share
             )
+        if self.cost is not None:
+            body["cost"] = self.cost.to_dict()
         return {"format": REPORT_FORMAT, "version": REPORT_VERSION, **plain_json(body)}
 
     def to_json(self, indent: int | None = 2) -> str:
@@ -321,12 +332,13 @@ class ModelReport:
         version = check_envelope(data, REPORT_FORMAT)
         try:
             differential = data.get("differential")
+            offenders = findings_from_dicts(data["offenders"])
             return cls(
                 model=data["model"],
                 input_shape=tuple_or_none(data["input_shape"]),
                 environment=environment_from_dict(data["environment"]),
-                summary=Summary(**data["summary"]),
-                offenders=findings_from_dicts(data["offenders"]),
+                summary=summary_from_dict(data["summary"], offenders),
+                offenders=offenders,
                 regains=findings_from_dicts(data["regains"]),
                 parameter_conversions=findings_from_dicts(data.get("parameter_conversions", ())),
                 format_neutral=findings_from_dicts(data.get("format_neutral", ())),
@@ -343,6 +355,7 @@ class ModelReport:
                     for g in data.get("gradient_layouts", ())
                 ),
                 timing=_timing(data.get("timing")),
+                cost=cost_from_dict(data.get("cost")),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise ReportFormatError(f"malformed {REPORT_FORMAT} document: {e!r}") from None

@@ -12,8 +12,10 @@ from cl_audit.enums import (
     ModelSource,
     Stage,
     Status,
+    Verdict,
 )
 from cl_audit.errors import UsageError
+from cl_audit.report.cost import Cost, cost_from_dict
 from cl_audit.report.envelope import (
     SWEEP_FORMAT,
     SWEEP_VERSION,
@@ -31,6 +33,7 @@ from cl_audit.report.model import (
     Summary,
     environment_from_dict,
     findings_from_dicts,
+    summary_from_dict,
     tuple_or_none,
 )
 
@@ -55,6 +58,7 @@ class ModelRow:
     format_neutral: tuple[Finding, ...] = ()
     regains: tuple[Finding, ...] = ()  # each names its source: no regain goes unexplained
     kernel_overrides: tuple[AppliedOverride, ...] = ()  # fake CUDA: predicted from kernel source
+    cost: Cost | None = None  # channels_last against NCHW, when weighed
 
     @property
     def key(self) -> str:
@@ -65,11 +69,21 @@ class ModelRow:
         return self.mode is Mode.FAKE
 
     @property
+    def verdict(self) -> Verdict | None:
+        """The summary's verdict; None for a row that gave none (failed, skipped)."""
+        if self.status is not Status.OK or self.summary is None:
+            return None
+        return self.summary.verdict
+
+    @property
     def offending(self) -> bool:
-        return self.status is Status.OK and bool(self.offenders)
+        return self.verdict is Verdict.OFFENDING
 
     def to_dict(self) -> dict[str, Any]:
-        return {**plain_json(asdict(self)), "predicted": self.predicted}
+        body = plain_json(asdict(self))
+        if self.cost is not None:
+            body["cost"] = plain_json(self.cost.to_dict())
+        return {**body, "predicted": self.predicted}
 
     @classmethod
     def from_report(
@@ -100,12 +114,14 @@ class ModelRow:
             format_neutral=report.format_neutral,
             regains=report.regains,
             kernel_overrides=report.environment.kernel_overrides,
+            cost=report.cost,
         )
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ModelRow:
         summary = data["summary"]
         stage = data["stage"]
+        offenders = findings_from_dicts(data["offenders"])
         return cls(
             name=data["name"],
             source=ModelSource(data["source"]),
@@ -113,8 +129,8 @@ class ModelRow:
             mode=Mode(data["mode"]),
             input_shape=tuple_or_none(data["input_shape"]),
             parameters=data["parameters"],
-            summary=None if summary is None else Summary(**summary),
-            offenders=findings_from_dicts(data["offenders"]),
+            summary=None if summary is None else summary_from_dict(summary, offenders),
+            offenders=offenders,
             message=data["message"],
             stage=None if stage is None else Stage(stage),
             seconds=data["seconds"],
@@ -123,6 +139,7 @@ class ModelRow:
             format_neutral=findings_from_dicts(data.get("format_neutral", ())),
             regains=findings_from_dicts(data.get("regains", ())),
             kernel_overrides=tuple(AppliedOverride(**o) for o in data.get("kernel_overrides", ())),
+            cost=cost_from_dict(data.get("cost")),
         )
 
 
@@ -143,6 +160,8 @@ class OperatorCoverage:
     neutral_models: int = 0
     neutral_events: int = 0
     neutral_bytes: int = 0
+    cost_models: int = 0  # models where channels_last-only bytes are copied at this op
+    extra_bytes: int = 0  # those bytes, summed over the models
 
 
 @dataclass(frozen=True)
@@ -150,6 +169,7 @@ class SweepSummary:
     models: int
     clean: int
     offending: int
+    minor: int
     failed: int
     skipped: int
     by_status: dict[str, int]
@@ -174,8 +194,9 @@ class SweepReport:
             by_status[row.status.value] += 1
         summary = SweepSummary(
             models=len(ordered),
-            clean=sum(1 for r in ordered if r.status is Status.OK and not r.offenders),
+            clean=sum(1 for r in ordered if r.verdict is Verdict.CLEAN),
             offending=sum(1 for r in ordered if r.offending),
+            minor=sum(1 for r in ordered if r.verdict is Verdict.MINOR),
             failed=sum(1 for r in ordered if r.status.failed),
             skipped=by_status[Status.SKIPPED.value],
             by_status=by_status,
@@ -213,11 +234,12 @@ class SweepReport:
 _EXAMPLES_PER_OPERATOR = 5
 
 
+def _new_tally() -> dict[str, Any]:
+    return {"python": set(), "examples": [], **{f"{k}_{n}": 0 for k in _KINDS for n in _NUMBERS}}
+
+
 def _tally(tallies: dict[str, dict[str, Any]], row: ModelRow, finding: Finding, kind: str) -> None:
-    tally = tallies.setdefault(
-        finding.op_id,
-        {"python": set(), "examples": [], **{f"{k}_{n}": 0 for k in _KINDS for n in _NUMBERS}},
-    )
+    tally = tallies.setdefault(finding.op_id, _new_tally())
     tally.setdefault(f"{kind}_keys", set()).add(row.key)
     if finding.python_op:
         tally["python"].add(finding.python_op)
@@ -229,23 +251,29 @@ def _tally(tallies: dict[str, dict[str, Any]], row: ModelRow, finding: Finding, 
             tally["examples"].append(example)
 
 
-_KINDS = ("offender", "parameter", "neutral")
+_KINDS = ("offender", "parameter", "neutral", "cost")
 
 
 _NUMBERS = ("events", "bytes")
 
 
 def operator_coverage(rows: tuple[ModelRow, ...]) -> tuple[OperatorCoverage, ...]:
-    """For each converting op: models, events and bytes as an offender, as a parameter
-    conversion and as a format-neutral loss, with example places; worst offenders first."""
+    """For each converting op: the models and channels_last-only bytes of its cost sites;
+    models, events and bytes as an offender, as a parameter conversion and as a format-neutral
+    loss, with example places; the costliest first."""
     tallies: dict[str, dict[str, Any]] = {}
     for row in rows:
         if row.status is not Status.OK:
             continue
         lists = (row.offenders, row.parameter_conversions, row.format_neutral)
-        for kind, findings in zip(_KINDS, lists, strict=True):
+        for kind, findings in zip(_KINDS, lists, strict=False):
             for finding in findings:
                 _tally(tallies, row, finding, kind)
+        for site in row.cost.sites if row.cost is not None else ():
+            if site.extra:
+                tally = tallies.setdefault(site.aten_op or site.op, _new_tally())
+                tally.setdefault("cost_keys", set()).add(row.key)
+                tally["cost_bytes"] += site.extra
     coverage = [
         OperatorCoverage(
             op=op,
@@ -260,10 +288,12 @@ def operator_coverage(rows: tuple[ModelRow, ...]) -> tuple[OperatorCoverage, ...
             neutral_models=len(t.get("neutral_keys", ())),
             neutral_events=t["neutral_events"],
             neutral_bytes=t["neutral_bytes"],
+            cost_models=len(t.get("cost_keys", ())),
+            extra_bytes=t["cost_bytes"],
         )
         for op, t in tallies.items()
     ]
-    order = lambda c: (-c.models, -c.events, -c.parameter_models, -c.neutral_models, c.op)  # noqa: E731
+    order = lambda c: (-c.extra_bytes, -c.models, -c.events, -c.parameter_models, c.op)  # noqa: E731
     return tuple(sorted(coverage, key=order))
 
 
@@ -291,12 +321,32 @@ def merge(reports: list[SweepReport], force: bool = False) -> SweepReport:
 
 
 def _offences(report: SweepReport) -> set[tuple[str, str]]:
-    return {
-        (row.key, finding.op_id)
-        for row in report.models
-        if row.offending
-        for finding in row.offenders
-    }
+    """(model key, op) of each offending row: its sites with channels_last-only bytes, or for
+    a row weighed by no cost (versions 1 and 2) its offenders."""
+    offences = set()
+    for row in report.models:
+        if not row.offending:
+            continue
+        if row.cost is not None:
+            offences.update((row.key, s.aten_op or s.op) for s in row.cost.sites if s.extra)
+        else:
+            offences.update((row.key, f.op_id) for f in row.offenders)
+    return offences
+
+
+def _grown(baseline: SweepReport, current: SweepReport) -> tuple[str, ...]:
+    """Offending rows whose channels_last-only bytes grew past the gate since the baseline."""
+    before = {r.key: r.cost for r in baseline.models if r.cost is not None}
+    grown = []
+    for row in current.models:
+        old = before.get(row.key)
+        if row.cost is None or old is None or not row.offending:
+            continue
+        growth = row.cost.extra_bytes - old.extra_bytes
+        gate = row.cost.gate
+        if growth > 0 and gate.verdict(growth, row.cost.bytes_written) is Verdict.OFFENDING:
+            grown.append(row.key)
+    return tuple(sorted(grown))
 
 
 def _failures(report: SweepReport) -> set[str]:
@@ -311,10 +361,11 @@ class Comparison:
     fixed_offences: tuple[tuple[str, str], ...]
     new_failures: tuple[str, ...]
     fixed_failures: tuple[str, ...]
+    grown_costs: tuple[str, ...] = ()  # offending models whose cost grew past the gate
 
     @property
     def regressed(self) -> bool:
-        return bool(self.new_offences or self.new_failures)
+        return bool(self.new_offences or self.new_failures or self.grown_costs)
 
 
 def compare(baseline: SweepReport, current: SweepReport) -> Comparison:
@@ -329,4 +380,5 @@ def compare(baseline: SweepReport, current: SweepReport) -> Comparison:
         fixed_offences=tuple(sorted(o for o in old - new if o[0] in ran_ok)),
         new_failures=tuple(sorted(new_failed - old_failed)),
         fixed_failures=tuple(sorted(k for k in old_failed - new_failed if k in ran)),
+        grown_costs=_grown(baseline, current),
     )

@@ -1,0 +1,86 @@
+"""The comparison of two ledgers, a channels_last run and the same forward or step in NCHW:
+what channels_last costs, site by site, and the verdict the gate gives it."""
+
+from __future__ import annotations
+
+from cl_audit.enums import CostKind, Evidence
+from cl_audit.intercept.ledger import Ledger, Place
+from cl_audit.remedies import remedy_for
+from cl_audit.report.cost import Cost, CostSite, Gate, MixedSite
+
+__all__ = ["compare_ledgers"]
+
+
+def _kind(place: Place) -> CostKind:
+    _, parameter, in_kernel, *_ = place
+    if parameter:
+        return CostKind.PARAMETER
+    return CostKind.KERNEL if in_kernel else CostKind.COPY
+
+
+def _site(place: Place, cl: list[int], nchw: list[int], channels_last: Ledger) -> CostSite:
+    phase, _, _, module_path, module_class, call_site, python_op, aten_op = place
+    kind = _kind(place)
+    causes = channels_last.causes.get(place)
+    fix = causes.most_common(1)[0][0] if causes else None
+    if fix is not None and (fix.call_site, fix.module_path) == (call_site, module_path):
+        fix = None  # the site made its own NCHW-ordered data
+    fix_ops = () if fix is None else (fix.python_op, fix.aten_op)
+    return CostSite(
+        kind=kind,
+        phase=phase,
+        op=python_op or aten_op or "?",
+        aten_op=aten_op,
+        module_path=module_path,
+        module_class=module_class,
+        call_site=call_site,
+        channels_last_bytes=cl[1],
+        nchw_bytes=nchw[1],
+        channels_last_count=cl[0],
+        nchw_count=nchw[0],
+        fix_site=fix,
+        remedy=remedy_for(kind, (python_op, aten_op), fix_ops),
+    )
+
+
+def compare_ledgers(
+    channels_last: Ledger, nchw: Ledger, gate: Gate, time_share: float | None = None
+) -> Cost:
+    """Each place where the runs copied different bytes is a site; one conversion is counted
+    once, at the place it happened. ``time_share``: the losses' share of a timed step."""
+    none = [0, 0]
+    sites = [
+        _site(
+            place,
+            channels_last.copies.get(place, none),
+            nchw.copies.get(place, none),
+            channels_last,
+        )
+        for place in dict.fromkeys([*channels_last.copies, *nchw.copies])
+        if channels_last.copies.get(place, none)[1] != nchw.copies.get(place, none)[1]
+    ]
+    sites.sort(key=lambda s: (-s.extra, -s.saved, s.op))
+    extra = sum(s.extra for s in sites)
+    mixed = tuple(
+        MixedSite(
+            op=place[6] or place[7] or "?",
+            phase=place[0],
+            module_path=place[3],
+            call_site=place[5],
+            count=entry[0],
+            bytes_read=entry[1],
+        )
+        for place, entry in sorted(channels_last.mixed.items(), key=lambda item: -item[1][1])
+        if place not in nchw.mixed
+    )
+    return Cost(
+        gate=gate,
+        verdict=gate.verdict(extra, channels_last.written, time_share),
+        bytes_written=channels_last.written,
+        extra_bytes=extra,
+        saved_bytes=sum(s.saved for s in sites),
+        kernel_copies=Evidence.MEASURED if channels_last.measured else Evidence.PREDICTED,
+        sites=tuple(sites),
+        mixed=mixed,
+        unlocated_bytes=channels_last.unlocated,
+    )

@@ -1,0 +1,228 @@
+"""The cost ledger of one run: the bytes every operation writes, and the bytes it copies, by
+place (phase, module, call site, operation), so that a channels_last run can be compared with
+the same forward or step in NCHW (``cl_audit.cost``).
+
+Copies are counted three ways, by strides and storage identity only:
+- an explicit copy operation (``clone``, ``_to_copy``, ``copy_``: what ``contiguous``,
+  ``reshape``, ``flatten`` and ``.to`` copy with) writes its new outputs;
+- a conversion inside a kernel, which the dispatch level cannot see: *predicted* when an
+  operation that is neither elementwise, a reduction, a view nor a strided gather is handed a
+  4D/5D input in the other order than its 4D/5D output (a convolution converting a contiguous
+  input to its channels_last output, a softmax writing its channels_last input contiguous), or
+  a channels_last input when it returns no 4D/5D tensor (``im2col``); in an eager run the bytes
+  are *measured* instead: the profiler's ``aten::copy_`` events inside each operation
+  (``add_measured``), placed at every such operation with a 4D/5D input, and elsewhere at an
+  unlocated place of the operation's name;
+- an elementwise operation reading 4D/5D inputs of both orders copies nothing (strided reads):
+  it is listed apart as mixed.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import Counter
+from collections.abc import Callable
+
+import torch
+
+from cl_audit.attribution import Location
+from cl_audit.compat import op_traits
+from cl_audit.enums import Phase
+from cl_audit.intercept.naming import aten_op_name, python_op_name
+from cl_audit.layout import MemoryLayout, layout_of
+from cl_audit.report import Producer
+from cl_audit.rule import COPY_ATEN_OPS, SPATIAL_RANKS
+
+__all__ = ["STRIDED_READS", "Ledger", "Place"]
+
+# Operations whose kernels read inputs of any strides while writing their output, converting
+# nothing: a layout mismatch there is strided reads, as in an elementwise operation.
+STRIDED_READS = frozenset(
+    ["aten.cat", "aten.stack", "aten.index", "aten.index_select", "aten.gather",
+     "aten.constant_pad_nd", "aten.slice_scatter", "aten.select_scatter", "aten.index_put",
+     "aten.scatter", "aten.masked_fill", "aten.where", "aten.expand_copy"]
+)  # fmt: skip
+_EXPLICIT = COPY_ATEN_OPS | {"aten.copy_", "aten.copy"}
+
+_CL = MemoryLayout.CHANNELS_LAST
+_CONTIGUOUS = MemoryLayout.CONTIGUOUS
+_ORDERED = (_CL, _CONTIGUOUS)
+
+# (phase, parameter, in kernel, module path, module class, call site, Python op, aten op)
+Place = tuple[Phase, bool, bool, str | None, str | None, str | None, str | None, str | None]
+
+_COPY, _CONVERTS, _MIXED, _OTHER = range(4)
+
+
+def _nbytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+class Ledger:
+    """Bytes written and copied in one run, by place. ``measured``: the conversions inside
+    kernels will be measured (``add_measured``) rather than predicted from strides."""
+
+    def __init__(self, measured: bool = False) -> None:
+        self.measured = measured
+        self.written = 0
+        self.copies: dict[Place, list[int]] = {}  # place -> [count, bytes]
+        self.mixed: dict[Place, list[int]] = {}
+        self.causes: dict[Place, Counter[Producer]] = {}
+        self.unlocated = 0  # measured bytes at calls where no conversion was predicted
+        self._calls: dict[int, Place] = {}  # call number -> place of a predicted conversion
+        self._explicit: set[int] = set()  # call numbers of explicit copies
+        self._kinds: dict[object, tuple[int, bool]] = {}  # op -> (kind, in place)
+        self._phases: list[tuple[int, Phase]] = []
+
+    def _kind(self, aten_op: object) -> tuple[int, bool]:
+        known = self._kinds.get(aten_op)
+        if known is None:
+            name = aten_op_name(aten_op)
+            pointwise, reduction, view, in_place = op_traits(aten_op)
+            if name in _EXPLICIT:
+                kind = _COPY
+            elif pointwise or name in STRIDED_READS:
+                kind = _MIXED
+            elif reduction or view:
+                kind = _OTHER
+            else:
+                kind = _CONVERTS
+            known = self._kinds[aten_op] = (kind, in_place or name == "aten.copy")
+        return known
+
+    def observe(
+        self,
+        call: int,
+        phase: Phase,
+        aten_op: object,
+        python_op: object,
+        inputs: list[torch.Tensor],
+        outputs: list[torch.Tensor],
+        in_keys: list[int],
+        out_keys: list[int],
+        parameters: set[int],
+        locate: Callable[[], Location],
+        cause: Producer | None,
+    ) -> None:
+        """One operation, after it ran: ``call`` is its number in the run, ``parameters`` the
+        storages of parameter-derived data, ``cause`` the producer of the contiguous data
+        among its inputs when the recorder traced one."""
+        if not self._phases or self._phases[-1][1] is not phase:
+            self._phases.append((call, phase))
+        kind, in_place = self._kind(aten_op)
+        new = [
+            t for t, key in zip(outputs, out_keys, strict=True) if in_place or key not in in_keys
+        ]
+        written = 0
+        for tensor in new:
+            written += _nbytes(tensor)
+        self.written += written
+        if kind == _OTHER or aten_op is None:
+            return
+        if kind == _COPY:
+            if written:
+                self._explicit.add(call)
+                parameter = all(key in parameters for key in in_keys)
+                place = self._place(phase, parameter, False, locate, aten_op, python_op)
+                self._add(self.copies, place, written, cause)
+            return
+        spatial_out = None
+        has_spatial_out = False
+        for tensor in outputs:
+            if tensor.dim() in SPATIAL_RANKS:
+                has_spatial_out = True
+                layout = layout_of(tensor)
+                if layout in _ORDERED and tensor.numel():
+                    spatial_out = layout
+                    break
+        if kind == _MIXED:
+            if spatial_out is not None:
+                read = sum(
+                    _nbytes(t)
+                    for t in inputs
+                    if t.dim() in SPATIAL_RANKS and layout_of(t) in _ORDERED
+                    and layout_of(t) is not spatial_out and t.numel() > 1
+                )  # fmt: skip
+                if read:
+                    place = self._place(phase, False, True, locate, aten_op, python_op)
+                    self._add(self.mixed, place, read, None)
+            return
+        converted = 0
+        parameter = True
+        spatial_in = False
+        for tensor, key in zip(inputs, in_keys, strict=True):
+            if tensor.dim() not in SPATIAL_RANKS or not tensor.is_floating_point():
+                continue
+            spatial_in = True
+            layout = layout_of(tensor)
+            if (
+                layout in _ORDERED and layout is not spatial_out
+                if spatial_out is not None
+                else not has_spatial_out and layout is _CL
+            ):
+                converted += _nbytes(tensor)
+                parameter = parameter and key in parameters
+        # Measured, every such kernel with a 4D/5D input is placed whatever its strides, in
+        # both runs alike, so that their places align (convolution_backward copies inside on
+        # the CPU with every input channels_last).
+        if converted or (self.measured and spatial_in):
+            place = self._place(
+                phase, parameter and bool(converted), True, locate, aten_op, python_op
+            )
+            if self.measured:
+                self._calls[call] = place
+                self.causes.setdefault(place, Counter())
+                if cause is not None:
+                    self.causes[place][cause] += 1
+            else:
+                self._add(self.copies, place, converted, cause)
+
+    def add_measured(self, bytes_by_call: dict[int, int], names: dict[int, str]) -> None:
+        """The profiler's copies inside each operation (by call number; ``names`` the
+        operation's name there), counted where the call's conversion was predicted, else at an
+        unlocated place of that operation. Explicit copies were counted already."""
+        for call, copied in bytes_by_call.items():
+            if call in self._explicit or not copied:
+                continue
+            place = self._calls.get(call)
+            if place is None:
+                self.unlocated += copied
+                phase = self._phase_of(call)
+                place = (phase, False, True, None, None, None, None, names.get(call))
+            entry = self.copies.setdefault(place, [0, 0])
+            entry[0] += 1
+            entry[1] += copied
+
+    def _phase_of(self, call: int) -> Phase:
+        index = bisect.bisect_right(self._phases, call, key=lambda p: p[0]) - 1
+        return self._phases[max(index, 0)][1] if self._phases else Phase.FORWARD
+
+    def _place(
+        self,
+        phase: Phase,
+        parameter: bool,
+        in_kernel: bool,
+        locate: Callable[[], Location],
+        aten_op: object,
+        python_op: object,
+    ) -> Place:
+        location = locate()
+        return (
+            phase,
+            parameter,
+            in_kernel,
+            location.module_path,
+            location.module_class,
+            location.call_site,
+            None if python_op is None else python_op_name(python_op),
+            aten_op_name(aten_op),
+        )
+
+    def _add(
+        self, table: dict[Place, list[int]], place: Place, size: int, cause: Producer | None
+    ) -> None:
+        entry = table.setdefault(place, [0, 0])
+        entry[0] += 1
+        entry[1] += size
+        if cause is not None:
+            self.causes.setdefault(place, Counter())[cause] += 1

@@ -1,0 +1,121 @@
+"""Known remedies, keyed by operation and pattern, each with the source that documents it.
+
+A site gets a remedy when its own operation, or the operation that produced the NCHW-ordered
+data it converts (its fix site), matches an entry; nothing else is guessed: an unknown pattern
+has no remedy, and the reports say so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cl_audit.enums import CostKind
+from cl_audit.report.cost import Remedy
+
+__all__ = ["REMEDIES", "remedy_for"]
+
+
+@dataclass(frozen=True)
+class _Entry:
+    ops: frozenset[str]  # Python-level names, autograd node names or aten names
+    kinds: frozenset[CostKind]
+    remedy: Remedy
+    prefix: bool = False  # ops are name prefixes (autograd nodes: ``MeanBackward0``, ``1``)
+
+
+def _entry(
+    ops: str, kinds: str, pattern: str, advice: str, reference: str, prefix: bool = False
+) -> _Entry:
+    return _Entry(
+        frozenset(ops.split()),
+        frozenset(CostKind(k) for k in kinds.split()),
+        Remedy(pattern, advice, reference),
+        prefix,
+    )
+
+
+REMEDIES: tuple[_Entry, ...] = (
+    _entry(
+        "torch.flatten Tensor.flatten torch.reshape Tensor.reshape Tensor.view",
+        "copy",
+        "flatten or reshape of a channels_last map",
+        "pool first, or flatten in memory order with x.permute(0, 2, 3, 1).flatten(1) "
+        "(a view; it reorders features, so only for new or adapted weights)",
+        "timm#1171; strides: a reshape of NHWC data to C*H*W order must copy",
+    ),
+    _entry(
+        "Tensor.contiguous",
+        "copy",
+        "permute(...).contiguous() or .contiguous() writing NCHW order",
+        "drop the .contiguous() (timm's LayerNorm2d permutes, normalises and permutes back "
+        "with no copy), or write .contiguous(memory_format=torch.channels_last) for 4D data",
+        "timm/layers/norm.py LayerNorm2d",
+    ),
+    _entry(
+        "torch.batch_norm Tensor.reshape torch.reshape Tensor.view torch.conv2d aten.convolution",
+        "parameter",
+        "a channels_last weight reshaped or standardised every forward (weight "
+        "standardisation) and converted back by the convolution",
+        "keep these weights NCHW (convert the other convolutions only), or standardise in "
+        "NHWC order",
+        "timm/layers/std_conv.py",
+    ),
+    _entry(
+        "MeanBackward",
+        "copy kernel",
+        "the mean's backward (a global pool by mean((2, 3))) expands an NCHW gradient",
+        "pool with F.adaptive_avg_pool2d(x, 1) or avg_pool2d(x, x.shape[-2:]): their "
+        "backward keeps the gradient channels_last",
+        "autograd mean_backward (torch/csrc/autograd/FunctionsManual.cpp), measured on "
+        "cpu and meta, torch 2.14.1",
+        prefix=True,
+    ),
+    _entry(
+        "SliceBackward",
+        "copy kernel",
+        "slice_backward allocates a contiguous gradient for a channels_last slice",
+        "avoid slicing channels in hot paths (torch.split or chunk of the channel dim "
+        "has the same backward); report it upstream",
+        "autograd slice_backward (torch/csrc/autograd/FunctionsManual.cpp)",
+        prefix=True,
+    ),
+    _entry(
+        "aten.native_group_norm aten.native_group_norm_backward torch.group_norm",
+        "kernel copy",
+        "GroupNorm on CUDA makes its input contiguous (torch up to 2.14)",
+        "keep the GroupNorm blocks NCHW on CUDA, or use torch 2.15, whose GroupNorm kernels "
+        "keep channels_last",
+        "aten/src/ATen/native/group_norm.cpp; pytorch#111824; PR 191945",
+    ),
+    _entry(
+        "aten.reflection_pad2d aten.replication_pad2d",
+        "kernel copy",
+        "reflect or replicate F.pad on CUDA returns contiguous",
+        "a constant pad, or fold the padding into the convolution",
+        "pytorch#179442; PR 179837",
+    ),
+)
+
+
+def _matches(entry: _Entry, op: str | None, kind: CostKind) -> bool:
+    if op is None or kind not in entry.kinds:
+        return False
+    if entry.prefix:
+        return any(op.startswith(prefix) for prefix in entry.ops)
+    return op in entry.ops
+
+
+def remedy_for(
+    kind: CostKind, ops: tuple[str | None, ...], fix_ops: tuple[str | None, ...]
+) -> Remedy | None:
+    """The remedy for a site of ``kind`` whose operation goes by ``ops`` (Python name, aten
+    name), or else for its fix site, whose operation goes by ``fix_ops`` (a copy, or for a
+    parameter site a parameter conversion)."""
+    fix_kind = CostKind.PARAMETER if kind is CostKind.PARAMETER else CostKind.COPY
+    for entry in REMEDIES:
+        if any(_matches(entry, op, kind) for op in ops):
+            return entry.remedy
+    for entry in REMEDIES:
+        if any(_matches(entry, op, fix_kind) for op in fix_ops):
+            return entry.remedy
+    return None

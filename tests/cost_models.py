@@ -1,0 +1,125 @@
+"""Tiny modules for the cost rule (``cl_audit.cost``): each case beside its positive control."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class TransposeCopy(nn.Module):
+    """``transpose(2, 3).contiguous()``: both formats copy the same bytes here, and nothing
+    converts the result back: no channels_last-only cost (the old rule called it caused)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(x).transpose(2, 3).contiguous().sum((2, 3))
+
+
+class ContiguousCopy(nn.Module):
+    """Positive control: ``.contiguous()`` of a channels_last map copies only in channels_last,
+    and the next convolution converts it back."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.after = nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.after(self.conv(x).contiguous())
+
+
+class Shuffle(nn.Module):
+    """A channel shuffle: the ``.contiguous()`` of the 5D view copies in both formats alike (not
+    a site), and the convolution after it converts the NCHW-ordered result back (the site, with
+    the shuffle's copy as its fix site)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 3, padding=1)
+        self.after = nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        n, c, h, w = x.shape
+        x = x.view(n, 2, c // 2, h, w).transpose(1, 2).contiguous().view(n, c, h, w)
+        return self.after(x)
+
+
+class StdConv(nn.Conv2d):
+    """Weight standardisation (timm's ``StdConv2d``): the weight is reshaped and normalised
+    every forward, a copy of a channels_last weight, converted back by the convolution."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weight = F.batch_norm(
+            self.weight.reshape(1, self.out_channels, -1), None, None, training=True, eps=1e-6
+        ).reshape_as(self.weight)
+        return F.conv2d(x, weight, self.bias, self.stride, self.padding)
+
+
+class Standardised(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = StdConv(16, 64, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(x)
+
+
+class Plain(nn.Module):
+    """The control of ``Standardised``: the same convolution, not standardised."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(16, 64, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(x)
+
+
+class MeanHead(nn.Module):
+    """A global pool by ``mean((2, 3))``: in training its backward expands an NCHW gradient,
+    a small cost."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 16, 3, padding=1)
+        self.fc = nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(F.relu(self.conv(x)).mean((2, 3)))
+
+
+class LayerNorm2d(nn.Module):
+    """timm's LayerNorm2d: permute, normalise, permute back: views around a kernel, no copy in
+    channels_last (the NCHW run copies inside ``layer_norm``: a saving)."""
+
+    def __init__(self, channels: int = 8, copy: bool = False) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, channels, 3, padding=1)
+        self.norm = nn.LayerNorm(channels)
+        self.after = nn.Conv2d(channels, channels, 3, padding=1)
+        self.copy = copy
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.norm(self.conv(x).permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+        if self.copy:  # the positive control: a real copy writing NCHW order
+            x = x.contiguous()
+        return self.after(x)
+
+
+class MixedAdd(nn.Module):
+    """A residual add of a channels_last map and an NCHW one (the pooled branch, NCHW on CPU):
+    strided reads, counted apart from the cost."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.conv(x)
+        branch = torch.ones(x.shape, dtype=x.dtype)  # made NCHW whatever the format
+        return x + branch
