@@ -24,7 +24,19 @@ from importlib import resources
 
 from cl_audit.compat import TORCH_VERSION, torch_version
 
-__all__ = ["CUDA_KERNEL_OVERRIDES", "DivergenceTable", "KernelOverride", "divergence_table"]
+__all__ = [
+    "CUDA_KERNEL_OVERRIDES",
+    "HIDDEN_TRAINING_COPIES",
+    "DivergenceTable",
+    "KernelOverride",
+    "divergence_table",
+]
+
+# Kernels that copy inside in a training step whatever strides they are handed, by device:
+# measured with the profiler (scripts/ground_truth.py, torch 2.14.1: on the CPU, the
+# channels_last convolution backward writes its weight gradient in another order and converts
+# it). Fake tensors run no kernel, so a fake training verdict there is confirmed eagerly.
+HIDDEN_TRAINING_COPIES = {"cpu": "aten.convolution_backward"}
 
 Version = tuple[int, int]
 

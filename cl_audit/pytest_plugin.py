@@ -1,7 +1,9 @@
 """pytest plugin, registered through the ``pytest11`` entry point: installing cl-audit is enough.
 
 - the ``cl_audit`` fixture: ``cl_audit.check(model, x)`` audits a model (converted to
-  channels_last) and fails the test on an offender; ``with cl_audit.block(): ...`` audits the
+  channels_last, compared with NCHW) and fails the test when its channels_last-only cost
+  reaches the gate (1% of the bytes written and 1 MiB; ``--cl-audit-strict``: any cost, any
+  offender); ``with cl_audit.block(): ...`` audits the
   torch operations of a block as they run, in whatever format the test gives them;
 - the ``cl_audit`` marker: ``@pytest.mark.cl_audit(train=False, amp=None, allow=())`` audits,
   after the test passed, every model the test ran (each module called from outside any other
@@ -37,6 +39,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="Sweep JSON of known offences: they pass, new ones fail.",
     )
     group.addoption(
+        "--cl-audit-strict",
+        action="store_true",
+        help="Fail on any channels_last-only cost and any offender, not only on a cost that "
+        "reaches the gate (1% of the bytes written and 1 MiB).",
+    )
+    group.addoption(
         "--cl-audit-update",
         action="store_true",
         help="Write this run's offences to --cl-audit-baseline instead of failing on them.",
@@ -53,7 +61,8 @@ def pytest_configure(config: pytest.Config) -> None:
     update = config.getoption("--cl-audit-update")
     if update and not baseline:
         raise pytest.UsageError("--cl-audit-update needs --cl-audit-baseline FILE")
-    config.stash[_STATE] = _Session(None if baseline is None else Path(baseline), update)
+    strict = config.getoption("--cl-audit-strict")
+    config.stash[_STATE] = _Session(None if baseline is None else Path(baseline), update, strict)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
@@ -62,11 +71,16 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         state.write()
 
 
+def _op_id(found: Any) -> str:
+    """The op of an offender (``Finding.op_id``) or of a cost site (its aten name)."""
+    return found.op_id if hasattr(found, "op_id") else found.aten_op or found.op
+
+
 class _Session:
     """The baseline read once, and the rows of this run (written back with --cl-audit-update)."""
 
-    def __init__(self, path: Path | None, update: bool) -> None:
-        self.path, self.update = path, update
+    def __init__(self, path: Path | None, update: bool, strict: bool = False) -> None:
+        self.path, self.update, self.strict = path, update, strict
         self.rows: dict[str, Any] = {}
         self._known: dict[str, set[str]] | None = None
         self._old_rows: list[Any] = []
@@ -85,7 +99,10 @@ class _Session:
                     raise pytest.UsageError(f"--cl-audit-baseline: {e}") from None
                 self._old_rows = list(baseline.models)
                 for row in baseline.models:
-                    self._known[row.name] = {f.op_id for f in row.offenders}
+                    sites = row.cost.sites if row.cost is not None else ()
+                    self._known[row.name] = {f.op_id for f in row.offenders} | {
+                        s.aten_op or s.op for s in sites if s.extra
+                    }
         return self._known
 
     def check(self, key: str, report: Any, allow: Iterable[Any], label: str) -> None:
@@ -95,17 +112,17 @@ class _Session:
         from cl_audit.testing import offender_table, unexpected
 
         self.rows[key] = ModelRow.from_report(report, key, ModelSource.USER, Mode.EAGER)
-        found = unexpected(report, allow)
+        found = unexpected(report, allow, self.strict)
         if self.path is not None:
             known = self._load().get(key, set())
             if self.update:
                 return
-            found = tuple(f for f in found if f.op_id not in known)
+            found = tuple(f for f in found if _op_id(f) not in known)
         if found:
             where = " (not in the baseline)" if self.path is not None else ""
             raise AssertionError(
-                f"{label} loses channels_last: {len(found)} offending operation"
-                f"{'s' * (len(found) > 1)}{where}\n{offender_table(found)}"
+                f"{label} loses channels_last: {len(found)} site{'s' * (len(found) > 1)} not "
+                f"allowed{where}\n{offender_table(found)}"
             )
 
     def write(self) -> None:

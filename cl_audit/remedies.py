@@ -71,6 +71,16 @@ REMEDIES: tuple[_Entry, ...] = (
         prefix=True,
     ),
     _entry(
+        "ConvolutionBackward",
+        "kernel",
+        "the CPU convolution backward copies inside (with a channels_last weight it writes its "
+        "weight gradient in another order, then converts it)",
+        "no model-side fix: a kernel matter; when this cost matters, train on the CPU in NCHW",
+        "measured with the profiler (scripts/ground_truth.py), torch 2.14.1 on the CPU: "
+        "reports/README.md",
+        prefix=True,
+    ),
+    _entry(
         "SliceBackward",
         "copy kernel",
         "slice_backward allocates a contiguous gradient for a channels_last slice",

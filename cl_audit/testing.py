@@ -5,10 +5,12 @@
     def test_unet_keeps_channels_last():
         assert_keeps_channels_last(build_unet(), torch.randn(2, 3, 64, 64))
 
-``allow`` takes known offences, so a suite can pin today's state: an op pattern
-(``"aten.clone"``, ``"torch.flatten"``, a glob such as ``"aten.upsample_*"``) or an
+The assertion uses the audit's gate: it fails when the channels_last-only cost reaches 1% of
+the bytes written and 1 MiB (``fail_share``, ``fail_bytes``); ``strict=True`` fails on any such
+cost and on any offender. ``allow`` takes known offences, so a suite can pin today's state: an
+op pattern (``"aten.clone"``, ``"torch.flatten"``, a glob such as ``"aten.upsample_*"``) or an
 ``(op pattern, call-site pattern)`` pair (``("aten.clone", "*/decoder.py:*")``). An op pattern
-matches the aten name or the Python-level name of an offender.
+matches the aten name or the Python-level name of an offender or a cost site.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ import torch
 from rich.console import Console
 from torch import nn
 
-from cl_audit.report import Finding, ModelReport
+from cl_audit.enums import Evidence, Verdict
+from cl_audit.report import Cost, CostSite, Finding, Gate, ModelReport
 from cl_audit.run import audit_model
 from cl_audit.settings import Amp, Engine
 
@@ -30,9 +33,10 @@ __all__ = ["Allowed", "allowed", "assert_keeps_channels_last", "offender_table",
 Allowed = str | tuple[str, str]
 
 
-def allowed(finding: Finding, allow: Iterable[Allowed]) -> bool:
-    """Whether ``finding`` matches one of the ``allow`` patterns."""
-    names = [n for n in (finding.aten_op, finding.python_op) if n]
+def allowed(finding: Finding | CostSite, allow: Iterable[Allowed]) -> bool:
+    """Whether ``finding`` (an offender or a cost site) matches one of the ``allow`` patterns."""
+    python = finding.python_op if isinstance(finding, Finding) else finding.op
+    names = [n for n in (finding.aten_op, python) if n]
     for entry in allow:
         op, site = (entry, "*") if isinstance(entry, str) else entry
         if any(fnmatch.fnmatchcase(n, op) for n in names) and fnmatch.fnmatchcase(
@@ -42,19 +46,41 @@ def allowed(finding: Finding, allow: Iterable[Allowed]) -> bool:
     return False
 
 
-def unexpected(report: ModelReport, allow: Iterable[Allowed] = ()) -> tuple[Finding, ...]:
-    """The report's offenders that no ``allow`` pattern matches."""
+def unexpected(
+    report: ModelReport, allow: Iterable[Allowed] = (), strict: bool = False
+) -> tuple[Finding | CostSite, ...]:
+    """What fails an assertion. A report weighed by a cost: its sites with channels_last-only
+    bytes that no ``allow`` pattern matches, when together they reach the report's gate (with
+    ``strict``, whatever their bytes, and the offenders not allowed too). A report with no cost
+    (the patch engine): its offenders that no pattern matches."""
     patterns = list(allow)
-    return tuple(f for f in report.offenders if not allowed(f, patterns))
+    offenders = tuple(f for f in report.offenders if not allowed(f, patterns))
+    cost = report.cost
+    if cost is None:
+        return offenders
+    sites = tuple(s for s in cost.sites if s.extra and not allowed(s, patterns))
+    if strict:
+        return (*sites, *offenders)
+    verdict = cost.gate.verdict(sum(s.extra for s in sites), cost.bytes_written)
+    return sites if verdict is Verdict.OFFENDING else ()
 
 
-def offender_table(findings: tuple[Finding, ...], width: int = 100) -> str:
-    """The terminal's offender table (op, call site, module, strides) as plain text."""
-    from cl_audit.render.terminal import offenders_table
+def offender_table(findings: tuple[Finding | CostSite, ...], width: int = 100) -> str:
+    """The terminal's tables of these cost sites and offenders (op, call site, module,
+    strides or bytes) as plain text."""
+    from cl_audit.render.terminal import cost_table, offenders_table
 
+    sites = tuple(f for f in findings if isinstance(f, CostSite))
+    offenders = tuple(f for f in findings if isinstance(f, Finding))
     console = Console(width=width, no_color=True, color_system=None, record=True)
     with console.capture() as capture:
-        console.print(offenders_table(findings))
+        if sites:
+            extra = sum(s.extra for s in sites)
+            console.print(
+                cost_table(Cost(Gate(), Verdict.OFFENDING, 0, extra, 0, Evidence.MEASURED, sites))
+            )
+        if offenders:
+            console.print(offenders_table(offenders))
     return capture.get()
 
 
@@ -68,19 +94,32 @@ def assert_keeps_channels_last(
     convert: bool | str = True,
     engine: Engine | str = Engine.DISPATCH,
     name: str | None = None,
+    strict: bool = False,
+    fail_share: float = 1.0,
+    fail_bytes: int = 1 << 20,
 ) -> ModelReport:
     """Audit ``model`` (converted to channels_last in place unless ``convert`` says otherwise;
-    one inference forward, or with ``train`` one training step) and raise ``AssertionError``
-    listing every offender that ``allow`` does not match. Returns the report."""
+    one inference forward, or with ``train`` one training step, each compared with NCHW) and
+    raise ``AssertionError`` when the channels_last-only cost that ``allow`` does not match
+    reaches the gate (``fail_share`` percent of the bytes written and ``fail_bytes``), listing
+    those sites; ``strict`` fails on any such cost and on any offender. Returns the report."""
     report = audit_model(
-        model, example_input, engine=engine, name=name, convert=convert, train=train, amp=amp
+        model,
+        example_input,
+        engine=engine,
+        name=name,
+        convert=convert,
+        train=train,
+        amp=amp,
+        fail_share=fail_share,
+        fail_bytes=fail_bytes,
     )
-    found = unexpected(report, allow)
+    found = unexpected(report, allow, strict)
     if found:
         label = name or type(model).__name__
         phase = "a training step" if train else "the forward"
         raise AssertionError(
-            f"{label} loses channels_last in {phase}: {len(found)} offending operation"
-            f"{'s' * (len(found) > 1)} not allowed\n{offender_table(found)}"
+            f"{label} loses channels_last in {phase}: {len(found)} "
+            f"site{'s' * (len(found) > 1)} not allowed\n{offender_table(found)}"
         )
     return report

@@ -48,7 +48,7 @@ def main() -> None:
         )
         reports.append(report.to_dict())
     with open(args.out, "w") as f:
-        json.dump({"format": REPORTS_FORMAT, "version": 2, "reports": reports}, f, indent=1)
+        json.dump({"format": REPORTS_FORMAT, "version": 3, "reports": reports}, f, indent=1)
         f.write("\n")
 
 

@@ -13,8 +13,9 @@ output, backward, an SGD step with momentum), eager CPU, float32, batch 2, one t
   shapes and stacks; every ``aten::copy_`` is a copy, the ones inside kernels included
   (``convolution_backward > contiguous``, ``layer_norm > contiguous``...); its bytes are the
   destination's elements times their size;
-- a copy's site is its outermost aten operation and the first stack frame outside torch (the
-  model's line), or in a backward the autograd node that ran it;
+- a copy's site is its outermost aten operation, the innermost module instance and the first
+  stack frame outside torch (the model's function), or in a backward the autograd node that ran it and the model line of the
+  forward operation that made the node (the profiler's sequence numbers link the two);
 - channels_last-only bytes = the sum over sites of max(0, CL bytes - NCHW bytes); saved bytes
   the reverse; the denominator is the bytes written by every aten operation of the
   channels_last step (its new outputs' sizes, views excluded, in-place outputs included,
@@ -73,38 +74,79 @@ class _BytesWritten(TorchDispatchMode):
         return out
 
 
-def _site(event) -> str:  # type: ignore[no-untyped-def]
-    """The outermost aten op above a copy, and the model's line (or the autograd node)."""
+_BACKWARD = "autograd::engine::evaluate_function"
+
+
+def _chain(event) -> list:  # type: ignore[no-untyped-def]
     chain, node = [], event
     while node is not None:
-        chain.append(node.name)
+        chain.append(node)
         node = node.cpu_parent
+    return chain
+
+
+def _line(chain: list) -> str | None:  # type: ignore[type-arg]
+    """The innermost module instance (``nn.Module: Conv2d_3``, the profiler's name for it) and
+    the first stack frame outside torch (the model's function)."""
+    module = next((n.name for n in chain if n.name.startswith("nn.Module: ")), None)
+    line = next(
+        (
+            n.name
+            for n in chain
+            if ".py(" in n.name
+            and not n.name.startswith(("torch/", "<"))
+            and "ground_truth" not in n.name
+        ),
+        None,
+    )
+    if module is None and line is None:
+        return None
+    return f"{module or '?'} in {line or '?'}"
+
+
+def _site(event, forward_lines: dict[int, str]) -> str:  # type: ignore[no-untyped-def]
+    """The outermost aten op above a copy, and the model's line; in a backward, the autograd
+    node that ran it and the model line of the forward operation that made the node (matched by
+    the profiler's sequence number)."""
+    chain = _chain(event)
     outer = event.name
-    for name in chain:
-        if name.startswith("aten::"):
-            outer = name
+    for node in chain:
+        if node.name.startswith("aten::"):
+            outer = node.name
         else:
             break
-    where = next(
-        (
-            n
-            for n in chain
-            if (".py(" in n and not n.startswith(("torch/", "<")) and "ground_truth" not in n)
-            or n.startswith("autograd::engine::evaluate_function")
-        ),
-        "?",
-    )
-    return f"{outer} @ {where}"
+    backward = next((n for n in chain if n.name.startswith(_BACKWARD)), None)
+    if backward is not None:
+        node = backward.name[len(_BACKWARD) + 2 :]
+        return f"{outer} @ {node} of {forward_lines.get(backward.sequence_nr, '?')}"
+    return f"{outer} @ {_line(chain) or '?'}"
+
+
+def _forward_lines(events) -> dict[int, str]:  # type: ignore[no-untyped-def]
+    """The model line of each forward operation that recorded an autograd sequence number."""
+    lines: dict[int, str] = {}
+    for event in events:
+        if event.sequence_nr < 0 or event.sequence_nr in lines:
+            continue
+        chain = _chain(event)
+        if any(n.name.startswith(_BACKWARD) for n in chain):
+            continue
+        line = _line(chain)
+        if line is not None:
+            lines[event.sequence_nr] = line
+    return lines
 
 
 def _copies(profile) -> dict[str, int]:  # type: ignore[no-untyped-def]
+    events = profile.events()
+    forward_lines = _forward_lines(events)
     by_site: dict[str, int] = defaultdict(int)
-    for event in profile.events():
+    for event in events:
         if event.name != "aten::copy_" or not event.input_shapes:
             continue
         shape = event.input_shapes[0]
         size = _SIZES.get((event.input_dtypes or ["float"])[0], 4)
-        by_site[_site(event)] += math.prod(shape) * size if shape else size
+        by_site[_site(event, forward_lines)] += math.prod(shape) * size if shape else size
     return dict(by_site)
 
 

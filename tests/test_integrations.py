@@ -51,27 +51,39 @@ def test_assert_passes_on_a_model_that_keeps_the_format_and_returns_the_report()
 
 def test_assert_fails_with_the_offender_table():
     with pytest.raises(AssertionError) as failure:
-        assert_keeps_channels_last(Flattening(), torch.randn(2, 3, 8, 8))
+        assert_keeps_channels_last(Flattening(), torch.randn(2, 3, 8, 8), strict=True)
     message = str(failure.value)
-    assert message.startswith("Flattening loses channels_last in the forward: 1 offending")
+    assert message.startswith("Flattening loses channels_last in the forward: 2 sites")
     for expected in ("torch.flatten", "aten.clone", "test_integrations.py:", "(512,1,64,8)"):
         assert expected in message
 
 
 def test_allow_by_op_and_by_call_site_pattern():
     x = torch.randn(2, 3, 8, 8)
-    assert_keeps_channels_last(Flattening(), x, allow=["aten.clone"])
+    assert_keeps_channels_last(Flattening(), x, allow=["aten.clone"], strict=True)
     assert_keeps_channels_last(
-        Flattening(), x, allow=[("torch.flatten", "*test_integrations.py:*")]
+        Flattening(), x, allow=[("torch.flatten", "*test_integrations.py:*")], strict=True
     )
     with pytest.raises(AssertionError):  # the op matches, the call site does not
-        assert_keeps_channels_last(Flattening(), x, allow=[("torch.flatten", "*/decoder.py:*")])
+        assert_keeps_channels_last(
+            Flattening(), x, allow=[("torch.flatten", "*/decoder.py:*")], strict=True
+        )
+
+
+def test_the_assertion_uses_the_gate_a_4_kib_cost_passes_unless_strict():
+    report = assert_keeps_channels_last(Flattening(), torch.randn(2, 3, 8, 8))
+    assert report.cost.extra_bytes == 2 * 8 * 8 * 8 * 4  # the flatten's copy: under 1 MiB
+    with pytest.raises(AssertionError, match="1 site not allowed"):
+        assert_keeps_channels_last(Flattening(), torch.randn(2, 3, 8, 8), fail_bytes=0)
 
 
 def test_assert_audits_a_training_step():
     with pytest.raises(AssertionError, match="in a training step") as failure:
         assert_keeps_channels_last(
-            torchvision.models.mobilenet_v2(num_classes=10), torch.randn(2, 3, 64, 64), train=True
+            torchvision.models.mobilenet_v2(num_classes=10),
+            torch.randn(2, 3, 64, 64),
+            train=True,
+            strict=True,
         )
     assert "aten.hardtanh_backward" in str(failure.value)
 
@@ -134,12 +146,12 @@ FAILING = textwrap.dedent(
 
 def test_plugin_failures_show_in_pytest_report_with_the_table(tmp_path):
     (tmp_path / "test_models.py").write_text(FAILING)
-    result = _pytest(tmp_path)
+    result = _pytest(tmp_path, "--cl-audit-strict")  # the flatten's copy is a 4 KiB cost
     assert result.returncode == 1
     out = result.stdout
     assert "3 failed" in out
-    assert "Net loses channels_last: 1 offending operation" in out  # the fixture
-    assert "Net#0 loses channels_last: 1 offending operation" in out  # the marker
+    assert "Net loses channels_last: 2 sites not allowed" in out  # the fixture
+    assert "Net#0 loses channels_last: 2 sites not allowed" in out  # the marker
     assert "torch.flatten" in out and "test_models.py:16" in out
     assert "ran no model on a 4D or 5D input" in out
 
@@ -148,6 +160,7 @@ def test_plugin_baseline_pins_todays_offences_and_fails_on_new_ones(tmp_path, mo
     (tmp_path / "test_models.py").write_text(FAILING)
     baseline = tmp_path / "baseline.json"
     only = ["-k", "not without_a_model"]
+    only = [*only, "--cl-audit-strict"]
     update = _pytest(tmp_path, *only, "--cl-audit-baseline", str(baseline), "--cl-audit-update")
     assert update.returncode == 0, update.stdout
     data = json.loads(baseline.read_text())

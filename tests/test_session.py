@@ -175,3 +175,17 @@ def test_confirm_reruns_clean_fake_rows_whose_findings_include_a_divergent_op(mo
     assert job.fake_verdict == (
         "fake mode was clean, with ops it is known to get wrong: aten.hardtanh_backward"
     )
+
+
+def test_a_cpu_training_sweep_confirms_clean_fake_rows_whose_kernels_copy_unseen():
+    """On the CPU the convolution backward copies inside whatever its strides (measured), which
+    fake tensors cannot show: every fake training verdict there is confirmed; inference not."""
+    from dataclasses import replace
+
+    rows = {"clean": replace(row("clean"), mode=Mode.FAKE)}
+    train = replace(FAKE, audit=replace(FAKE.audit, train=True))
+    (job,) = session.confirm_jobs(rows, train)
+    assert job.fake_verdict == (
+        "fake mode was clean, with ops it is known to get wrong: aten.convolution_backward"
+    )
+    assert session.confirm_jobs(rows, FAKE) == []

@@ -6,6 +6,8 @@ __all__ = ["format_bytes"]
 
 
 def format_bytes(n: int) -> str:
+    if n < 0:
+        return "-" + format_bytes(-n)
     size = float(n)
     for unit in ("B", "KiB", "MiB", "GiB"):
         if size < 1024 or unit == "GiB":

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from cl_audit.divergences import DivergenceTable, divergence_table
+from cl_audit.divergences import HIDDEN_TRAINING_COPIES, DivergenceTable, divergence_table
 from cl_audit.environment import probe
 from cl_audit.report import (
     AppliedOverride,
@@ -155,21 +155,29 @@ def _divergent_ops(row: ModelRow, table: DivergenceTable) -> list[str]:
 
 def confirm_jobs(rows: dict[str, ModelRow], settings: SweepSettings) -> list[Job]:
     """Eager re-runs of every model fake mode flagged or failed, or whose findings include an
-    op of the divergence table; models over ``LARGE_MODEL_PARAMETERS`` at
+    op of the divergence table, and in a training sweep on a device whose kernels copy inside
+    unseen (``HIDDEN_TRAINING_COPIES``) every model; models over ``LARGE_MODEL_PARAMETERS`` at
     ``CONFIRM_LARGE_SIDE`` px. A failure's message keeps what fake mode had said."""
     smaller = replace(
         settings,
         max_input_size=min(settings.max_input_size or CONFIRM_LARGE_SIDE, CONFIRM_LARGE_SIDE),
     )
-    table = divergence_table(settings.audit.device.split(":")[0])
+    device = settings.audit.device.split(":")[0]
+    table = divergence_table(device)
+    hidden = HIDDEN_TRAINING_COPIES.get(device) if settings.audit.train else None
     jobs = []
     for row in rows.values():
         divergent = _divergent_ops(row, table) if row.status is Status.OK else []
+        if hidden is not None and row.status is Status.OK and not divergent:
+            divergent = [hidden]
         if row.mode is not Mode.FAKE or not (row.offending or row.status.failed or divergent):
             continue
         large = (row.parameters or 0) > LARGE_MODEL_PARAMETERS
         verdict = None
-        if row.offending:
+        if row.offending and row.cost is not None:
+            ops = sorted({s.op for s in row.cost.sites if s.extra})
+            verdict = "fake mode had flagged: " + ", ".join(ops)
+        elif row.offending:
             verdict = "fake mode had flagged: " + ", ".join(sorted({f.op for f in row.offenders}))
         elif divergent:
             verdict = "fake mode was clean, with ops it is known to get wrong: " + ", ".join(
