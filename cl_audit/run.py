@@ -154,9 +154,10 @@ def audit_module(
     off, the same forward or step once more in NCHW, and the cost of channels_last against it.
 
     The model is converted in place as the strategy says (channels_last by default) and put in
-    eval (or train) mode; a compared training step steps the optimizer twice (channels_last,
-    then NCHW). With ``settings.time`` the step is first timed without the audit (warm-up,
-    then ``TIMED_STEPS`` steps) and the audited step runs under ``torch.profiler``.
+    eval (or train) mode. A training step is audited after a warm-up step (the optimizer's
+    state exists: a steady-state step), in each format: a compared training audit steps the
+    optimizer four times. With ``settings.time`` the step is first timed without the audit
+    (warm-up, then ``TIMED_STEPS`` steps) and the audited step runs under ``torch.profiler``.
     Raises ``ModelFailedError`` naming the stage when the model fails.
     """
     device = resolve_device(settings.device, settings.tensor_mode, settings.bfloat16)
@@ -178,6 +179,9 @@ def audit_module(
     try:
         if settings.time:
             rounds = step.timed(forward, device)
+        elif settings.train:
+            with run.tensor_mode():
+                step.run(forward, None)  # a warm-up: the audited step is a steady-state one
         with run.tensor_mode(), _audited(settings, model, run, ledger, device) as (active, prof):
             if settings.time:
                 profiled = timed_ms(lambda: step.run(forward, active), device)
@@ -281,6 +285,9 @@ def _compared(
                     forward()
         else:
             step = Step(settings, run.trainable(), loss)
+            if settings.train:
+                with run.tensor_mode():
+                    step.run(forward, None)  # warmed up as the channels_last step was
             with run.tensor_mode(), _audited(quiet, model, run, nchw, device, watcher) as audited:
                 step.run(forward, audited[0])
     except Exception as e:

@@ -195,3 +195,15 @@ def test_a_baseline_gates_on_a_cost_that_grew_past_the_gate():
     grown = _sweep(2 * MAP + (4 << 20), "offending")
     assert compare(base, grown).grown_costs == ("user:m",)
     assert compare(base, grown).regressed
+
+
+def test_junit_fails_an_offending_row_with_its_cost_sites():
+    import xml.etree.ElementTree as ET
+
+    from cl_audit.render.junit import junit_xml
+
+    suite = ET.fromstring(junit_xml(_sweep(2 * MAP, "offending")))
+    failure = suite.find("testcase").find("failure")
+    assert failure.get("type") == "channels_last_cost"
+    assert failure.get("message").startswith("channels_last adds 128.0 KiB")
+    assert "Tensor.contiguous (copy, forward)" in failure.text

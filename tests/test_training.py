@@ -160,7 +160,7 @@ def test_a_factorys_own_loss_is_the_one_back_propagated():
     from cl_audit.run import audit_model
 
     audit_model(torch.nn.Conv2d(3, 8, 3), torch.randn(2, 3, 8, 8), train=True, loss=loss)
-    assert called == [torch.Size([2, 8, 6, 6])] * 2  # the channels_last step, the NCHW one
+    assert called == [torch.Size([2, 8, 6, 6])] * 4  # a warm-up and the audited step, each format
 
 
 def _line(function: object, text: str) -> int:

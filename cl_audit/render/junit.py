@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 
+from cl_audit.render import format_bytes
 from cl_audit.report import Status, SweepReport
 
 __all__ = ["junit_xml"]
@@ -25,7 +26,22 @@ def junit_xml(report: SweepReport) -> str:
         case = ET.SubElement(
             suite, "testcase", classname=row.source.value, name=row.name, time=f"{row.seconds:.3f}"
         )
-        if row.offending:
+        if row.offending and row.cost is not None:
+            cost = row.cost
+            sites = [site for site in cost.sites if site.extra]
+            failure = ET.SubElement(
+                case,
+                "failure",
+                type="channels_last_cost",
+                message=f"channels_last adds {format_bytes(cost.extra_bytes)} "
+                f"({cost.share:.2%} of the bytes written) at {len(sites)} sites",
+            )
+            failure.text = "\n".join(
+                f"{s.op} ({s.kind.value}, {s.phase.value}) in {s.module_path or '(root)'} at "
+                f"{s.call_site}: {format_bytes(s.extra)}"
+                for s in sites
+            )
+        elif row.offending:
             ops = sorted({f.op for f in row.offenders})
             failure = ET.SubElement(
                 case,
