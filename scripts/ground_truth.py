@@ -14,8 +14,9 @@ output, backward, an SGD step with momentum), eager CPU, float32, batch 2, one t
   (``convolution_backward > contiguous``, ``layer_norm > contiguous``...); its bytes are the
   destination's elements times their size;
 - a copy's site is its outermost aten operation, the innermost module instance and the first
-  stack frame outside torch (the model's function), or in a backward the autograd node that ran it and the model line of the
-  forward operation that made the node (the profiler's sequence numbers link the two);
+  stack frame outside torch (the model's function), or in a backward the autograd node that
+  ran it and the module and function of the forward operation that made the node (the
+  profiler's sequence numbers link the two);
 - channels_last-only bytes = the sum over sites of max(0, CL bytes - NCHW bytes); saved bytes
   the reverse; the denominator is the bytes written by every aten operation of the
   channels_last step (its new outputs' sizes, views excluded, in-place outputs included,
