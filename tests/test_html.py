@@ -151,3 +151,26 @@ def test_a_training_report_shows_the_phase_of_each_finding():
     report = audit_module(tm.ActivationBeforePool(), (torch.randn(2, 3, 16, 16),), settings)
     page = model_html(report)
     assert '<span class="phase">backward</span>' in page and "a training step" in page
+
+
+def test_model_page_leads_with_the_verdict_the_cost_and_remedies_and_never_breaks_an_op_name(
+    browser, tmp_path
+):
+    import cost_models
+
+    torch.manual_seed(0)
+    settings = AuditSettings(gate=replace(AuditSettings().gate, share=0.0, bytes=0))
+    report = audit_module(cost_models.ContiguousCopy(), (torch.randn(2, 3, 32, 32),), settings)
+    page = model_html(report)
+    assert page.index('id="cost"') < page.index('id="offender"')  # the cost comes first
+    load(browser, page, tmp_path / "cost.html")
+    assert console_errors(browser) == []
+    assert browser.find_element("css selector", "h1 span").text == "offending"
+    rows = browser.find_elements("css selector", "#cost tbody tr")
+    assert len(rows) == 2 and "drop the .contiguous()" in rows[0].text + rows[1].text
+    browser.set_window_size(420, 900)  # a narrow window: names wrap between cells, never inside
+    lines = browser.execute_script(
+        "return Array.from(document.querySelectorAll('#cost code.op, #cost code.site'))"
+        ".map(c => c.getClientRects().length)"
+    )
+    assert lines and set(lines) == {1}  # each name on one line box
