@@ -2,7 +2,9 @@
 segmentation_models_pytorch, MONAI and transformers (``examples/libraries.py``, each with its
 own example input), random weights, no download. Per model: eager CPU inference, an eager CPU
 training step, and fake CUDA inference with fp16 autocast (a prediction). Every report goes to
-one JSON file and a Markdown table to stdout.
+one JSON file and the Markdown table of reports/README.md to stdout: per model and
+configuration the verdict and the channels_last-only cost against NCHW, and the top cost sites
+with their fix site and remedy.
 
     pip install -e '.[libraries]'
     python scripts/audit_libraries.py --out reports/libraries_torch-2.14.1_cpu.json
@@ -38,27 +40,69 @@ CONFIGURATIONS = {
 
 
 def _row(name: str, configuration: str, report: ModelReport, seconds: float) -> dict:
-    sites = {}
-    for f in report.offenders:
-        key = (f.op, f.call_site)
-        entry = sites.setdefault(
-            key, {"op": f.op, "call_site": f.call_site, "count": 0, "bytes": 0}
-        )
-        entry["count"] += f.count
-        entry["bytes"] += f.bytes_converted
-    top = sorted(sites.values(), key=lambda s: -s["bytes"])[:3]
+    cost = report.cost
+    groups: dict[tuple, dict] = {}
+    for site in cost.sites if cost is not None else ():
+        if not site.extra:
+            continue
+        key = (site.op, site.call_site)
+        entry = groups.setdefault(key, {
+            "op": site.op, "call_site": site.call_site, "kind": site.kind.value, "extra": 0,
+            "fix_site": None if site.fix_site is None else
+            f"{site.fix_site.python_op or site.fix_site.aten_op} {site.fix_site.call_site}",
+            "remedy": None if site.remedy is None else site.remedy.pattern,
+        })  # fmt: skip
+        entry["extra"] += site.extra
+    top = sorted(groups.values(), key=lambda s: -s["extra"])[:3]
     return {
         "model": name,
         "configuration": configuration,
         "status": "ok",
-        "offending": bool(report.offenders),
+        "verdict": report.verdict.value,
+        "extra_bytes": None if cost is None else cost.extra_bytes,
+        "saved_bytes": None if cost is None else cost.saved_bytes,
+        "share": None if cost is None else cost.share,
         "offenders": len(report.offenders),
-        "bytes_converted": sum(f.bytes_converted for f in report.offenders),
         "input_shape": list(report.input_shape or ()),
         "top_sites": top,
         "seconds": round(seconds, 1),
         "report": report.to_dict(),
     }
+
+
+def _cell(row: dict) -> str:
+    if row["status"] != "ok":
+        return row["status"]
+    if not row["extra_bytes"]:
+        return row["verdict"]
+    return f"{row['verdict']} ({row['extra_bytes'] / 2**20:.1f} MiB, {row['share']:.1%})"
+
+
+def table(rows: list[dict]) -> str:
+    """The Markdown table of reports/README.md: per model, each configuration's verdict and
+    channels_last-only cost, and the top sites (inference, else training) with fix site and
+    remedy."""
+    lines = [
+        "| model | input | inference | training step | fake CUDA fp16 | top cost sites "
+        "(inference, else training): fix site; remedy |",
+        "|---|---|---|---|---|---|",
+    ]
+    by_model: dict[str, dict[str, dict]] = {}
+    for row in rows:
+        by_model.setdefault(row["model"], {})[row["configuration"]] = row
+    for model, runs in by_model.items():
+        first = runs.get("inference", {})
+        shape = "x".join(map(str, first.get("input_shape", [])))
+        source = runs["inference"] if runs["inference"].get("top_sites") else runs["training"]
+        sites = "; ".join(
+            f"`{s['op']}` {s['call_site']} ({s['extra'] / 2**20:.1f} MiB"
+            + (f", from `{s['fix_site']}`" if s["fix_site"] else "")
+            + f"): {s['remedy'] or 'no known remedy'}"
+            for s in source.get("top_sites", [])[:2]
+        )
+        cells = [_cell(runs[c]) for c in CONFIGURATIONS]
+        lines.append(f"| {model} | {shape} | {' | '.join(cells)} | {sites or '-'} |")
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -84,12 +128,11 @@ def main() -> None:
                 row = {"model": name, "configuration": configuration, "status": "error",
                        "message": f"{type(e).__name__}: {e}"[:300]}  # fmt: skip
             rows.append(row)
-            sites = "; ".join(f"{s['op']} {s['call_site']}" for s in row.get("top_sites", []))
-            print(f"{name:20s} {configuration:15s} {row['status']:6s} "
-                  f"{row.get('offenders', '-')!s:>3} {sites}", flush=True)  # fmt: skip
+            print(f"{name:20s} {configuration:15s} {_cell(row)}", flush=True)
     document = {"format": "cl-audit.libraries", "version": 1, "torch": torch.__version__,
                 "rows": rows}  # fmt: skip
     args.out.write_text(json.dumps(document, indent=1) + "\n")
+    print(table(rows))
 
 
 if __name__ == "__main__":

@@ -63,6 +63,36 @@ def _patterns(rows: list[ModelRow], kind: str, top: int) -> list[str]:
     return lines
 
 
+def _top_site(row: ModelRow) -> str:
+    """The costliest site of a row weighed by a cost, as Markdown."""
+    if row.cost is None:
+        return ""
+    sites = [s for s in row.cost.sites if s.extra]
+    if not sites:
+        return ""
+    site = max(sites, key=lambda s: s.extra)
+    return f"`{site.op}` ({site.kind.value}) at `{site.call_site}`"
+
+
+def _transitions(old: dict[str, ModelRow], new: dict[str, ModelRow], keys: list[str]) -> str:
+    """Verdict before (its own, or offending-when-offenders for a version 1/2 row) against
+    after, with the models' count and a few examples with the new costliest site."""
+    moves: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for key in keys:
+        before, after = old[key].verdict, new[key].verdict
+        moves[(before.value if before else "?", after.value if after else "?")].append(key)
+    lines = [
+        "| before | after | models | for example (after: costliest site) |",
+        "|---|---|---|---|",
+    ]
+    for (before, after), models in sorted(moves.items(), key=lambda m: -len(m[1])):
+        examples = "; ".join(
+            f"{k.split(':', 1)[1]} {_top_site(new[k])}".strip() for k in sorted(models)[:3]
+        )
+        lines.append(f"| {before} | {after} | {len(models)} | {examples} |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("old", type=Path)
@@ -80,6 +110,7 @@ def main() -> None:
         f"{sum(old[k].offending for k in ok_both)}; after: {sum(new[k].offending for k in ok_both)}"
         f" ({new_report.summary.offending} of {new_report.summary.models} in the new report).\n"
     )
+    print(_transitions(old, new, ok_both))
 
     placed = _where_now(new)
     moved: Counter[str] = Counter()

@@ -160,7 +160,9 @@ class Recorder:
                 sources.append(tensor)
             elif layout is _CONTIGUOUS:
                 if tensor.dim() in _SPATIAL_RANKS:
-                    contiguous.append(tensor)
+                    base = view_base(tensor)
+                    if base is None or layout_of(base) is not _CL:  # not a map permuted to NHWC
+                        contiguous.append(tensor)
             elif layout is _OTHER:
                 base = view_base(tensor)
                 if (base is not None and layout_of(base) is _CL) or (
@@ -230,7 +232,9 @@ class Recorder:
                     origins[key] = origin
             return
         # Contiguous 4D/5D data appears from untracked data: a new tensor, or a view giving data
-        # that was not contiguous 4D/5D (tokens, windows, a permuted map) that shape.
+        # that was not contiguous 4D/5D (tokens, windows) that shape. A view of channels_last
+        # data (a map permuted to NHWC, as LayerNorm2d does) is the channels_last order itself,
+        # never NCHW-ordered data: no producer, so no root cause or fix site is a permute.
         new_keys = {key for _, key in new}
         spatial_contiguous = [
             key
@@ -238,7 +242,7 @@ class Recorder:
             if t.dim() in _SPATIAL_RANKS
             and layout_of(t) is _CONTIGUOUS
             and t.numel()
-            and (key in new_keys or not contiguous)
+            and (key in new_keys or not (contiguous or sources))
         ]
         if not spatial_contiguous:
             return
