@@ -134,7 +134,10 @@ class Recorder:
         if not inputs:
             # Made from no data: a constant when the model's own code makes it (an index, a
             # grid), the batch when the caller does (an input made inside ``with audit():``).
-            from_parameters = self._locate().module_class is not None
+            # Empty outputs hold no data (batch norm's inner ``empty``): no stack walk for them.
+            from_parameters = (
+                not any(t.numel() for t in outputs) or self._locate().module_class is not None
+            )
         out_keys = [_storage_key(t) for t in outputs]
         origins = self._origins
         cl_ordered = self._cl_ordered
