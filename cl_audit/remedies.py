@@ -39,8 +39,9 @@ REMEDIES: tuple[_Entry, ...] = (
         "torch.flatten Tensor.flatten torch.reshape Tensor.reshape Tensor.view",
         "copy",
         "flatten or reshape of a channels_last map",
-        "pool first, or flatten in memory order with x.permute(0, 2, 3, 1).flatten(1) "
-        "(a view; it reorders features, so only for new or adapted weights)",
+        "reshape in memory order: for NHWC data x.permute(0, 2, 3, 1).reshape(...) is a view "
+        "(tokens, windows); before a classifier pool first, or flatten(1) the permuted map "
+        "(it reorders features: only for new or adapted weights)",
         "timm#1171; strides: a reshape of NHWC data to C*H*W order must copy",
     ),
     _entry(

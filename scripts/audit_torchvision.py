@@ -6,6 +6,9 @@ supporting channels_last, plus a few that are known not to; write every report t
         --out reports/torchvision/cpu-train_torch-X.Y.Z.json
 
 X.Y.Z is the torch release: the slow test tier compares with the file of the running release.
+``--table FILE`` prints the Markdown table of reports/README.md from such a file instead: per
+model the verdict, the channels_last-only cost against NCHW, and the costliest site with its
+fix site and remedy.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import time
 
 import torch
 
-from cl_audit.report import ModelSource
+from cl_audit.report import ModelReport, ModelSource
 from cl_audit.settings import AuditSettings, Engine
 from cl_audit.sources import ModelRef, load_model
 from cl_audit.sources.audit import audit_loaded
@@ -25,13 +28,50 @@ from cl_audit.sources.torchvision_models import CHANNELS_LAST_TIER
 REPORTS_FORMAT = "cl-audit.reports"
 
 
+def table(path: str) -> str:
+    """The verdicts of a committed file as Markdown, offending first."""
+    with open(path) as f:
+        reports = [ModelReport.from_dict(r) for r in json.load(f)["reports"]]
+    lines = [
+        "| model | verdict | channels_last only | share | saved | costliest site: fix site; "
+        "remedy |",
+        "|---|---|---|---|---|---|",
+    ]
+    order = {"offending": 0, "minor": 1, "clean": 2}
+    for report in sorted(reports, key=lambda r: (order[r.verdict.value], r.model or "")):
+        cost = report.cost
+        if cost is None:
+            continue
+        sites = [site for site in cost.sites if site.extra]
+        where = "-"
+        if sites:
+            top = max(sites, key=lambda site: site.extra)
+            fix = top.fix_site
+            where = (
+                f"`{top.op}` ({top.kind.value}, {top.phase.value}) at `{top.call_site}`"
+                + (f", from `{fix.python_op or fix.aten_op}` at `{fix.call_site}`" if fix else "")
+                + f"; {top.remedy.pattern if top.remedy else 'no known remedy'}"
+            )
+        lines.append(
+            f"| {report.model} | {report.verdict.value} | {cost.extra_bytes / 2**20:.2f} MiB | "
+            f"{cost.share:.2%} | {cost.saved_bytes / 2**20:.2f} MiB | {where} |"
+        )
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--table", metavar="FILE", help="print the Markdown table of FILE")
+    parser.add_argument("--out")
     parser.add_argument("--engine", default="dispatch", choices=["dispatch", "patch"])
     parser.add_argument("--train", action="store_true", help="audit one SGD training step")
     parser.add_argument("models", nargs="*", default=list(CHANNELS_LAST_TIER))
     args = parser.parse_args()
+    if args.table:
+        print(table(args.table))
+        return
+    if not args.out:
+        parser.error("--out is required to audit")
     torch.manual_seed(0)
     reports = []
     for name in args.models:

@@ -123,3 +123,20 @@ class MixedAdd(nn.Module):
         x = self.conv(x)
         branch = torch.ones(x.shape, dtype=x.dtype)  # made NCHW whatever the format
         return x + branch
+
+
+class TokensAsMap(nn.Module):
+    """Tokens written in (B, C, HW) order by a batched matmul and viewed as a map: the view
+    moves nothing, so it is never the fix site of the convolution that converts the map."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.mix = nn.Parameter(torch.randn(8, 8))
+        self.after = nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.conv(x)
+        n, c, h, w = x.shape
+        tokens = torch.matmul(self.mix, x.reshape(n, c, h * w))  # (n, c, hw): NCHW order
+        return self.after(tokens.view(n, c, h, w))

@@ -207,3 +207,11 @@ def test_junit_fails_an_offending_row_with_its_cost_sites():
     assert failure.get("type") == "channels_last_cost"
     assert failure.get("message").startswith("channels_last adds 128.0 KiB")
     assert "Tensor.contiguous (copy, forward)" in failure.text
+
+
+def test_a_view_is_never_a_fix_site_though_the_finding_names_it_as_root_cause():
+    report = _audit(cm.TokensAsMap())
+    conversion = next(s for s in _extra_sites(report) if s.module_path == "after")
+    assert conversion.kind is CostKind.KERNEL and conversion.fix_site is None
+    (regain,) = [r for r in report.regains if r.module_path == "after"]
+    assert regain.root_cause.python_op == "Tensor.view"  # where the tokens became a map

@@ -201,7 +201,8 @@ class Recorder:
                 in_keys = [_storage_key(t) for t in inputs]
             ledger.observe(
                 self.calls_checked, self.phase, aten_op, python_op, inputs, outputs, in_keys,
-                out_keys, parameters, self._locate, found[0].producer if found else None,
+                out_keys, parameters, self._locate,
+                found[0].producer if found and not found[0].view else None,
             )  # fmt: skip
         if not (interesting or found):
             return  # the common case: no contiguous data appeared, none is tracked
@@ -251,7 +252,8 @@ class Recorder:
             return
         if contiguous:
             return  # derived from data from outside the audit: stays untracked (OUTSIDE)
-        origin = Origin(self._producer(aten_op, python_op, self._locate()), ())
+        view = not any(key in new_keys for key in spatial_contiguous)
+        origin = Origin(self._producer(aten_op, python_op, self._locate()), (), view)
         for key in spatial_contiguous:
             origins[key] = origin
 
@@ -420,7 +422,9 @@ class Recorder:
         # Downstream, the contiguous data still traces back to the root cause, if there is one,
         # and derives from this occurrence and from the losses its inputs derive from.
         occurrences = merge_origins([Origin(producer, (Occurrence(tally),)), *found]).occurrences
-        origin = Origin(producer if root is None else root.producer, occurrences)
+        origin = Origin(
+            producer if root is None else root.producer, occurrences, root is not None and root.view
+        )
         for _, key in lost:
             self._origins[key] = origin
 

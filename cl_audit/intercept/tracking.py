@@ -52,6 +52,7 @@ class Origin:
 
     producer: Producer
     occurrences: tuple[Occurrence, ...]
+    view: bool = False  # the producer is a view (tokens viewed as a map): no fix site
 
 
 def tensor_arguments(values: Any) -> list[torch.Tensor]:
@@ -89,4 +90,4 @@ def merge_origins(origins: list[Origin]) -> Origin:
         for occurrence in origin.occurrences:
             occurrences.setdefault(id(occurrence), occurrence)
     lead = next((o for o in origins if o.occurrences), origins[0])
-    return Origin(lead.producer, tuple(occurrences.values()))
+    return Origin(lead.producer, tuple(occurrences.values()), lead.view)
