@@ -112,10 +112,11 @@ _ELEMENT_SIZES = {
 }  # fmt: skip
 
 
-def copies_by_call(profiler: Any) -> tuple[dict[int, int], dict[int, str]]:
-    """The bytes of the ``aten::copy_`` events inside each labelled call (a profiler run with
-    shapes), and each call's operation as the profiler names it (``aten.convolution``)."""
-    copied: dict[int, int] = {}
+def copies_by_call(profiler: Any) -> tuple[dict[int, list[tuple[int, int | None]]], dict[int, str]]:
+    """The ``aten::copy_`` events inside each labelled call (a profiler run with shapes), as
+    (elements, element size) pairs, the size None where this torch's profiler records no dtype
+    (torch 2.4); and each call's operation as the profiler names it (``aten.convolution``)."""
+    copied: dict[int, list[tuple[int, int | None]]] = {}
     names: dict[int, str] = {}
     for event in profiler.events():
         if event.name != "aten::copy_" or not event.input_shapes:
@@ -126,13 +127,12 @@ def copies_by_call(profiler: Any) -> tuple[dict[int, int], dict[int, str]]:
         if node is None:
             continue
         call = int(node.name[len(CALL_LABEL) :])
-        shape = event.input_shapes[0]
-        dtype = (event.input_dtypes or ["float"])[0]
-        size = _ELEMENT_SIZES.get(dtype, 4)
+        dtypes = getattr(event, "input_dtypes", None)
+        size = _ELEMENT_SIZES.get(dtypes[0], 4) if dtypes else None
         numel = 1
-        for extent in shape:
+        for extent in event.input_shapes[0]:
             numel *= extent
-        copied[call] = copied.get(call, 0) + numel * size
+        copied.setdefault(call, []).append((numel, size))
         names[call] = child.name.replace("::", ".")
     return copied, names
 

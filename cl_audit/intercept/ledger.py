@@ -71,6 +71,7 @@ class Ledger:
         self.unlocated = 0  # measured bytes at calls where no conversion was predicted
         self._calls: dict[int, Place] = {}  # call number -> place of a predicted conversion
         self._explicit: set[int] = set()  # call numbers of explicit copies
+        self._sizes: dict[int, int] = {}  # call number -> element size of its first float input
         self._kinds: dict[object, tuple[int, bool]] = {}  # op -> (kind, in place)
         self._phases: list[tuple[int, Phase]] = []
 
@@ -171,17 +172,26 @@ class Ledger:
             )
             if self.measured:
                 self._calls[call] = place
+                self._sizes[call] = next(
+                    (t.element_size() for t in inputs if t.is_floating_point()), 4
+                )
                 self.causes.setdefault(place, Counter())
                 if cause is not None:
                     self.causes[place][cause] += 1
             else:
                 self._add(self.copies, place, converted, cause)
 
-    def add_measured(self, bytes_by_call: dict[int, int], names: dict[int, str]) -> None:
-        """The profiler's copies inside each operation (by call number; ``names`` the
-        operation's name there), counted where the call's conversion was predicted, else at an
-        unlocated place of that operation. Explicit copies were counted already."""
-        for call, copied in bytes_by_call.items():
+    def add_measured(
+        self, copies: dict[int, list[tuple[int, int | None]]], names: dict[int, str]
+    ) -> None:
+        """The profiler's copies inside each operation (by call number: elements and element
+        size, the size None where the profiler records no dtype, then the size of the call's
+        first floating-point input; ``names`` the operation's name there), counted at the
+        call's place, else at an unlocated place of that operation. Explicit copies were
+        counted already."""
+        for call, events in copies.items():
+            size = self._sizes.get(call, 4)
+            copied = sum(numel * (element or size) for numel, element in events)
             if call in self._explicit or not copied:
                 continue
             place = self._calls.get(call)
