@@ -1,9 +1,9 @@
 """Audit, on CPU, the torchvision models that PyTorch's memory-format tutorial lists as fully
 supporting channels_last, plus a few that are known not to; write every report to one file.
 
-    python scripts/audit_torchvision.py --out reports/torchvision/cpu_torch-X.Y.Z.json
+    python scripts/audit_torchvision.py --out reports/torchvision/cpu_torch-X.Y.Z.json.gz
     python scripts/audit_torchvision.py --train \
-        --out reports/torchvision/cpu-train_torch-X.Y.Z.json
+        --out reports/torchvision/cpu-train_torch-X.Y.Z.json.gz
 
 X.Y.Z is the torch release: the slow test tier compares with the file of the running release.
 ``--table FILE`` prints the Markdown table of reports/README.md from such a file instead: per
@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from cl_audit.report import ModelReport, ModelSource
+from cl_audit.report import ModelReport, ModelSource, decode_document, encode_document
 from cl_audit.settings import AuditSettings, Engine
 from cl_audit.sources import ModelRef, load_model
 from cl_audit.sources.audit import audit_loaded
@@ -30,8 +30,8 @@ REPORTS_FORMAT = "cl-audit.reports"
 
 def table(path: str) -> str:
     """The verdicts of a committed file as Markdown, offending first."""
-    with open(path) as f:
-        reports = [ModelReport.from_dict(r) for r in json.load(f)["reports"]]
+    with open(path, "rb") as f:
+        reports = [ModelReport.from_dict(r) for r in decode_document(f.read())["reports"]]
     lines = [
         "| model | verdict | channels_last only | share | saved | costliest site: fix site; "
         "remedy |",
@@ -87,9 +87,9 @@ def main() -> None:
             flush=True,
         )
         reports.append(report.to_dict())
-    with open(args.out, "w") as f:
-        json.dump({"format": REPORTS_FORMAT, "version": 3, "reports": reports}, f, indent=1)
-        f.write("\n")
+    text = json.dumps({"format": REPORTS_FORMAT, "version": 3, "reports": reports}, indent=1)
+    with open(args.out, "wb") as f:  # gzip-compressed when the path ends in .gz
+        f.write(encode_document(text + "\n", args.out.endswith(".gz")))
 
 
 if __name__ == "__main__":

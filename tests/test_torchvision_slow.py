@@ -5,7 +5,6 @@ report of its own runs the known answers only, and the comparison skips saying s
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -13,7 +12,7 @@ import torch
 
 from cl_audit.compat import TORCH_VERSION, torch_version
 from cl_audit.environment import distribution_version
-from cl_audit.report import Differential, ModelReport, ModelSource
+from cl_audit.report import Differential, ModelReport, ModelSource, decode_document
 from cl_audit.settings import AuditSettings, Engine
 from cl_audit.sources import LoadedModel, ModelRef, load_model
 from cl_audit.sources.audit import audit_loaded
@@ -30,8 +29,9 @@ def committed(kind: str) -> dict[str, ModelReport]:
     """The committed reports (``cpu`` or ``cpu-train``) measured with this torch and
     torchvision (major.minor), by model; empty when there is none."""
     here = (TORCH_VERSION, _minor(distribution_version("torchvision")))
-    for path in sorted((ROOT / "reports" / "torchvision").glob(f"{kind}_torch-*.json")):
-        reports = [ModelReport.from_dict(r) for r in json.loads(path.read_text())["reports"]]
+    for path in sorted((ROOT / "reports" / "torchvision").glob(f"{kind}_torch-*.json.gz")):
+        document = decode_document(path.read_bytes())
+        reports = [ModelReport.from_dict(r) for r in document["reports"]]
         env = reports[0].environment
         if (torch_version(env.torch), _minor(env.torchvision)) == here:
             return {r.model: r for r in reports if r.model is not None}
