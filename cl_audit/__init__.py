@@ -1,21 +1,25 @@
-"""cl-audit: find where a PyTorch model loses the channels_last memory format."""
+"""cl-audit: what channels_last costs a PyTorch model against NCHW, and where to fix it."""
 
 from cl_audit.audit import Audit, audit
+from cl_audit.enums import Verdict
 from cl_audit.errors import AuditError, ModelFailedError, UsageError
 from cl_audit.layout import MemoryLayout, classify
-from cl_audit.report import ModelReport, ReportFormatError
+from cl_audit.report import Cost, CostSite, ModelReport, ReportFormatError
 from cl_audit.run import audit_model
 from cl_audit.settings import Engine
 
 __all__ = [
     "Audit",
     "AuditError",
+    "Cost",
+    "CostSite",
     "Engine",
     "MemoryLayout",
     "ModelFailedError",
     "ModelReport",
     "ReportFormatError",
     "UsageError",
+    "Verdict",
     "audit",
     "audit_model",
     "classify",

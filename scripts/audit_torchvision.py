@@ -6,6 +6,9 @@ supporting channels_last, plus a few that are known not to; write every report t
         --out reports/torchvision/cpu-train_torch-X.Y.Z.json.gz
 
 X.Y.Z is the torch release: the slow test tier compares with the file of the running release.
+One thread, as the tests and sweep workers run: the CPU convolution backward copies inside
+with two threads where it does not with one (mobilenet_v2's training step: 8.4 MiB against
+0.26 MiB), so verdicts are per thread count.
 ``--table FILE`` prints the Markdown table of reports/README.md from such a file instead: per
 model the verdict, the channels_last-only cost against NCHW, and the costliest site with its
 fix site and remedy.
@@ -73,6 +76,7 @@ def main() -> None:
     if not args.out:
         parser.error("--out is required to audit")
     torch.manual_seed(0)
+    torch.set_num_threads(1)  # as the test tiers and sweep workers: kernels take other paths
     reports = []
     for name in args.models:
         start = time.perf_counter()
