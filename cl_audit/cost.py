@@ -49,16 +49,11 @@ def compare_ledgers(
     """Each place where the runs copied different bytes is a site; one conversion is counted
     once, at the place it happened. ``time_share``: the losses' share of a timed step."""
     none = [0, 0]
-    sites = [
-        _site(
-            place,
-            channels_last.copies.get(place, none),
-            nchw.copies.get(place, none),
-            channels_last,
-        )
-        for place in dict.fromkeys([*channels_last.copies, *nchw.copies])
-        if channels_last.copies.get(place, none)[1] != nchw.copies.get(place, none)[1]
-    ]
+    sites = []
+    for place in dict.fromkeys([*channels_last.copies, *nchw.copies]):
+        cl, ref = channels_last.copies.get(place, none), nchw.copies.get(place, none)
+        if cl[1] != ref[1]:
+            sites.append(_site(place, cl, ref, channels_last))
     sites.sort(key=lambda s: (-s.extra, -s.saved, s.op))
     extra = sum(s.extra for s in sites)
     mixed = tuple(

@@ -211,12 +211,15 @@ def audit_module(
     return _compared(report, run, model, settings, ledger, loss, device)
 
 
+_COMPARED = (Strategy.CHANNELS_LAST, Strategy.CONV_WEIGHTS)  # strategies run again in NCHW
+
+
 def _ledger(settings: AuditSettings) -> Ledger | None:
     """A cost ledger when the audit compares with NCHW: the dispatch engine, and a strategy
     that makes the model channels_last (an eager run measures kernel copies)."""
     if not settings.differential or settings.engine is not Engine.DISPATCH:
         return None
-    if settings.strategy not in (Strategy.CHANNELS_LAST, Strategy.CONV_WEIGHTS):
+    if settings.strategy not in _COMPARED:
         return None
     return Ledger(measured=settings.tensor_mode is TensorMode.EAGER)
 
@@ -268,7 +271,7 @@ def _compared(
     if not settings.differential:
         status = DifferentialRun(DifferentialStatus.SKIPPED, "not asked for")
         return replace(report, differential=status)
-    if settings.strategy not in (Strategy.CHANNELS_LAST, Strategy.CONV_WEIGHTS):
+    if settings.strategy not in _COMPARED:
         status = DifferentialRun(DifferentialStatus.SKIPPED, "the model's format is the caller's")
         return replace(report, differential=status)
     terminal = tuple(f for f in report.offenders if f.terminal and not settings.train)
@@ -302,7 +305,7 @@ def _compared(
         report = apply_differential(report, watcher)
     else:
         report = replace(report, differential=DifferentialRun(DifferentialStatus.RAN))
-    if ledger is None or nchw is None:
+    if ledger is None or nchw is None:  # the patch engine: classified only
         return report
     time_share = None if report.timing is None else report.timing.share
     cost = compare_ledgers(ledger, nchw, settings.gate, time_share)

@@ -23,8 +23,8 @@ import torch
 from rich.console import Console
 from torch import nn
 
-from cl_audit.enums import Evidence, Verdict
-from cl_audit.report import Cost, CostSite, Finding, Gate, ModelReport
+from cl_audit.enums import Verdict
+from cl_audit.report import CostSite, Finding, ModelReport
 from cl_audit.run import audit_model
 from cl_audit.settings import Amp, Engine
 
@@ -75,10 +75,7 @@ def offender_table(findings: tuple[Finding | CostSite, ...], width: int = 100) -
     console = Console(width=width, no_color=True, color_system=None, record=True)
     with console.capture() as capture:
         if sites:
-            extra = sum(s.extra for s in sites)
-            console.print(
-                cost_table(Cost(Gate(), Verdict.OFFENDING, 0, extra, 0, Evidence.MEASURED, sites))
-            )
+            console.print(cost_table(sites))
         if offenders:
             console.print(offenders_table(offenders))
     return capture.get()

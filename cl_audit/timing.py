@@ -5,6 +5,7 @@ number, ``CALL_LABEL``)."""
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import statistics
@@ -129,10 +130,7 @@ def copies_by_call(profiler: Any) -> tuple[dict[int, list[tuple[int, int | None]
         call = int(node.name[len(CALL_LABEL) :])
         dtypes = getattr(event, "input_dtypes", None)
         size = _ELEMENT_SIZES.get(dtypes[0], 4) if dtypes else None
-        numel = 1
-        for extent in event.input_shapes[0]:
-            numel *= extent
-        copied.setdefault(call, []).append((numel, size))
+        copied.setdefault(call, []).append((math.prod(event.input_shapes[0]), size))
         names[call] = child.name.replace("::", ".")
     return copied, names
 

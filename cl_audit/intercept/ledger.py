@@ -29,6 +29,7 @@ from cl_audit.attribution import Location
 from cl_audit.compat import op_traits
 from cl_audit.enums import Phase
 from cl_audit.intercept.naming import aten_op_name, python_op_name
+from cl_audit.intercept.tracking import nbytes
 from cl_audit.layout import MemoryLayout, layout_of
 from cl_audit.report import Producer
 from cl_audit.rule import COPY_ATEN_OPS, SPATIAL_RANKS
@@ -52,10 +53,6 @@ _ORDERED = (_CL, _CONTIGUOUS)
 Place = tuple[Phase, bool, bool, str | None, str | None, str | None, str | None, str | None]
 
 _COPY, _CONVERTS, _MIXED, _OTHER = range(4)
-
-
-def _nbytes(tensor: torch.Tensor) -> int:
-    return tensor.numel() * tensor.element_size()
 
 
 class Ledger:
@@ -111,14 +108,11 @@ class Ledger:
         if not self._phases or self._phases[-1][1] is not phase:
             self._phases.append((call, phase))
         kind, in_place = self._kind(aten_op)
-        new = [
-            t for t, key in zip(outputs, out_keys, strict=True) if in_place or key not in in_keys
-        ]
-        written = 0
-        for tensor in new:
-            written += _nbytes(tensor)
+        written = nbytes(
+            [t for t, key in zip(outputs, out_keys, strict=True) if in_place or key not in in_keys]
+        )
         self.written += written
-        if kind == _OTHER or aten_op is None:
+        if kind == _OTHER:
             return
         if kind == _COPY:
             if written:
@@ -138,11 +132,10 @@ class Ledger:
                     break
         if kind == _MIXED:
             if spatial_out is not None:
-                read = sum(
-                    _nbytes(t)
-                    for t in inputs
-                    if t.dim() in SPATIAL_RANKS and layout_of(t) in _ORDERED
-                    and layout_of(t) is not spatial_out and t.numel() > 1
+                other = _CONTIGUOUS if spatial_out is _CL else _CL  # the other order
+                read = nbytes(
+                    [t for t in inputs
+                     if t.dim() in SPATIAL_RANKS and t.numel() > 1 and layout_of(t) is other]
                 )  # fmt: skip
                 if read:
                     place = self._place(phase, False, True, locate, aten_op, python_op)
@@ -161,7 +154,7 @@ class Ledger:
                 if spatial_out is not None
                 else not has_spatial_out and layout is _CL
             ):
-                converted += _nbytes(tensor)
+                converted += nbytes([tensor])
                 parameter = parameter and key in parameters
         # Measured, every such kernel with a 4D/5D input is placed whatever its strides, in
         # both runs alike, so that their places align (convolution_backward copies inside on
@@ -175,9 +168,7 @@ class Ledger:
                 self._sizes[call] = next(
                     (t.element_size() for t in inputs if t.is_floating_point()), 4
                 )
-                self.causes.setdefault(place, Counter())
-                if cause is not None:
-                    self.causes[place][cause] += 1
+                self._cause(place, cause)
             else:
                 self._add(self.copies, place, converted, cause)
 
@@ -234,5 +225,8 @@ class Ledger:
         entry = table.setdefault(place, [0, 0])
         entry[0] += 1
         entry[1] += size
+        self._cause(place, cause)
+
+    def _cause(self, place: Place, cause: Producer | None) -> None:
         if cause is not None:
             self.causes.setdefault(place, Counter())[cause] += 1

@@ -208,16 +208,17 @@ def _fix_cell(site: CostSite) -> str:
     return "\n".join(lines)
 
 
-def cost_table(cost: Cost, top: int = 12) -> Table:
-    """The channels_last-only cost by site, the costliest first, folded over the modules a
-    site ran in; sites under 1% of the cost each fold into one line."""
+def cost_table(sites: tuple[CostSite, ...], top: int = 12) -> Table:
+    """The channels_last-only cost of ``sites``, the costliest first, folded over the modules
+    a site ran in; sites under 1% of the cost each fold into one line."""
+    total = sum(site.extra for site in sites)
     groups: dict[tuple[object, ...], list[CostSite]] = {}
-    for site in cost.sites:
+    for site in sites:
         if site.extra:
             key = (site.kind, site.phase, site.op, site.call_site, site.fix_site, site.remedy)
             groups.setdefault(key, []).append(site)
     folded = sorted(groups.values(), key=lambda g: -sum(s.extra for s in g))
-    shown = [g for g in folded[:top] if sum(s.extra for s in g) * 100 >= cost.extra_bytes]
+    shown = [g for g in folded[:top] if sum(s.extra for s in g) * 100 >= total]
     table = Table(title="Where channels_last costs, against NCHW", show_lines=True, expand=True)
     table.add_column("op", style="bold", no_wrap=True)
     table.add_column("where; fix", overflow="fold", ratio=1)
@@ -235,7 +236,7 @@ def cost_table(cost: Cost, top: int = 12) -> Table:
         cell = Group(CallSite(first.call_site or "?"), Text.from_markup(where, overflow="fold"))
         op = f"{first.op}\n[dim]{first.kind.value}, {first.phase.value}[/dim]"
         extra = sum(s.extra for s in group)
-        table.add_row(op, cell, f"{format_bytes(extra)}\n{extra / cost.extra_bytes:.0%}")
+        table.add_row(op, cell, f"{format_bytes(extra)}\n{extra / total:.0%}")
     rest = folded[len(shown) :]
     if rest:
         extra = sum(s.extra for g in rest for s in g)
@@ -256,7 +257,7 @@ def render_report(report: ModelReport, console: Console, show_all: bool = False)
     console.print(Panel(summary_text(report), title=f"cl-audit: {verdict}", expand=False))
     cost = report.cost
     if cost is not None and cost.extra_bytes:
-        console.print(cost_table(cost))
+        console.print(cost_table(cost.sites))
     if cost is not None and cost.mixed:
         reads = sum(m.bytes_read for m in cost.mixed)
         console.print(
