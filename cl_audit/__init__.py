@@ -1,16 +1,18 @@
 """cl-audit: what channels_last costs a PyTorch model against NCHW, and where to fix it."""
 
 from cl_audit.audit import Audit, audit
+from cl_audit.compiled import compiled_layouts
 from cl_audit.enums import Verdict
 from cl_audit.errors import AuditError, ModelFailedError, UsageError
 from cl_audit.layout import MemoryLayout, classify
-from cl_audit.report import Cost, CostSite, ModelReport, ReportFormatError
+from cl_audit.report import Compiled, Cost, CostSite, ModelReport, ReportFormatError
 from cl_audit.run import audit_model
 from cl_audit.settings import Engine
 
 __all__ = [
     "Audit",
     "AuditError",
+    "Compiled",
     "Cost",
     "CostSite",
     "Engine",
@@ -23,4 +25,5 @@ __all__ = [
     "audit",
     "audit_model",
     "classify",
+    "compiled_layouts",
 ]

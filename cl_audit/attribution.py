@@ -15,7 +15,7 @@ from types import FrameType
 import torch
 from torch import nn
 
-__all__ = ["Location", "ModuleNames", "locate", "short_path"]
+__all__ = ["Location", "ModuleNames", "frames_call_site", "locate", "short_path"]
 
 # torch's package folder and this one (this file lies at the top of cl_audit): frames there are
 # never call sites. Read from ``__file__`` rather than by importing cl_audit, which would cycle.
@@ -56,6 +56,15 @@ def short_path(filename: str) -> str:
         if entry and filename.startswith(entry.rstrip(os.sep) + os.sep) and len(entry) > len(best):
             best = entry.rstrip(os.sep)
     return filename[len(best) + 1 :] if best else filename
+
+
+def frames_call_site(frames: tuple[tuple[str, int], ...]) -> str | None:
+    """The call site of a recorded stack (``(file, line)``, outermost first), as ``locate``
+    names it: the innermost frame outside torch and cl_audit."""
+    for filename, line in reversed(frames):
+        if not filename.startswith(_SKIPPED_DIRS):
+            return f"{short_path(filename)}:{line}"
+    return None
 
 
 def _frame_module(frame: FrameType) -> nn.Module | None:

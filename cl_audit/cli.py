@@ -91,6 +91,7 @@ class _Convert(str, Enum):
 
 
 _TIME_HELP = "Time the step and profile the flagged operations (eager, one model)."
+_COMPILE_HELP = "Also what torch.compile's Inductor decides about layouts per graph, and why."
 
 
 def _opt(*names: str, help: str) -> Any:
@@ -156,6 +157,10 @@ def audit_command(
     optimizer: Annotated[Optimizer, typer.Option(help="With --train.")] = Optimizer.SGD,
     convert: Annotated[_Convert, typer.Option(help=_CONVERT_HELP)] = _Convert.CHANNELS_LAST,
     time: Annotated[bool, _opt("--time", help=_TIME_HELP)] = False,
+    compile_: Annotated[bool, _opt("--compile", help=_COMPILE_HELP)] = False,
+    force_layout_opt: Annotated[
+        bool, _opt("--force-layout-opt", help="With --compile: also decide with Inductor forced.")
+    ] = False,
     show_all: Annotated[bool, _opt(help="List parameter and format-neutral losses too.")] = False,
     confirm: Annotated[bool, _opt(help="With --fake: eager re-run of what it flagged.")] = False,
     json_path: Annotated[OptionalPath, _opt("--json", help="JSON report ('-': stdout).")] = None,
@@ -204,6 +209,8 @@ def audit_command(
             differential=differential,
             timeline=html is not None,
             gate=Gate(share=fail_share / 100, bytes=parse_size(fail_bytes)),
+            compile=compile_,
+            force_layout_opt=force_layout_opt,
         )
         selection = Selection(
             tuple(models or ()),

@@ -103,6 +103,10 @@ def audit(
                 highlight=False,
             )
         return _single(refs[0], sweep.audit, outputs, show_all, console)
+    if sweep.audit.compile:
+        raise UsageError(
+            "--compile explains one model's compiled graphs: give one model (sweeps do not take it)"
+        )
     if sweep.audit.time:
         raise UsageError(
             "--time times one model: models audited side by side in a sweep share the "

@@ -10,9 +10,14 @@ checks itself with a probe of known answer before it predicts anything (``fake_c
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import itertools
 import re
-from collections.abc import Callable
+import types
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -25,13 +30,22 @@ from cl_audit.errors import UsageError
 __all__ = [
     "TORCH_VERSION",
     "FakeTensorMode",
+    "GraphConv",
     "TorchDispatchMode",
     "amp_unscale_",
     "amp_update_scale_",
+    "backward_convolutions_decide",
+    "capture_graphs",
+    "compile_problem",
     "current_autograd_node",
     "fake_cuda_problem",
     "fake_tensor",
+    "graph_convolutions",
+    "graph_nodes",
     "is_fake",
+    "layout_decision",
+    "layout_optimization_enabled",
+    "layout_optimization_forced",
     "module_apply",
     "new_fake_mode",
     "op_traits",
@@ -202,3 +216,192 @@ def fake_cuda_problem(bfloat16: bool = False) -> str | None:
             "bfloat16 cuDNN keeps channels_last; predict with float16, or run on a GPU"
         )
     return None
+
+
+# --- Inductor's layout decision (``--compile``) ----------------------------------------------
+
+
+@dataclass(frozen=True)
+class GraphConv:
+    """A convolution node of a captured FX graph, as Inductor's layout heuristic reads it:
+    ``weight`` is ``(out, in / groups, *kernel)``; ``output`` the forward's output shape (for a
+    ``convolution_backward`` node, its incoming gradient's); ``frames`` the user-code stack
+    (``(file, line)``, outermost first); ``module`` the innermost ``(qualified name, class)``."""
+
+    backward: bool
+    weight: tuple[int, ...]
+    groups: int
+    output: tuple[int, ...]
+    frames: tuple[tuple[str, int], ...]
+    module: tuple[str, str] | None
+
+
+@functools.cache
+def compile_problem() -> str | None:
+    """What this torch lacks for ``--compile`` (Dynamo, AOTAutograd, Inductor's layout
+    decision and its config switches, and a capture of fake tensors: a probe traces one
+    convolution), or None."""
+    try:
+        from torch._dynamo.backends.common import aot_autograd  # noqa: F401
+        from torch._inductor import config
+        from torch._inductor.graph import GraphLowering
+    except ImportError as e:
+        return f"torch {torch.__version__} cannot import what --compile needs ({e})"
+    missing = [
+        name
+        for owner, name in (
+            (GraphLowering, "decide_layout_opt"),
+            (config, "layout_optimization"),
+            (config, "force_layout_optimization"),
+        )
+        if not hasattr(owner, name)
+    ]
+    if missing:
+        names = ", ".join(missing)
+        return f"torch {torch.__version__} lacks Inductor's {names}, which --compile reads"
+    mode = new_fake_mode()
+    x = fake_tensor(mode, torch.empty(1, 4, 4, 4, device="meta"), torch.device("cpu"))
+    w = fake_tensor(mode, torch.empty(4, 4, 1, 1, device="meta"), torch.device("cpu"))
+    try:
+        capture_graphs(lambda: F.conv2d(x, w))
+    except Exception as e:  # the probe's answer: the reason is given to the user
+        lines = [line for line in str(e).splitlines() if line.strip()][:2]
+        cause = " ".join(lines)[:200] if lines else type(e).__name__
+        return (
+            f"torch {torch.__version__} cannot capture a compiled graph of fake tensors, "
+            f"which --compile traces ({cause}); see the README for the releases that can"
+        )
+    return None
+
+
+def capture_graphs(
+    fn: Callable[[], object], after: Callable[[object], None] | None = None
+) -> list[tuple[str, torch.fx.GraphModule]]:
+    """The FX graphs Inductor would be given for ``fn()`` (then ``after(result)``, a backward):
+    ``(phase, graph)`` with phase ``inference``, ``forward`` or ``backward``, in capture order.
+    Dynamo and AOTAutograd trace with a backend that keeps each graph and runs it as traced, so
+    nothing is lowered. ``fn`` is compiled from a fresh code object: neither the user's compiled
+    functions nor an earlier capture share its cache entries."""
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.aot_autograd import make_boxed_func
+
+    graphs: list[tuple[str, torch.fx.GraphModule]] = []
+
+    def keep(phase: str) -> Callable[..., object]:
+        def compiler(gm: torch.fx.GraphModule, example_inputs: object) -> object:
+            graphs.append((phase, gm))
+            return make_boxed_func(gm.forward)
+
+        return compiler
+
+    backend = aot_autograd(
+        fw_compiler=keep("forward"),
+        bw_compiler=keep("backward"),
+        inference_compiler=keep("inference"),
+    )
+    code = fn.__code__.replace(co_name=f"cl_audit_capture_{next(_captures)}")
+    fresh = types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
+    result = torch.compile(fresh, backend=backend, dynamic=False)()
+    if after is not None:
+        after(result)
+    return graphs
+
+
+_captures = itertools.count()
+_CONV = "convolution.default"
+_CONV_BACKWARD = "convolution_backward.default"
+_FRAME = re.compile(r'File "([^"]+)", line (\d+)')
+
+
+def graph_nodes(gm: torch.fx.GraphModule) -> int:
+    return len(gm.graph.nodes)
+
+
+def graph_convolutions(gm: torch.fx.GraphModule) -> tuple[GraphConv, ...]:
+    """Every ``aten.convolution`` and ``aten.convolution_backward`` node of ``gm``."""
+    convs = []
+    for node in gm.graph.nodes:
+        args = node.args
+        if node.target is torch.ops.aten.convolution.default:
+            weight, groups, output = args[1].meta["val"], args[-1], node.meta["val"]
+        elif node.target is torch.ops.aten.convolution_backward.default:
+            weight, groups, output = args[2].meta["val"], args[9], args[0].meta["val"]
+        else:
+            continue
+        stack = node.meta.get("nn_module_stack") or {}
+        module = None
+        if stack:
+            qualified, cls = list(stack.values())[-1]
+            module = (str(qualified), cls if isinstance(cls, str) else cls.__name__)
+        frames = tuple((f, int(n)) for f, n in _FRAME.findall(node.meta.get("stack_trace") or ""))
+        convs.append(
+            GraphConv(
+                backward=node.target is torch.ops.aten.convolution_backward.default,
+                weight=tuple(weight.shape),
+                groups=int(groups),
+                output=tuple(output.shape),
+                frames=frames,
+                module=module,
+            )
+        )
+    return tuple(convs)
+
+
+def layout_optimization_enabled() -> bool:
+    from torch._inductor import config
+
+    return bool(config.layout_optimization)
+
+
+def layout_optimization_forced() -> bool:
+    """Inductor's force switch (``TORCHINDUCTOR_FORCE_LAYOUT_OPT=1`` sets it)."""
+    from torch._inductor import config
+
+    return bool(config.force_layout_optimization)
+
+
+def layout_decision(
+    gm: torch.fx.GraphModule, *, inference: bool, generic: bool, force: bool = False
+) -> bool:
+    """Inductor's own layout decision for ``gm`` (``GraphLowering.decide_layout_opt``);
+    ``generic`` decides as for a device without mkldnn's always-on CPU branch (a GPU), ``force``
+    with Inductor's ``force_layout_optimization`` switch."""
+    from torch._inductor import config
+    from torch._inductor.graph import GraphLowering
+
+    with config.patch(force_layout_optimization=force):
+        if not generic:
+            return bool(GraphLowering.decide_layout_opt(gm, is_inference=inference))
+        with _mkldnn(enabled=False):
+            return bool(GraphLowering.decide_layout_opt(gm, is_inference=inference))
+
+
+@contextlib.contextmanager
+def _mkldnn(enabled: bool) -> Iterator[None]:
+    """mkldnn switched on or off, without its flags' warning about TF32 on Intel GPUs."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with torch.backends.mkldnn.flags(enabled=enabled):
+            yield
+
+
+@functools.cache
+def backward_convolutions_decide() -> bool:
+    """Whether this torch's heuristic counts ``convolution_backward`` nodes as convolutions (a
+    probe: a graph of one such node, which turns it on when counted). torch
+    2.14 does not, so a training step's backward graph is lowered without layout optimisation
+    (pytorch/pytorch#189239); 2.15 does."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def backward(grad: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> object:
+        return torch.ops.aten.convolution_backward.default(
+            grad, x, w, [0], [1, 1], [0, 0], [1, 1], False, [0, 0], 1, [True, True, False]
+        )
+
+    gm = make_fx(backward, tracing_mode="fake")(
+        torch.empty(2, 128, 4, 4), torch.empty(2, 128, 4, 4), torch.empty(128, 128, 1, 1)
+    )  # 128 channels: neither small nor grouped nor narrowing, so a counted node turns it on
+    if not torch.backends.mkldnn.is_available():
+        return layout_decision(gm, inference=False, generic=True)
+    with _mkldnn(enabled=True):
+        return layout_decision(gm, inference=False, generic=False)

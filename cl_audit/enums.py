@@ -9,6 +9,7 @@ import torch
 
 __all__ = [
     "Amp",
+    "ConvClass",
     "Conversion",
     "CostKind",
     "DType",
@@ -16,6 +17,7 @@ __all__ = [
     "DifferentialStatus",
     "Engine",
     "Evidence",
+    "LayoutBranch",
     "Mode",
     "ModelSource",
     "Optimizer",
@@ -177,6 +179,7 @@ class Stage(str, Enum):
     FORWARD = "forward"
     BACKWARD = "backward"
     STEP = "step"
+    COMPILE = "compile"  # --compile: Dynamo's and AOTAutograd's capture of the graphs
 
 
 @unique
@@ -213,3 +216,30 @@ class Evidence(str, Enum):
 
     MEASURED = "measured"  # the profiler's copies inside each operation (eager runs)
     PREDICTED = "predicted"  # from the operations' strides (fake runs; no data ran)
+
+
+@unique
+class ConvClass(str, Enum):
+    """How Inductor's layout heuristic classes a convolution (the first that holds)."""
+
+    GROUPED = "grouped"  # groups > 1 and more than one input channel per group
+    SMALL = "small"  # at most 64 input (per group) and output channels
+    IN_OUT = "in_out"  # input channels >= 2x output channels, kernel > 1
+    DEFAULT = "default"
+
+
+@unique
+class LayoutBranch(str, Enum):
+    """The branch of Inductor's layout heuristic that decided a compiled graph."""
+
+    CONFIG_OFF = "config_off"  # config.layout_optimization is off
+    FORCED = "forced"  # config.force_layout_optimization
+    NO_CONVOLUTION = "no_convolution"
+    MKLDNN_CPU = "mkldnn_cpu"  # every convolution on a CPU with mkldnn: always on
+    FEW_CONVOLUTIONS = "few_convolutions"  # >= 300 graph nodes per convolution
+    VOTE = "vote"  # inference: the flop-weighted vote over the convolution classes
+    GROUPED = "grouped"  # training: a grouped convolution vetoes
+    IN_OUT = "in_out"  # training: a narrowing convolution with a kernel > 1 vetoes
+    ALL_SMALL = "all_small"  # training: every convolution is small
+    NO_VETO = "no_veto"  # training: nothing vetoed
+    UNEXPLAINED = "unexplained"  # torch decided otherwise than cl-audit's reading predicts

@@ -21,12 +21,13 @@ from torch.func import functional_call
 from cl_audit.attribution import ModuleNames
 from cl_audit.audit import Audit, audit, watching
 from cl_audit.compat import TORCH_VERSION, fake_tensor, new_fake_mode
+from cl_audit.compiled import compiled_layouts
 from cl_audit.convert import apply_strategy, input_to_nchw, strategy_input, to_nchw
 from cl_audit.cost import compare_ledgers
 from cl_audit.differential import CounterpartWatcher, apply_differential
 from cl_audit.divergences import CUDA_KERNEL_OVERRIDES, divergence_table
 from cl_audit.enums import Amp, DifferentialStatus, Engine, Optimizer, Stage, Strategy, TensorMode
-from cl_audit.errors import ModelFailedError
+from cl_audit.errors import ModelFailedError, UsageError
 from cl_audit.fake import KernelSourceMode, fake_state
 from cl_audit.inputs import Example, example_of
 from cl_audit.intercept.ledger import Ledger
@@ -208,7 +209,25 @@ def audit_module(
         report = training_report(report, settings.optimizer.value, step.layouts)
     if settings.time:
         report = replace(report, timing=step_timing(report, rounds, profiled, device))
-    return _compared(report, run, model, settings, ledger, loss, device)
+    report = _compared(report, run, model, settings, ledger, loss, device)
+    if not settings.compile:
+        return report
+    try:
+        compiled = compiled_layouts(
+            model,
+            example,
+            device=str(device),
+            train=settings.train,
+            amp=settings.amp,
+            strategy=settings.strategy,
+            seed=settings.seed,
+            force=settings.force_layout_opt,
+        )
+    except UsageError:
+        raise
+    except Exception as e:
+        raise ModelFailedError(Stage.COMPILE, label, e) from e
+    return replace(report, compiled=compiled)
 
 
 _COMPARED = (Strategy.CHANNELS_LAST, Strategy.CONV_WEIGHTS)  # strategies run again in NCHW
@@ -327,6 +346,8 @@ def audit_model(
     time: bool = False,
     fail_share: float = 100 * Gate.share,
     fail_bytes: int = Gate.bytes,
+    compile: bool = False,
+    force_layout_opt: bool = False,
 ) -> ModelReport:
     """Audit one eval-mode, no-grad forward pass of ``model``, or with ``train`` one training
     step (train mode, forward and loss, backward, an ``optimizer`` step; see ``training_loss``).
@@ -342,7 +363,10 @@ def audit_model(
     ``offending`` when the channels_last-only bytes reach ``fail_share`` percent of the bytes
     written and ``fail_bytes``, ``minor`` under that, ``clean`` without any. ``amp``
     (``"bf16"``/``"fp16"``) runs under autocast; ``loss(output)`` replaces the default training
-    loss; ``time`` adds ``Timing`` (eager runs only).
+    loss; ``time`` adds ``Timing`` (eager runs only). ``compile`` adds ``compiled``: what
+    ``torch.compile``'s Inductor decides about layouts for each graph it would compile, and why
+    (``force_layout_opt``: also the decision under Inductor's force switch); the verdict stays
+    the eager audit's.
     """
     example = example_of(example_input)
     first = example.first
@@ -360,5 +384,7 @@ def audit_model(
         train=train,
         optimizer=Optimizer(optimizer),
         time=time,
+        compile=compile,
+        force_layout_opt=force_layout_opt,
     )
     return audit_module(model, example, settings, name=name, loss=loss)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from cl_audit.compat import fake_cuda_problem
+from cl_audit.compat import compile_problem, fake_cuda_problem
 from cl_audit.enums import Amp, DType, Engine, Optimizer, Strategy, TensorMode
 from cl_audit.environment import autocast_name
 from cl_audit.errors import UsageError
@@ -26,6 +26,7 @@ __all__ = [
     "Optimizer",
     "Strategy",
     "TensorMode",
+    "autocast_for",
     "check_engine",
     "parse_engine",
     "parse_input_size",
@@ -61,12 +62,19 @@ class AuditSettings:
     seed: int = 0
     time: bool = False  # time the step and the flagged operations (eager only)
     gate: Gate = DEFAULT_GATE  # when a channels_last-only cost offends
+    compile: bool = False  # also Inductor's layout decision per compiled graph (cl_audit.compiled)
+    force_layout_opt: bool = False  # with compile: also the decision under Inductor's force switch
 
     def __post_init__(self) -> None:
         """Combinations that cannot take effect are refused once, here, with the reason."""
         check_engine(self.engine, train=self.train, time=self.time)
         if self.gate.share < 0 or self.gate.bytes < 0:
             raise UsageError("--fail-share and --fail-bytes cannot be negative")
+        if self.force_layout_opt and not self.compile:
+            raise UsageError("--force-layout-opt decides --compile's graphs again: add --compile")
+        problem = compile_problem() if self.compile else None
+        if problem is not None:
+            raise UsageError(problem)
         fake = self.tensor_mode is TensorMode.FAKE
         if self.time and fake:
             raise UsageError("--time measures kernels, and fake tensors run none: drop --fake")
@@ -95,13 +103,7 @@ class AuditSettings:
     def autocast(self) -> contextlib.AbstractContextManager[object]:
         """``torch.autocast`` for the device; on fake CUDA without a GPU, the same state set
         directly, since ``torch.autocast("cuda")`` disables itself when CUDA is absent."""
-        if self.amp is None:
-            return contextlib.nullcontext()
-        device_type = torch.device(self.device).type
-        fake = self.tensor_mode is TensorMode.FAKE
-        if device_type == "cuda" and fake and not torch.cuda.is_available():
-            return _fake_cuda_autocast(self.amp.torch_dtype)
-        return torch.autocast(device_type, dtype=self.amp.torch_dtype)
+        return autocast_for(self.device, self.amp, fake=self.tensor_mode is TensorMode.FAKE)
 
     @property
     def autocast_description(self) -> str | None:
@@ -109,6 +111,18 @@ class AuditSettings:
         if self.amp is None:
             return None
         return autocast_name(torch.device(self.device).type, self.amp.torch_dtype)
+
+
+def autocast_for(
+    device: str, amp: Amp | None, fake: bool
+) -> contextlib.AbstractContextManager[object]:
+    """``AuditSettings.autocast`` for a device, an amp dtype and tensors fake or not."""
+    if amp is None:
+        return contextlib.nullcontext()
+    device_type = torch.device(device).type
+    if device_type == "cuda" and fake and not torch.cuda.is_available():
+        return _fake_cuda_autocast(amp.torch_dtype)
+    return torch.autocast(device_type, dtype=amp.torch_dtype)
 
 
 @contextlib.contextmanager

@@ -296,3 +296,15 @@ def test_html_of_a_sweep_and_of_one_model_from_the_cli(tmp_path):
     single = invoke(f"{TOYS}:channel_shuffle", "--html", str(tmp_path / "m.html"), *ANY_COST)
     assert single.exit_code == 1
     assert 'id="timeline"' in (tmp_path / "m.html").read_text()  # recorded because of --html
+
+
+def test_compile_exits_2_naming_what_this_torch_lacks_or_runs():
+    """Where the capture probe fails (torch 2.4), --compile is refused with the reason."""
+    from cl_audit.compat import compile_problem
+
+    result = run_cli(f"{TOYS}:clean_net", "--compile")
+    if compile_problem() is None:
+        assert result.returncode == 0 and "torch.compile" in result.stdout
+    else:
+        assert result.returncode == 2 and "--compile" in result.stderr
+        assert "cannot capture" in result.stderr and "Traceback" not in result.stderr

@@ -24,7 +24,8 @@ from cl_audit.settings import AuditSettings, TensorMode, resolve_device
 PACKAGE = Path(compat.__file__).parent
 PRIVATE = re.compile(
     r"torch\._C\b|\._cdata\b|\._base\b|FakeTensor\(|torch\._amp|_python_dispatch"
-    r"|torch\._subclasses|\._apply\("
+    r"|torch\._subclasses|\._apply\(|torch\._dynamo|torch\._inductor|torch\._functorch"
+    r"|\.meta\[|nn_module_stack"
 )
 
 

@@ -141,11 +141,11 @@ def test_fake_mode_predicts_the_same_sites_from_strides():
     assert report.verdict is Verdict.OFFENDING
 
 
-def test_the_report_json_is_version_3_validates_and_reads_back():
+def test_the_report_json_is_version_4_validates_and_reads_back():
     jsonschema = pytest.importorskip("jsonschema")
     report = _audit(cm.ContiguousCopy())
     data = report.to_dict()
-    assert data["version"] == 3
+    assert data["version"] == 4
     jsonschema.validate(data, load_schema("report"))
     assert data["cost"]["extra_bytes"] == 2 * MAP and data["summary"]["verdict"] == "offending"
     assert ModelReport.from_dict(json.loads(report.to_json())) == report

@@ -29,7 +29,7 @@ def test_real_report_validates_against_the_shipped_schema(report, engine):
 
 def test_envelope_and_contract_keys(report):
     data = json.loads(report.to_json())
-    assert (data["format"], data["version"]) == ("cl-audit.report", 3)
+    assert (data["format"], data["version"]) == ("cl-audit.report", 4)
     assert [f["kind"] for f in data["offenders"]] == ["loss"]
     assert all(f["kind"] == "regain" for f in data["regains"])
     env = data["environment"]
@@ -46,7 +46,7 @@ def test_round_trip_through_json(report):
     ("change", "message"),
     [
         ({"format": "cl-audit.sweep"}, "unknown format 'cl-audit.sweep'"),
-        ({"version": 4}, "unsupported cl-audit.report version 4"),
+        ({"version": 5}, "unsupported cl-audit.report version 5"),
         ({"format": None}, "unknown format None"),
     ],
 )
@@ -83,4 +83,15 @@ def test_version_1_reports_are_still_read_with_empty_new_lists():
     assert old.parameter_conversions == () and old.format_neutral == ()
     assert old.differential.status is DifferentialStatus.SKIPPED
     assert "version 1" in old.differential.message
-    jsonschema.validate(old.to_dict(), load_schema())  # written again as version 2
+    jsonschema.validate(old.to_dict(), load_schema())  # written again as the current version
+
+
+def test_version_3_reports_without_compiled_graphs_are_still_read(report):
+    """Version 4 added ``compiled`` (--compile); a version 3 document is read as before."""
+    data = {k: v for k, v in report.to_dict().items() if k != "compiled"} | {"version": 3}
+    jsonschema.validate(data, load_schema("report", 3))
+    old = ModelReport.from_dict(data)
+    assert old == report and old.compiled is None
+    compiled = {**data, "compiled": {"device": "cpu"}}
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(compiled, load_schema("report", 3))

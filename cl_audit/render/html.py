@@ -15,6 +15,7 @@ from cl_audit.layout import MemoryLayout
 from cl_audit.render import format_bytes
 from cl_audit.render.terminal import cost_line, timing_line
 from cl_audit.report import (
+    Compiled,
     Finding,
     ModelReport,
     ModelRow,
@@ -313,6 +314,52 @@ def _cost_section(report: ModelReport) -> str:
     )
 
 
+def _compiled_section(compiled: Compiled) -> str:
+    """Inductor's layout decision for each compiled graph, why, and its convolutions (the
+    deciding ones first)."""
+    basis = (
+        f"a prediction for {compiled.device} made without one, from graphs traced on "
+        f"{compiled.traced_on}"
+        if compiled.predicted
+        else f"Inductor's decision on {compiled.device}"
+    )
+    graphs = []
+    for graph in compiled.graphs:
+        kind = "inference" if graph.inference else f"training {graph.phase.value}"
+        state = "ON" if graph.layout_optimization else "OFF"
+        style = "verdict-good" if graph.layout_optimization else "verdict-bad"
+        forced = "" if graph.forced is None else f"; forced: {'ON' if graph.forced else 'OFF'}"
+        convs = sorted(graph.convolutions, key=lambda c: (not c.deciding, -c.flop_share))
+        rows = "".join(
+            f"<tr><td>{'deciding' if c.deciding else ''}</td>"
+            f'<td><code class="site">{_e(c.call_site or "?")}</code></td>'
+            f"<td>{_e(c.module_path or '?')}</td><td>{_e(c.kind.value)}</td>"
+            f'<td class="num">{c.in_per_group}</td><td class="num">{c.groups}</td>'
+            f'<td class="num">{c.out_channels}</td><td>{_e("x".join(map(str, c.kernel)))}</td>'
+            f'<td class="num" data-value="{c.flop_share}">{c.flop_share:.1%}</td></tr>'
+            for c in convs
+        )
+        graphs.append(
+            f"<p><b>graph {graph.index} ({_e(kind)}, {graph.nodes} nodes): layout optimisation "
+            f'<span class="{style}">{state}'
+            f"</span></b>: {_e(graph.reason)}{_e(forced)}</p>"
+            + (
+                f"<details{' open' if graph.deciding else ''}><summary>{len(convs)} "
+                "convolutions</summary>"
+                f'<table class="sortable" id="compiled-{graph.index}"><thead><tr><th></th>'
+                '<th>call site</th><th>module</th><th>class</th><th class="num">in per '
+                'group</th><th class="num">groups</th><th class="num">out</th><th>kernel</th>'
+                f'<th class="num">flops</th></tr></thead><tbody>{rows}</tbody></table></details>'
+                if convs
+                else ""
+            )
+        )
+    return (
+        f'<p class="dim">torch {_e(compiled.torch)}: {_e(basis)}; {len(compiled.graphs)} '
+        f"graph(s) captured in {compiled.seconds:.1f} s</p>" + "".join(graphs)
+    )
+
+
 def model_html(report: ModelReport) -> str:
     """One audit: the verdict and the cost by site with fix sites and remedies, then the
     offenders by call site with links to their root causes, the lists kept apart, the
@@ -356,6 +403,12 @@ def model_html(report: ModelReport) -> str:
         + (f"<p>{_e(timing_line(report.timing))}</p>" if report.timing else "")
         + "<h2>What channels_last costs, against NCHW</h2>"
         + _cost_section(report)
+        + (
+            "<h2>torch.compile: Inductor's layout decision per graph</h2>"
+            + _compiled_section(report.compiled)
+            if report.compiled is not None
+            else ""
+        )
         + "<h2>Offenders, by operation and call site</h2>"
         + _sites_table(report.offenders, "offender", anchors)
         + "<h2>Format timeline</h2>"

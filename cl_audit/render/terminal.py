@@ -12,6 +12,7 @@ from cl_audit.enums import Evidence, Verdict
 from cl_audit.render import format_bytes
 from cl_audit.report import (
     Comparison,
+    Compiled,
     Cost,
     CostSite,
     DifferentialStatus,
@@ -26,6 +27,7 @@ from cl_audit.report import (
 )
 
 __all__ = [
+    "compiled_text",
     "cost_line",
     "cost_table",
     "format_bytes",
@@ -272,8 +274,48 @@ def render_report(report: ModelReport, console: Console, show_all: bool = False)
     if show_all and report.format_neutral:
         title = "Format-neutral losses (the same copy happens in NCHW)"
         console.print(offenders_table(report.format_neutral, title))
+    if report.compiled is not None:
+        console.print(compiled_text(report.compiled))
     if report.unwrapped:
         console.print(Group(*(Text(f"not wrapped: {u}", style="dim") for u in report.unwrapped)))
+
+
+def compiled_text(compiled: Compiled, top: int = 3) -> Text:
+    """Inductor's layout decision for each compiled graph, why, and the convolutions that
+    decided it (the first ``top`` of each graph)."""
+    basis = (
+        f"a prediction for {compiled.device} made without one, from graphs traced on "
+        f"{compiled.traced_on}"
+        if compiled.predicted
+        else f"Inductor's decision on {compiled.device}"
+    )
+    text = Text(
+        f"torch.compile (torch {compiled.torch}): {basis}; {len(compiled.graphs)} graph(s) "
+        f"captured in {compiled.seconds:.1f} s\n",
+        style="bold",
+    )
+    for graph in compiled.graphs:
+        kind = "inference" if graph.inference else f"training {graph.phase.value}"
+        state = "ON" if graph.layout_optimization else "OFF"
+        text.append(f"  graph {graph.index} ({kind}, {graph.nodes} nodes): layout optimisation ")
+        text.append(state, style="green" if graph.layout_optimization else "red")
+        text.append(f": {graph.reason}")
+        if graph.forced is not None:
+            text.append(f"; forced: {'ON' if graph.forced else 'OFF'}")
+        text.append("\n")
+        deciding = graph.deciding
+        for conv in deciding[:top]:
+            kernel = "x".join(map(str, conv.kernel))
+            where = _where(conv.module_path, conv.module_class)
+            text.append(
+                f"    {conv.kind.value} convolution at {conv.call_site or '?'} {where}: "
+                f"{conv.in_per_group} input channels per group x {conv.groups} groups -> "
+                f"{conv.out_channels}, {kernel} kernel, {conv.flop_share:.1%} of the flops\n",
+                style="dim",
+            )
+        if len(deciding) > top:
+            text.append(f"    and {len(deciding) - top} more (--json lists them)\n", style="dim")
+    return text
 
 
 def render_sweep(report: SweepReport, console: Console, top: int = 10) -> None:

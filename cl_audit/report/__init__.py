@@ -15,6 +15,7 @@ from cl_audit.enums import (
     TensorMode,
     Verdict,
 )
+from cl_audit.report.compiled import Compiled, CompiledConv, CompiledGraph
 from cl_audit.report.cost import Cost, CostSite, Gate, MixedSite, Remedy
 from cl_audit.report.envelope import (
     BENCH_FORMAT,
@@ -70,6 +71,9 @@ __all__ = [
     "SWEEP_VERSION",
     "AppliedOverride",
     "Comparison",
+    "Compiled",
+    "CompiledConv",
+    "CompiledGraph",
     "Conversion",
     "Cost",
     "CostSite",

@@ -1,7 +1,8 @@
 """The versioned JSON envelopes of reports: formats and versions, gzip, schema loading.
 
 Every document is ``{"format": ..., "version": ..., ...}``; readers check both and accept the
-versions they know. Version 3 of both envelopes weighs what channels_last costs against NCHW
+versions they know. Version 4 of the report envelope adds ``compiled`` (``--compile``: Inductor's
+layout decision per graph); version 3 of both envelopes weighs what channels_last costs against NCHW
 (``cost``, ``summary.verdict``); version 2 sorted losses by what they mean; versions 1 and 2
 are still read (their verdict: offending when there are offenders).
 """
@@ -17,7 +18,7 @@ from typing import Any
 REPORT_FORMAT = "cl-audit.report"
 
 
-REPORT_VERSION = 3
+REPORT_VERSION = 4
 
 
 BENCH_FORMAT = "cl-audit.bench"  # cl_audit.bench_report
@@ -26,7 +27,8 @@ BENCH_FORMAT = "cl-audit.bench"  # cl_audit.bench_report
 BENCH_VERSION = 1
 
 
-_READABLE_VERSIONS = (1, 2, 3)
+_READABLE_VERSIONS = (1, 2, 3)  # of the sweep envelope
+REPORT_READABLE = (*_READABLE_VERSIONS, REPORT_VERSION)
 
 
 class ReportFormatError(ValueError):

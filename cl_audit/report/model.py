@@ -19,9 +19,11 @@ from cl_audit.enums import (
     Verdict,
 )
 from cl_audit.layout import MemoryLayout
+from cl_audit.report.compiled import Compiled, compiled_from_dict
 from cl_audit.report.cost import Cost, Producer, cost_from_dict
 from cl_audit.report.envelope import (
     REPORT_FORMAT,
+    REPORT_READABLE,
     REPORT_VERSION,
     ReportFormatError,
     check_envelope,
@@ -304,6 +306,7 @@ class ModelReport:
     gradient_layouts: tuple[GradientLayout, ...] = ()  # training audits only
     timing: Timing | None = None  # with --time
     cost: Cost | None = None  # channels_last against the same forward or step in NCHW
+    compiled: Compiled | None = None  # with --compile: Inductor's layout decision per graph
 
     @property
     def verdict(self) -> Verdict:
@@ -322,6 +325,8 @@ class ModelReport:
             )
         if self.cost is not None:
             body["cost"] = self.cost.to_dict()
+        if self.compiled is not None:
+            body["compiled"] = self.compiled.to_dict()
         return {"format": REPORT_FORMAT, "version": REPORT_VERSION, **plain_json(body)}
 
     def to_json(self, indent: int | None = 2) -> str:
@@ -329,7 +334,7 @@ class ModelReport:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ModelReport:
-        version = check_envelope(data, REPORT_FORMAT)
+        version = check_envelope(data, REPORT_FORMAT, REPORT_READABLE)
         try:
             differential = data.get("differential")
             offenders = findings_from_dicts(data["offenders"])
@@ -356,6 +361,7 @@ class ModelReport:
                 ),
                 timing=_timing(data.get("timing")),
                 cost=cost_from_dict(data.get("cost")),
+                compiled=compiled_from_dict(data.get("compiled")),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise ReportFormatError(f"malformed {REPORT_FORMAT} document: {e!r}") from None

@@ -1,0 +1,332 @@
+"""Inductor's layout decision for a compiled model (``--compile``).
+
+``torch.compile`` lays convolutions out channels_last or not per graph, by a heuristic
+(``GraphLowering.decide_layout_opt``). This module captures the graphs Inductor would be given
+(the inference graph; a training step's forward and backward graphs) with Dynamo and
+AOTAutograd on fake tensors, asks torch's own heuristic for each decision, and explains it: the
+branch that decided and the convolutions that decided it, with their model source lines. The
+explanation is cl-audit's reading of the heuristic, checked against torch's answer on every
+graph: where the two disagree, the graph says so (``LayoutBranch.UNEXPLAINED``).
+
+On the CPU, with mkldnn, Inductor always uses channels_last for convolutions; for CUDA the
+decision is a prediction made without a GPU: the inference graph is traced on fake CUDA
+tensors, a training step's on fake CPU tensors (autograd's engine needs a CUDA device for a
+CUDA backward), and decided as a GPU would be, without mkldnn's CPU branch.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.func import functional_call
+
+from cl_audit.attribution import frames_call_site
+from cl_audit.compat import (
+    GraphConv,
+    backward_convolutions_decide,
+    capture_graphs,
+    compile_problem,
+    fake_tensor,
+    graph_convolutions,
+    graph_nodes,
+    layout_decision,
+    layout_optimization_enabled,
+    layout_optimization_forced,
+    new_fake_mode,
+)
+from cl_audit.convert import strategy_input
+from cl_audit.enums import Amp, ConvClass, LayoutBranch, Phase, Strategy
+from cl_audit.errors import UsageError
+from cl_audit.fake import fake_state
+from cl_audit.inputs import example_of
+from cl_audit.report.compiled import Compiled, CompiledConv, CompiledGraph
+from cl_audit.settings import autocast_for
+from cl_audit.training import training_loss
+
+__all__ = ["compiled_layouts"]
+
+# The inference vote's weights: the average channels_last time against NCHW that Inductor's
+# authors measured per class (< 1 is a speed-up), as in decide_layout_opt (torch 2.4 to 2.15).
+VOTE_WEIGHTS = {
+    ConvClass.GROUPED: 1.358,
+    ConvClass.SMALL: 0.783,
+    ConvClass.IN_OUT: 0.725,
+    ConvClass.DEFAULT: 0.823,
+}
+NODES_PER_CONVOLUTION = 300  # Inductor skips graphs with this many nodes per convolution
+
+
+def compiled_layouts(
+    model: nn.Module,
+    example_input: object,
+    *,
+    device: str = "cpu",
+    train: bool = False,
+    amp: Amp | None = None,
+    strategy: Strategy = Strategy.CHANNELS_LAST,
+    seed: int = 0,
+    force: bool = False,
+) -> Compiled:
+    """Inductor's layout decision for each graph of ``model`` on ``example_input`` (as
+    ``audit_model`` takes it): the inference graph, or with ``train`` a training step's forward
+    and backward graphs (the loss of ``training_loss``), on ``device`` (a CUDA device need not
+    exist: then a prediction), under ``amp``'s autocast (``Amp.BF16``/``Amp.FP16``), the inputs
+    converted as ``strategy`` says; with ``force`` also the decision under Inductor's force
+    switch. Convert the model as the strategy says first
+    (``model.to(memory_format=torch.channels_last)``); it is not changed (fake copies of its
+    parameters are traced), and the inputs are converted here."""
+    problem = compile_problem()
+    if problem is not None:
+        raise UsageError(problem)
+    example = example_of(example_input)
+    target = torch.device(device)
+    traced_on = target
+    if train and target.type == "cuda" and not torch.cuda.is_available():
+        traced_on = torch.device("cpu")
+    mode = new_fake_mode()
+    state = fake_state(mode, model, traced_on)
+    names = {name for name, _ in model.named_parameters()}
+    for name, tensor in state.items():
+        tensor.requires_grad_(train and name in names)
+    inputs = example.map(
+        lambda x: (
+            fake_tensor(mode, strategy_input(x, strategy), traced_on)
+            if isinstance(x, torch.Tensor)
+            else x
+        )
+    )
+
+    def forward() -> object:
+        with autocast_for(str(traced_on), amp, fake=True):
+            return functional_call(model, state, inputs.args, dict(inputs.kwargs))
+
+    def backward(output: object) -> None:
+        training_loss(output, seed).backward()
+
+    was_training = model.training
+    model.train(train)
+    start = time.perf_counter()
+    try:
+        with torch.set_grad_enabled(train):
+            graphs = capture_graphs(forward, backward if train else None)
+    finally:
+        model.train(was_training)
+    seconds = time.perf_counter() - start
+    generic = target.type != "cpu"
+    return Compiled(
+        device=str(target),
+        traced_on=str(traced_on),
+        predicted=generic and not torch.cuda.is_available(),
+        torch=torch.__version__,
+        backward_convolutions_counted=backward_convolutions_decide(),
+        force_layout_opt=force,
+        seconds=seconds,
+        graphs=tuple(_graph(i, phase, gm, generic, force) for i, (phase, gm) in enumerate(graphs)),
+    )
+
+
+def _graph(
+    index: int, phase: str, gm: torch.fx.GraphModule, generic: bool, force: bool
+) -> CompiledGraph:
+    """One captured graph: torch's decision and cl-audit's explanation of it."""
+    inference = phase == "inference"
+    decided = layout_decision(gm, inference=inference, generic=generic)
+    convs = graph_convolutions(gm)
+    counted = [c for c in convs if not c.backward or backward_convolutions_decide()]
+    reading = _explain(counted, convs, graph_nodes(gm), inference, generic)
+    branch, reason, deciding = reading.branch, reading.reason, reading.deciding
+    if reading.decision != decided:
+        branch, deciding = LayoutBranch.UNEXPLAINED, set()
+        reason = (
+            f"torch {torch.__version__} decided {_on(decided)}, where cl-audit's reading of its "
+            f"heuristic says {_on(reading.decision)} ({reading.reason})"
+        )
+    flops = [_flops(c) for c in convs]
+    total = sum(flops) or 1
+    return CompiledGraph(
+        index=index,
+        phase=Phase.BACKWARD if phase == "backward" else Phase.FORWARD,
+        inference=inference,
+        layout_optimization=decided,
+        branch=branch,
+        reason=reason,
+        nodes=graph_nodes(gm),
+        convolutions=tuple(_conv(c, flops[i] / total, i in deciding) for i, c in enumerate(convs)),
+        forced=layout_decision(gm, inference=inference, generic=generic, force=True)
+        if force
+        else None,
+    )
+
+
+@dataclass(frozen=True)
+class _Reading:
+    decision: bool
+    branch: LayoutBranch
+    reason: str
+    deciding: set[int]  # indexes into the graph's convolutions
+
+
+def _explain(
+    counted: list[GraphConv],
+    convs: tuple[GraphConv, ...],
+    nodes: int,
+    inference: bool,
+    generic: bool,
+) -> _Reading:
+    """The heuristic's branch for a graph, in the order decide_layout_opt tests them."""
+    if not layout_optimization_enabled():
+        reason = "Inductor's layout_optimization is off"
+        return _Reading(False, LayoutBranch.CONFIG_OFF, reason, set())
+    if layout_optimization_forced():
+        reason = "Inductor's force_layout_optimization is on"
+        return _Reading(True, LayoutBranch.FORCED, reason, set())
+    if not counted:
+        reason = "no convolution in this graph"
+        backward = sum(c.backward for c in convs)
+        if backward:
+            reason = (
+                f"this graph's {backward} convolution_backward node(s) are not convolutions to "
+                f"torch {torch.__version__}'s heuristic, so it is lowered without layout "
+                "optimisation (pytorch/pytorch#189239)"
+            )
+        return _Reading(False, LayoutBranch.NO_CONVOLUTION, reason, set())
+    if not generic and torch.backends.mkldnn.enabled and torch.backends.mkldnn.is_available():
+        reason = (
+            "every convolution runs on the CPU with mkldnn, where Inductor always lays "
+            "convolutions out channels_last"
+        )
+        return _Reading(True, LayoutBranch.MKLDNN_CPU, reason, set())
+    if nodes >= NODES_PER_CONVOLUTION * len(counted):
+        reason = (
+            f"only {len(counted)} convolution(s) among {nodes} graph nodes (Inductor skips at "
+            f"{NODES_PER_CONVOLUTION} nodes per convolution)"
+        )
+        return _Reading(False, LayoutBranch.FEW_CONVOLUTIONS, reason, set())
+    index = {id(c): i for i, c in enumerate(convs)}
+    if inference:
+        return _vote(counted, index)
+    grouped = [c for c in counted if _grouped(c)]
+    if grouped:
+        first = grouped[0]
+        reason = (
+            f"the grouped convolution at {_where(first)} ({first.weight[1]} input channels per "
+            f"group) turns it off for the whole graph{_more(grouped)}"
+        )
+        return _Reading(False, LayoutBranch.GROUPED, reason, {index[id(c)] for c in grouped})
+    narrowing = [c for c in counted if _in_out(c)]
+    if narrowing:
+        first = narrowing[0]
+        kernel = "x".join(map(str, first.weight[2:]))
+        reason = (
+            f"the convolution at {_where(first)} narrows {first.weight[1]} to {first.weight[0]} "
+            f"channels with a {kernel} kernel (input >= 2x output, kernel > 1){_more(narrowing)}"
+        )
+        return _Reading(False, LayoutBranch.IN_OUT, reason, {index[id(c)] for c in narrowing})
+    if all(_small(c) for c in counted):
+        reason = f"all {len(counted)} convolutions have at most 64 input and output channels"
+        return _Reading(False, LayoutBranch.ALL_SMALL, reason, {index[id(c)] for c in counted})
+    reason = "no grouped, narrowing or all-small convolutions veto it in a training graph"
+    return _Reading(True, LayoutBranch.NO_VETO, reason, set())
+
+
+def _vote(counted: list[GraphConv], index: dict[int, int]) -> _Reading:
+    """The inference graph's flop-weighted vote: on when the weighted flops stay within the
+    flops; when it is off, the grouped convolutions (the only class weighted above 1) decided."""
+    flops = {id(c): _flops(c) for c in counted}
+    total = sum(flops.values())
+    weighted = sum(flops[id(c)] * VOTE_WEIGHTS[_class(c)] for c in counted)
+    ratio = weighted / total if total else 1.0
+    decision = weighted <= total
+    reason = (
+        f"the flop-weighted vote over {len(counted)} convolutions: channels_last would take "
+        f"{ratio:.3f}x the NCHW time (on at <= 1)"
+    )
+    if decision:
+        return _Reading(True, LayoutBranch.VOTE, reason, set())
+    grouped = sorted((c for c in counted if _grouped(c)), key=lambda c: -flops[id(c)])
+    share = sum(flops[id(c)] for c in grouped) / total if total else 0.0
+    if grouped:
+        reason += (
+            f"; {share:.0%} of the flops are in grouped convolutions, the largest at "
+            f"{_where(grouped[0])} ({grouped[0].weight[1]} input channels per group)"
+        )
+    return _Reading(False, LayoutBranch.VOTE, reason, {index[id(c)] for c in grouped})
+
+
+def _grouped(c: GraphConv) -> bool:
+    return c.groups > 1 and c.weight[1] > 1
+
+
+def _small(c: GraphConv) -> bool:
+    return c.weight[0] <= 64 and c.weight[1] <= 64
+
+
+def _in_out(c: GraphConv) -> bool:
+    return c.weight[0] * 2 <= c.weight[1] and len(c.weight) > 2 and c.weight[2] > 1
+
+
+def _class(c: GraphConv) -> ConvClass:
+    if _grouped(c):
+        return ConvClass.GROUPED
+    if _small(c):
+        return ConvClass.SMALL
+    if _in_out(c):
+        return ConvClass.IN_OUT
+    return ConvClass.DEFAULT
+
+
+def _flops(c: GraphConv) -> int:
+    """Multiply-adds x 2 of the forward convolution: each output element takes one product
+    per input channel of its group and kernel position."""
+    return 2 * math.prod(c.output) * math.prod(c.weight[1:])
+
+
+def _conv(c: GraphConv, share: float, deciding: bool) -> CompiledConv:
+    path, cls = (None, None) if c.module is None else (_module_path(c.module[0]), c.module[1])
+    return CompiledConv(
+        call_site=frames_call_site(c.frames),
+        module_path=path,
+        module_class=cls,
+        kind=_class(c),
+        groups=c.groups,
+        in_per_group=c.weight[1],
+        out_channels=c.weight[0],
+        kernel=c.weight[2:],
+        flop_share=share,
+        deciding=deciding,
+        backward=c.backward,
+    )
+
+
+_GETATTR = re.compile(r"getattr\(([^()]*), '([^']*)'\)")
+_ROOT = re.compile(r"^(?:[LG]\['[^']*'\]|[LG]\.\w+)\.?")
+_ITEM = re.compile(r"(?:\._modules)?\[['\"]?([^]'\"]+)['\"]?\]")
+
+
+def _module_path(qualified: str) -> str:
+    """Dynamo's qualified module name (``L['self'].layer1[0].conv1``, or
+    ``getattr(L.model.layer1, '0').conv1``) as a dotted module path (``layer1.0.conv1``; the
+    root ``""``)."""
+    path = qualified
+    while _GETATTR.search(path):
+        path = _GETATTR.sub(r"\1.\2", path)
+    path = _ITEM.sub(r".\1", _ROOT.sub("", path))
+    return path.lstrip(".")
+
+
+def _where(c: GraphConv) -> str:
+    site = frames_call_site(c.frames) or "an unknown line"
+    return site if c.module is None else f"{site} ({_module_path(c.module[0]) or 'the model'})"
+
+
+def _more(convs: list[GraphConv]) -> str:
+    return f", and {len(convs) - 1} more like it" if len(convs) > 1 else ""
+
+
+def _on(decision: bool) -> str:
+    return "on" if decision else "off"

@@ -1,0 +1,139 @@
+"""Inductor's layout decision for every torchvision model that takes one tensor, predicted for
+CUDA without a GPU (``cl_audit.compiled_layouts``), for inference and for a training step:
+per graph on or off, the heuristic's branch and the convolutions that vetoed it.
+
+    python scripts/compiled_torchvision.py --out reports/compiled/torchvision_cuda_torch-X.json
+    python scripts/compiled_torchvision.py --table reports/compiled/torchvision_cuda_torch-X.json
+
+Models are built with zero-filled weights (no random draws) at their documented input size,
+batch 2, converted to channels_last; nothing runs (fake copies are traced). Inference graphs
+are traced on fake CUDA tensors, a training step's on fake CPU tensors (autograd's engine
+needs a device for a CUDA backward), both decided as for a GPU. ``--table`` prints the
+Markdown summary that reports/README.md quotes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+from cl_audit.compiled import compiled_layouts
+from cl_audit.enums import ModelSource
+from cl_audit.errors import ModelFailedError, UsageError
+from cl_audit.sources import BuildOptions, ModelRef, load_model
+from cl_audit.sources.torchvision_models import names
+
+
+def _graphs(compiled: object) -> list[dict[str, object]]:
+    return [
+        {
+            "phase": g.phase.value,
+            "inference": g.inference,
+            "layout_optimization": g.layout_optimization,
+            "branch": g.branch.value,
+            "reason": g.reason,
+            "convolutions": len(g.convolutions),
+            "deciding": [
+                {"call_site": c.call_site, "module_path": c.module_path, "class": c.kind.value}
+                for c in g.deciding
+            ],
+        }
+        for g in compiled.graphs
+    ]
+
+
+def measure(out: str) -> None:
+    rows = []
+    for name in names():
+        row: dict[str, object] = {"model": name}
+        try:
+            ref = ModelRef(ModelSource.TORCHVISION, name)
+            loaded = load_model(ref, BuildOptions(skip_random_init=True))
+        except (UsageError, ModelFailedError) as e:
+            print(f"{name}: skipped ({e})", flush=True)
+            continue
+        model = loaded.module.to(memory_format=torch.channels_last)
+        x = torch.zeros(2, *loaded.input_shape)
+        for mode, train in (("inference", False), ("training", True)):
+            start = time.perf_counter()
+            try:
+                compiled = compiled_layouts(model, x, device="cuda", train=train)
+                row[mode] = _graphs(compiled)
+            except Exception as e:  # a row of its own: the table says which model failed
+                row[mode] = {"error": f"{type(e).__name__}: {e}"[:300]}
+            row[f"{mode}_seconds"] = round(time.perf_counter() - start, 2)
+        rows.append(row)
+        print(name, {m: _summary(row[m]) for m in ("inference", "training")}, flush=True)
+    document = {
+        "torch": torch.__version__,
+        "device": "cuda (predicted without a GPU)",
+        "models": rows,
+    }
+    with open(out, "w") as f:
+        json.dump(document, f, indent=1)
+        f.write("\n")
+
+
+def _summary(graphs: object) -> str:
+    if isinstance(graphs, dict):
+        return "error"
+    return " / ".join(
+        f"{g['phase']} {'on' if g['layout_optimization'] else 'off'} ({g['branch']})"
+        for g in graphs
+    )
+
+
+_COLUMNS = (("inference", "forward"), ("training", "forward"), ("training", "backward"))
+
+
+def table(path: str) -> str:
+    """Per model: each graph's decision and branch, and the first vetoing convolution."""
+    with open(path) as f:
+        document = json.load(f)
+    lines = [
+        "| model | inference | training forward | training backward | first vetoing convolution |",
+        "|---|---|---|---|---|",
+    ]
+    for row in document["models"]:
+        cells, vetoes = [], []
+        for mode, phase in _COLUMNS:
+            graphs = row[mode]
+            if isinstance(graphs, dict):
+                cells.append("error")
+                continue
+            chosen = [g for g in graphs if g["phase"] == phase]
+            cells.append(
+                ", ".join(
+                    f"{'on' if g['layout_optimization'] else '**off**'} ({g['branch']})"
+                    for g in chosen
+                )
+                or "-"
+            )
+            vetoes += [
+                f"{c['call_site']} ({c['module_path']}, {c['class']})"
+                for g in chosen
+                if not g["layout_optimization"]
+                for c in g["deciding"][:1]
+            ]
+        lines.append(f"| {row['model']} | {' | '.join(cells)} | {vetoes[0] if vetoes else ''} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", help="JSON file to write")
+    parser.add_argument("--table", help="print the Markdown table of such a file")
+    args = parser.parse_args()
+    if args.table:
+        print(table(args.table))
+    elif args.out:
+        measure(args.out)
+    else:
+        parser.error("give --out or --table")
+
+
+if __name__ == "__main__":
+    main()

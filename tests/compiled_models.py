@@ -1,0 +1,73 @@
+"""Tiny models for Inductor's layout decision (tests/test_compiled.py): one per branch of its
+heuristic, each convolution called on a line of its own so that the report can name it."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class Plain(nn.Module):
+    """A plain stack of wide convolutions: nothing vetoes channels_last."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 128, 3, padding=1)
+        self.body = nn.Conv2d(128, 128, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        return self.body(x)
+
+
+class Grouped(Plain):
+    """A grouped convolution with 8 input channels per group, most of the flops."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.grouped = nn.Conv2d(128, 128, 3, padding=1, groups=16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        x = self.grouped(x)  # the deciding convolution
+        return x
+
+
+class Depthwise(Plain):
+    """A depthwise convolution (one input channel per group): not grouped to the heuristic."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.depthwise = nn.Conv2d(128, 128, 3, padding=1, groups=128)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        x = self.depthwise(x)
+        return self.body(x)
+
+
+class Narrowing(Plain):
+    """A 3x3 convolution from 256 to 64 channels (input >= 2x output, kernel > 1)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 256, 3, padding=1)
+        self.narrow = nn.Conv2d(256, 64, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        x = self.narrow(x)  # the deciding convolution
+        return x
+
+
+class Small(nn.Module):
+    """Every convolution has at most 64 input and output channels."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = nn.Conv2d(3, 32, 3, padding=1)
+        self.second = nn.Conv2d(32, 64, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.first(x)
+        return self.second(x)

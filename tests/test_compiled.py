@@ -1,0 +1,249 @@
+"""``--compile``: Inductor's layout decision per compiled graph, its branch and the convolutions
+that decided it, for CUDA (a prediction made without a GPU) and for this CPU; and an audit
+never changes what a user's compiled function does afterwards."""
+
+from __future__ import annotations
+
+import inspect
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+import torch
+from compiled_models import Depthwise, Grouped, Narrowing, Plain, Small
+from test_cli import invoke, run_cli
+from torch_checks import needs_fake_cuda
+
+from cl_audit import audit_model, compiled_layouts
+from cl_audit.compat import backward_convolutions_decide, compile_problem
+from cl_audit.enums import ConvClass, LayoutBranch, Phase
+from cl_audit.report import ModelReport, load_schema
+
+MODELS = str(Path(__file__).with_name("compiled_models.py"))
+COMPILE_PROBLEM = compile_problem()
+pytestmark = pytest.mark.skipif(
+    COMPILE_PROBLEM is not None, reason=f"--compile is refused here: {COMPILE_PROBLEM}"
+)
+
+
+def _line(cls: type, text: str) -> str:
+    """``compiled_models.py:N`` of the line of ``cls.forward`` that holds ``text``."""
+    lines, first = inspect.getsourcelines(cls.forward)
+    number = next(first + i for i, line in enumerate(lines) if text in line)
+    return f"compiled_models.py:{number}"
+
+
+def _layouts(cls: type, device: str, train: bool, **kwargs):
+    torch.manual_seed(0)
+    model = cls().to(memory_format=torch.channels_last)
+    return compiled_layouts(model, torch.randn(2, 3, 16, 16), device=device, train=train, **kwargs)
+
+
+def _forward(compiled):
+    (graph,) = [g for g in compiled.graphs if g.phase is Phase.FORWARD]
+    return graph
+
+
+@pytest.mark.parametrize(
+    ("cls", "branch", "deciding", "call"),
+    [
+        (Grouped, LayoutBranch.GROUPED, "grouped", "self.grouped(x)"),
+        (Narrowing, LayoutBranch.IN_OUT, "narrow", "self.narrow(x)"),
+    ],
+)
+def test_a_vetoing_convolution_turns_the_cuda_training_forward_off_and_is_named(
+    cls, branch, deciding, call
+):
+    compiled = _layouts(cls, "cuda", train=True)
+    assert compiled.predicted and compiled.traced_on == "cpu"  # no GPU here: a prediction
+    graph = _forward(compiled)
+    assert not graph.inference and not graph.layout_optimization
+    assert graph.branch is branch
+    (conv,) = graph.deciding
+    assert conv.module_path == deciding and conv.module_class == "Conv2d"
+    assert conv.call_site is not None and conv.call_site.endswith(_line(cls, call))
+    assert f"{_line(cls, call)}" in graph.reason
+
+
+def test_the_grouped_convolution_reports_its_input_channels_per_group():
+    conv = _forward(_layouts(Grouped, "cuda", train=True)).deciding[0]
+    assert (conv.kind, conv.groups, conv.in_per_group, conv.out_channels, conv.kernel) == (
+        ConvClass.GROUPED,
+        16,
+        8,
+        128,
+        (3, 3),
+    )
+
+
+@pytest.mark.parametrize("cls", [Plain, Depthwise])
+def test_wide_or_depthwise_convolutions_keep_the_cuda_training_forward_on(cls):
+    """The positive controls: one input channel per group is not grouped to the heuristic."""
+    graph = _forward(_layouts(cls, "cuda", train=True))
+    assert graph.layout_optimization and graph.branch is LayoutBranch.NO_VETO
+    assert not graph.deciding
+
+
+def test_all_small_convolutions_turn_the_cuda_training_forward_off():
+    graph = _forward(_layouts(Small, "cuda", train=True))
+    assert not graph.layout_optimization and graph.branch is LayoutBranch.ALL_SMALL
+    assert {c.module_path for c in graph.deciding} == {"first", "second"}
+
+
+@needs_fake_cuda
+def test_grouped_flops_outvote_channels_last_in_cuda_inference():
+    compiled = _layouts(Grouped, "cuda", train=False)
+    assert compiled.predicted and compiled.traced_on == "cuda"
+    (graph,) = compiled.graphs
+    assert graph.inference and not graph.layout_optimization
+    # 8/11 of the flops grouped (x 1.358), the stem's default (x 0.823): 1.212 > 1, so off
+    assert graph.branch is LayoutBranch.VOTE and "would take 1.212x" in graph.reason
+    (conv,) = graph.deciding
+    assert conv.module_path == "grouped" and conv.flop_share > 0.5
+    assert conv.call_site.endswith(_line(Grouped, "self.grouped(x)"))
+
+
+@needs_fake_cuda
+@pytest.mark.parametrize("cls", [Plain, Narrowing, Small])
+def test_ungrouped_convolutions_win_the_cuda_inference_vote(cls):
+    """In inference only grouped convolutions weigh against channels_last."""
+    (graph,) = _layouts(cls, "cuda", train=False).graphs
+    assert graph.layout_optimization and graph.branch is LayoutBranch.VOTE
+    assert not graph.deciding
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="no mkldnn in this build")
+@pytest.mark.parametrize("cls", [Grouped, Narrowing, Small, Plain])
+@pytest.mark.parametrize("train", [False, True])
+def test_on_the_cpu_inductor_always_lays_convolutions_out_channels_last(cls, train):
+    compiled = _layouts(cls, "cpu", train=train)
+    assert not compiled.predicted
+    graph = _forward(compiled) if train else compiled.graphs[0]
+    assert graph.layout_optimization and graph.branch is LayoutBranch.MKLDNN_CPU
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_the_training_backward_graph_is_decided_as_this_torch_counts_its_convolutions(device):
+    """torch 2.14 does not count ``convolution_backward`` (pytorch/pytorch#189239): the backward
+    is lowered without layout optimisation; torch 2.15 counts it (the probe says which)."""
+    compiled = _layouts(Plain, device, train=True, force=True)
+    (backward,) = [g for g in compiled.graphs if g.phase is Phase.BACKWARD]
+    assert len(backward.convolutions) == 2 and all(c.backward for c in backward.convolutions)
+    assert compiled.backward_convolutions_counted is backward_convolutions_decide()
+    if backward_convolutions_decide():
+        assert backward.layout_optimization and backward.branch is not LayoutBranch.NO_CONVOLUTION
+    else:
+        assert not backward.layout_optimization
+        assert backward.branch is LayoutBranch.NO_CONVOLUTION and "189239" in backward.reason
+    assert backward.forced is True  # --force-layout-opt: Inductor's switch turns it on
+
+
+def test_the_explanation_agrees_with_torch_on_every_toy_graph():
+    for cls in (Plain, Grouped, Depthwise, Narrowing, Small):
+        for device in ("cpu", "cuda"):
+            for graph in _layouts(cls, device, train=True).graphs:
+                assert graph.branch is not LayoutBranch.UNEXPLAINED, (cls, device, graph.reason)
+
+
+def test_the_model_is_not_changed_and_its_mode_restored():
+    model = Grouped().to(memory_format=torch.channels_last).eval()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    compiled_layouts(model, torch.randn(2, 3, 16, 16), train=True)
+    assert not model.training
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert all(p.grad is None for p in model.parameters())
+
+
+class _Counting:
+    """A torch.compile backend that counts compilations and runs of what it compiled."""
+
+    def __init__(self) -> None:
+        self.compiled = self.runs = 0
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: object):
+        self.compiled += 1
+
+        def run(*args: object):
+            self.runs += 1
+            return gm.forward(*args)
+
+        return run
+
+
+def test_a_users_compiled_function_still_runs_compiled_after_audits():
+    backend = _Counting()
+    model = Plain().to(memory_format=torch.channels_last).eval()
+    compiled = torch.compile(model, backend=backend)
+    x = torch.randn(2, 3, 16, 16).to(memory_format=torch.channels_last)
+    with torch.no_grad():
+        compiled(x)
+    assert (backend.compiled, backend.runs) == (1, 1)
+    audit_model(Plain(), torch.randn(2, 3, 16, 16), compile=True)  # capture, and an eager audit
+    audit_model(Plain(), torch.randn(2, 3, 16, 16), train=True)
+    with torch.no_grad():
+        compiled(x)
+    assert (backend.compiled, backend.runs) == (1, 2)  # the same compiled graph ran again
+    later = _Counting()
+    with torch.no_grad():
+        torch.compile(Small().eval(), backend=later)(x)
+    assert (later.compiled, later.runs) == (1, 1)  # and a new one compiles
+
+
+def test_compile_report_round_trips_and_matches_the_schema(tmp_path):
+    report = audit_model(Grouped(), torch.randn(2, 3, 16, 16), compile=True, force_layout_opt=True)
+    data = report.to_dict()
+    assert data["version"] == 4
+    jsonschema.validate(data, load_schema())
+    again = ModelReport.from_dict(json.loads(json.dumps(data)))
+    assert again.to_dict() == data and again.compiled.graphs[0].deciding == ()
+    assert report.compiled.force_layout_opt and report.compiled.graphs[0].forced is True
+
+
+def test_the_cli_prints_each_graphs_decision_and_writes_it(tmp_path):
+    out = tmp_path / "r.json"
+    result = invoke(f"{MODELS}:Grouped", "--compile", "--train", "--json", str(out))
+    assert result.exit_code == 0, result.output
+    assert "torch.compile" in result.output and "graph 1 (training backward" in result.output
+    graphs = json.loads(out.read_text())["compiled"]["graphs"]
+    assert [g["phase"] for g in graphs] == ["forward", "backward"]
+
+
+def test_compile_options_are_refused_where_they_cannot_take_effect():
+    alone = run_cli(f"{MODELS}:Plain", "--force-layout-opt")
+    assert alone.returncode == 2 and "--compile" in alone.stderr
+    sweep = run_cli(f"{MODELS}:Plain", f"{MODELS}:Small", "--compile")
+    assert sweep.returncode == 2 and "one model" in sweep.stderr
+    assert "Traceback" not in alone.stderr + sweep.stderr
+
+
+def test_the_html_report_shows_each_graph_and_its_deciding_convolution():
+    from cl_audit.render.html import model_html
+
+    model = Grouped().to(memory_format=torch.channels_last)
+    report = audit_model(model, torch.randn(2, 3, 16, 16), train=True, compile=True)
+    page = model_html(report)
+    assert "<h2>torch.compile: Inductor's layout decision per graph</h2>" in page
+    assert "graph 1 (training backward" in page and "MKLDNN" not in page
+    assert _line(Grouped, "self.grouped(x)") in page  # the convolutions' call sites, listed
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("name", "vetoed"),
+    [("resnet18", False), ("mobilenet_v3_large", False), ("convnext_tiny", False)],
+)
+def test_torchvision_models_compile_on_the_cpu_and_are_predicted_for_cuda(name, vetoed):
+    """The CPU decision is Inductor's own; the CUDA one a prediction: none of the three has a
+    grouped convolution with several input channels per group, or a narrowing one."""
+    import torchvision
+
+    model = getattr(torchvision.models, name)(weights=None)
+    report = audit_model(model, torch.randn(2, 3, 64, 64), train=True, compile=True)
+    graphs = report.compiled.graphs
+    assert [g.phase for g in graphs] == [Phase.FORWARD, Phase.BACKWARD]
+    assert graphs[0].layout_optimization and graphs[0].branch is LayoutBranch.MKLDNN_CPU
+    cuda = compiled_layouts(model, torch.randn(2, 3, 64, 64), device="cuda", train=True)
+    forward = _forward(cuda)
+    assert forward.layout_optimization and forward.branch is LayoutBranch.NO_VETO
+    assert all(g.branch is not LayoutBranch.UNEXPLAINED for g in cuda.graphs)
