@@ -8,10 +8,12 @@ branch that decided and the convolutions that decided it, with their model sourc
 explanation is cl-audit's reading of the heuristic, checked against torch's answer on every
 graph: where the two disagree, the graph says so (``LayoutBranch.UNEXPLAINED``).
 
-On the CPU, with mkldnn, Inductor always uses channels_last for convolutions; for CUDA the
-decision is a prediction made without a GPU: the inference graph is traced on fake CUDA
-tensors, a training step's on fake CPU tensors (autograd's engine needs a CUDA device for a
-CUDA backward), and decided as a GPU would be, without mkldnn's CPU branch.
+On the CPU, with mkldnn, Inductor always uses channels_last for convolutions; for CUDA without
+a GPU the decision is a prediction: the graphs are traced on fake CPU tensors (autograd's
+engine needs a CUDA device for a CUDA backward, and Dynamo reaches the CUDA driver for some
+models' fake CUDA tensors) and decided as a GPU would decide them, without mkldnn's CPU branch.
+The heuristic reads only the graph's convolutions (weights, groups, output shapes) and its
+node count, which agree between fake CUDA and CPU traces (measured in reports/README.md).
 """
 
 from __future__ import annotations
@@ -85,9 +87,8 @@ def compiled_layouts(
         raise UsageError(problem)
     example = example_of(example_input)
     target = torch.device(device)
-    traced_on = target
-    if train and target.type == "cuda" and not torch.cuda.is_available():
-        traced_on = torch.device("cpu")
+    predicted = target.type == "cuda" and not torch.cuda.is_available()
+    traced_on = torch.device("cpu") if predicted else target
     mode = new_fake_mode()
     state = fake_state(mode, model, traced_on)
     names = {name for name, _ in model.named_parameters()}
@@ -116,12 +117,17 @@ def compiled_layouts(
             graphs = capture_graphs(forward, backward if train else None)
     finally:
         model.train(was_training)
+    if not graphs:
+        raise RuntimeError(
+            "Dynamo captured no graph: the model ran eagerly (a graph break at every operation, "
+            "or Dynamo's errors suppressed by torch._dynamo.config.suppress_errors)"
+        )
     seconds = time.perf_counter() - start
     generic = target.type != "cpu"
     return Compiled(
         device=str(target),
         traced_on=str(traced_on),
-        predicted=generic and not torch.cuda.is_available(),
+        predicted=predicted,
         torch=torch.__version__,
         backward_convolutions_counted=backward_convolutions_decide(),
         force_layout_opt=force,

@@ -173,20 +173,23 @@ def main() -> None:
     if args.details:
         lines = ["| model | before | after | why |", "|---|---|---|---|"]
         for key in sorted(ok_both):
-            before, after = old[key].offending, new[key].offending
+            before, after = old[key].verdict, new[key].verdict
             if before == after:
                 continue
-            if before:
+            cost = new[key].cost
+            if cost is not None:
+                why = (
+                    f"channels_last-only {cost.extra_bytes / 2**20:.2f} MiB, {cost.share:.2%} of "
+                    f"the bytes written; costliest: {_top_site(new[key]) or 'none'}"
+                )
+            elif old[key].offending:
                 kinds = Counter(
                     placed.get(_key(old[key], f), "no longer a loss") for f in old[key].offenders
                 )
                 why = "earlier findings now: " + ", ".join(f"{k} {n}" for k, n in kinds.items())
             else:
                 why = "; ".join(sorted({_place(f) for f in new[key].offenders}))
-            lines.append(
-                f"| {new[key].name} | {'offending' if before else 'clean'} | "
-                f"{'offending' if after else 'clean'} | {why} |"
-            )
+            lines.append(f"| {new[key].name} | {before.value} | {after.value} | {why} |")
         args.details.write_text(
             f"# Verdicts changed from {args.old.name} to {args.new.name}\n\n"
             "Written by `scripts/compare_verdicts.py --details`.\n\n" + "\n".join(lines) + "\n"

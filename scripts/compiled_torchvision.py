@@ -1,6 +1,8 @@
 """Inductor's layout decision for every torchvision model that takes one tensor, predicted for
 CUDA without a GPU (``cl_audit.compiled_layouts``), for inference and for a training step:
-per graph on or off, the heuristic's branch and the convolutions that vetoed it.
+per graph on or off, the heuristic's branch and the convolutions that vetoed it. By default one
+model per builder module (the first in name order: a rule, not a choice); ``--all`` for every
+model (a capture takes up to a few minutes for the largest on a 2-core machine).
 
     python scripts/compiled_torchvision.py --out reports/compiled/torchvision_cuda_torch-X.json
     python scripts/compiled_torchvision.py --table reports/compiled/torchvision_cuda_torch-X.json
@@ -45,9 +47,21 @@ def _graphs(compiled: object) -> list[dict[str, object]]:
     ]
 
 
-def measure(out: str) -> None:
-    rows = []
+def one_per_module() -> list[str]:
+    """The first model name, in name order, of each torchvision builder module (resnet,
+    mobilenetv3, regnet, ...): one model per family, by a rule."""
+    import torchvision
+
+    first: dict[str, str] = {}
     for name in names():
+        module = torchvision.models.get_model_builder(name).__module__
+        first.setdefault(module, name)
+    return sorted(first.values())
+
+
+def measure(out: str, models: list[str]) -> None:
+    rows: list[dict[str, object]] = []
+    for name in models:
         row: dict[str, object] = {"model": name}
         try:
             ref = ModelRef(ModelSource.TORCHVISION, name)
@@ -67,14 +81,14 @@ def measure(out: str) -> None:
             row[f"{mode}_seconds"] = round(time.perf_counter() - start, 2)
         rows.append(row)
         print(name, {m: _summary(row[m]) for m in ("inference", "training")}, flush=True)
-    document = {
-        "torch": torch.__version__,
-        "device": "cuda (predicted without a GPU)",
-        "models": rows,
-    }
-    with open(out, "w") as f:
-        json.dump(document, f, indent=1)
-        f.write("\n")
+        document = {
+            "torch": torch.__version__,
+            "device": "cuda (predicted without a GPU)",
+            "models": rows,
+        }
+        with open(out, "w") as f:  # after every model: an interrupted run keeps what it made
+            json.dump(document, f, indent=1)
+            f.write("\n")
 
 
 def _summary(graphs: object) -> str:
@@ -126,11 +140,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", help="JSON file to write")
     parser.add_argument("--table", help="print the Markdown table of such a file")
+    parser.add_argument(
+        "--all", action="store_true", help="every model (default: one per builder module)"
+    )
     args = parser.parse_args()
     if args.table:
         print(table(args.table))
     elif args.out:
-        measure(args.out)
+        measure(args.out, names() if args.all else one_per_module())
     else:
         parser.error("give --out or --table")
 
