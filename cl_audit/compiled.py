@@ -120,7 +120,7 @@ def compiled_layouts(
     if not graphs:
         raise RuntimeError(
             "Dynamo captured no graph: the model ran eagerly (a graph break at every operation, "
-            "or Dynamo's errors suppressed by torch._dynamo.config.suppress_errors)"
+            "or Dynamo's errors suppressed by its suppress_errors setting)"
         )
     seconds = time.perf_counter() - start
     generic = target.type != "cpu"
@@ -146,6 +146,12 @@ def _graph(
     counted = [c for c in convs if not c.backward or backward_convolutions_decide()]
     reading = _explain(counted, convs, graph_nodes(gm), inference, generic)
     branch, reason, deciding = reading.branch, reading.reason, reading.deciding
+    other = sum(len(c.weight) != 4 for c in counted)
+    if decided and other:
+        reason += (
+            f"; only 2-D convolutions are laid out channels_last: Inductor's lowering leaves "
+            f"this graph's {other} other convolution(s) (3-D or 1-D) as they come"
+        )
     if reading.decision != decided:
         branch, deciding = LayoutBranch.UNEXPLAINED, set()
         reason = (

@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 
 import torch
 
 from cl_audit.compiled import compiled_layouts
-from cl_audit.enums import ModelSource
+from cl_audit.convert import apply_strategy
+from cl_audit.enums import ModelSource, Strategy
 from cl_audit.errors import ModelFailedError, UsageError
 from cl_audit.sources import BuildOptions, ModelRef, load_model
 from cl_audit.sources.torchvision_models import names
@@ -60,8 +62,14 @@ def one_per_module() -> list[str]:
 
 
 def measure(out: str, models: list[str]) -> None:
+    """Every model's decisions into ``out``, written after each; the models already in
+    ``out`` (an interrupted run's) are kept, not made again."""
     rows: list[dict[str, object]] = []
-    for name in models:
+    if os.path.exists(out):
+        with open(out) as f:
+            rows = [r for r in json.load(f)["models"] if r["model"] in models]
+    done = {r["model"] for r in rows}
+    for name in (m for m in models if m not in done):
         row: dict[str, object] = {"model": name}
         try:
             ref = ModelRef(ModelSource.TORCHVISION, name)
@@ -69,7 +77,7 @@ def measure(out: str, models: list[str]) -> None:
         except (UsageError, ModelFailedError) as e:
             print(f"{name}: skipped ({e})", flush=True)
             continue
-        model = loaded.module.to(memory_format=torch.channels_last)
+        model = apply_strategy(loaded.module, Strategy.CHANNELS_LAST)  # 5D: channels_last_3d
         x = torch.zeros(2, *loaded.input_shape)
         for mode, train in (("inference", False), ("training", True)):
             start = time.perf_counter()

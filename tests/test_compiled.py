@@ -11,7 +11,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 import torch
-from compiled_models import Depthwise, Grouped, Narrowing, Plain, Small
+from compiled_models import Clip, Depthwise, Grouped, Narrowing, Plain, Small
 from test_cli import invoke, run_cli
 
 from cl_audit import audit_model, compiled_layouts
@@ -255,3 +255,12 @@ def test_a_model_with_no_graph_to_capture_fails_at_the_compile_stage():
     with pytest.raises(ModelFailedError, match="captured no graph") as failed:
         audit_model(torch.nn.Identity(), torch.randn(2, 3, 8, 8), compile=True)
     assert failed.value.stage is Stage.COMPILE
+
+
+def test_an_on_decision_for_3d_convolutions_says_the_lowering_leaves_them_alone():
+    """decide_layout_opt counts Conv3d, but the lowering converts only 2-D convolutions."""
+    model = Clip().to(memory_format=torch.channels_last_3d)
+    (graph,) = compiled_layouts(model, torch.randn(2, 3, 4, 8, 8), device="cuda").graphs
+    assert graph.layout_optimization and "only 2-D convolutions" in graph.reason
+    (plain,) = _layouts(Plain, "cuda", train=False).graphs
+    assert "only 2-D" not in plain.reason
