@@ -119,7 +119,7 @@ def table(path: str) -> str:
         "| model | inference | training forward | training backward | first vetoing convolution |",
         "|---|---|---|---|---|",
     ]
-    for row in document["models"]:
+    for row in sorted(document["models"], key=lambda r: r["model"]):
         cells, vetoes = [], []
         for mode, phase in _COLUMNS:
             graphs = row[mode]
