@@ -13,6 +13,7 @@ import pytest
 import torch
 from compiled_models import Clip, Depthwise, Grouped, Narrowing, Plain, Small
 from test_cli import invoke, run_cli
+from torch._dynamo.utils import counters
 
 from cl_audit import audit_model, compiled_layouts
 from cl_audit.compat import backward_convolutions_decide, compile_problem
@@ -178,9 +179,11 @@ def test_a_users_compiled_function_still_runs_compiled_after_audits():
     assert (backend.compiled, backend.runs) == (1, 1)
     audit_model(Plain(), torch.randn(2, 3, 16, 16), compile=True)  # capture, and an eager audit
     audit_model(Plain(), torch.randn(2, 3, 16, 16), train=True)
+    graphs = counters["stats"]["unique_graphs"]
     with torch.no_grad():
         compiled(x)
     assert (backend.compiled, backend.runs) == (1, 2)  # the same compiled graph ran again
+    assert counters["stats"]["unique_graphs"] == graphs  # Dynamo's own count: no recompile
     later = _Counting()
     with torch.no_grad():
         torch.compile(Small().eval(), backend=later)(x)
