@@ -308,8 +308,6 @@ def capture_graphs(
 
 
 _captures = itertools.count()
-_CONV = "convolution.default"
-_CONV_BACKWARD = "convolution_backward.default"
 _FRAME = re.compile(r'File "([^"]+)", line (\d+)')
 
 

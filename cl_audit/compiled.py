@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -142,11 +142,16 @@ def _graph(
     """One captured graph: torch's decision and cl-audit's explanation of it."""
     inference = phase == "inference"
     decided = layout_decision(gm, inference=inference, generic=generic)
-    convs = graph_convolutions(gm)
-    counted = [c for c in convs if not c.backward or backward_convolutions_decide()]
-    reading = _explain(counted, convs, graph_nodes(gm), inference, generic)
+    found = graph_convolutions(gm)
+    flops = [_flops(c) for c in found]
+    total = sum(flops) or 1
+    convs = [_conv(c, f / total) for c, f in zip(found, flops, strict=True)]
+    backward_counted = backward_convolutions_decide()
+    counted = [i for i, c in enumerate(convs) if backward_counted or not c.backward]
+    nodes = graph_nodes(gm)
+    reading = _explain(convs, counted, flops, nodes, inference, generic)
     branch, reason, deciding = reading.branch, reading.reason, reading.deciding
-    other = sum(len(c.weight) != 4 for c in counted)
+    other = sum(len(convs[i].kernel) != 2 for i in counted)
     if decided and other:
         reason += (
             f"; only 2-D convolutions are laid out channels_last: Inductor's lowering leaves "
@@ -158,8 +163,6 @@ def _graph(
             f"torch {torch.__version__} decided {_on(decided)}, where cl-audit's reading of its "
             f"heuristic says {_on(reading.decision)} ({reading.reason})"
         )
-    flops = [_flops(c) for c in convs]
-    total = sum(flops) or 1
     return CompiledGraph(
         index=index,
         phase=Phase.BACKWARD if phase == "backward" else Phase.FORWARD,
@@ -167,8 +170,8 @@ def _graph(
         layout_optimization=decided,
         branch=branch,
         reason=reason,
-        nodes=graph_nodes(gm),
-        convolutions=tuple(_conv(c, flops[i] / total, i in deciding) for i, c in enumerate(convs)),
+        nodes=nodes,
+        convolutions=tuple(replace(c, deciding=i in deciding) for i, c in enumerate(convs)),
         forced=layout_decision(gm, inference=inference, generic=generic, force=True)
         if force
         else None,
@@ -184,13 +187,15 @@ class _Reading:
 
 
 def _explain(
-    counted: list[GraphConv],
-    convs: tuple[GraphConv, ...],
+    convs: list[CompiledConv],
+    counted: list[int],
+    flops: list[int],
     nodes: int,
     inference: bool,
     generic: bool,
 ) -> _Reading:
-    """The heuristic's branch for a graph, in the order decide_layout_opt tests them."""
+    """The heuristic's branch for a graph, in the order decide_layout_opt tests them;
+    ``counted`` indexes the convolutions the heuristic counts, ``flops`` is per convolution."""
     if not layout_optimization_enabled():
         reason = "Inductor's layout_optimization is off"
         return _Reading(False, LayoutBranch.CONFIG_OFF, reason, set())
@@ -219,39 +224,38 @@ def _explain(
             f"{NODES_PER_CONVOLUTION} nodes per convolution)"
         )
         return _Reading(False, LayoutBranch.FEW_CONVOLUTIONS, reason, set())
-    index = {id(c): i for i, c in enumerate(convs)}
     if inference:
-        return _vote(counted, index)
-    grouped = [c for c in counted if _grouped(c)]
+        return _vote(convs, counted, flops)
+    grouped = [i for i in counted if _grouped(convs[i])]
     if grouped:
-        first = grouped[0]
+        first = convs[grouped[0]]
         reason = (
-            f"the grouped convolution at {_where(first)} ({first.weight[1]} input channels per "
-            f"group) turns it off for the whole graph{_more(grouped)}"
+            f"the grouped convolution at {_where(first)} ({first.in_per_group} input channels "
+            f"per group) turns it off for the whole graph{_more(grouped)}"
         )
-        return _Reading(False, LayoutBranch.GROUPED, reason, {index[id(c)] for c in grouped})
-    narrowing = [c for c in counted if _in_out(c)]
+        return _Reading(False, LayoutBranch.GROUPED, reason, set(grouped))
+    narrowing = [i for i in counted if _in_out(convs[i])]
     if narrowing:
-        first = narrowing[0]
-        kernel = "x".join(map(str, first.weight[2:]))
+        first = convs[narrowing[0]]
+        kernel = "x".join(map(str, first.kernel))
         reason = (
-            f"the convolution at {_where(first)} narrows {first.weight[1]} to {first.weight[0]} "
-            f"channels with a {kernel} kernel (input >= 2x output, kernel > 1){_more(narrowing)}"
+            f"the convolution at {_where(first)} narrows {first.in_per_group} to "
+            f"{first.out_channels} channels with a {kernel} kernel (input >= 2x output, "
+            f"kernel > 1){_more(narrowing)}"
         )
-        return _Reading(False, LayoutBranch.IN_OUT, reason, {index[id(c)] for c in narrowing})
-    if all(_small(c) for c in counted):
+        return _Reading(False, LayoutBranch.IN_OUT, reason, set(narrowing))
+    if all(_small(convs[i]) for i in counted):
         reason = f"all {len(counted)} convolutions have at most 64 input and output channels"
-        return _Reading(False, LayoutBranch.ALL_SMALL, reason, {index[id(c)] for c in counted})
+        return _Reading(False, LayoutBranch.ALL_SMALL, reason, set(counted))
     reason = "no grouped, narrowing or all-small convolutions veto it in a training graph"
     return _Reading(True, LayoutBranch.NO_VETO, reason, set())
 
 
-def _vote(counted: list[GraphConv], index: dict[int, int]) -> _Reading:
+def _vote(convs: list[CompiledConv], counted: list[int], flops: list[int]) -> _Reading:
     """The inference graph's flop-weighted vote: on when the weighted flops stay within the
     flops; when it is off, the grouped convolutions (the only class weighted above 1) decided."""
-    flops = {id(c): _flops(c) for c in counted}
-    total = sum(flops.values())
-    weighted = sum(flops[id(c)] * VOTE_WEIGHTS[_class(c)] for c in counted)
+    total = sum(flops[i] for i in counted)
+    weighted = sum(flops[i] * VOTE_WEIGHTS[convs[i].kind] for i in counted)
     ratio = weighted / total if total else 1.0
     decision = weighted <= total
     reason = (
@@ -260,29 +264,30 @@ def _vote(counted: list[GraphConv], index: dict[int, int]) -> _Reading:
     )
     if decision:
         return _Reading(True, LayoutBranch.VOTE, reason, set())
-    grouped = sorted((c for c in counted if _grouped(c)), key=lambda c: -flops[id(c)])
-    share = sum(flops[id(c)] for c in grouped) / total if total else 0.0
+    grouped = sorted((i for i in counted if _grouped(convs[i])), key=lambda i: -flops[i])
+    share = sum(flops[i] for i in grouped) / total if total else 0.0
     if grouped:
+        largest = convs[grouped[0]]
         reason += (
             f"; {share:.0%} of the flops are in grouped convolutions, the largest at "
-            f"{_where(grouped[0])} ({grouped[0].weight[1]} input channels per group)"
+            f"{_where(largest)} ({largest.in_per_group} input channels per group)"
         )
-    return _Reading(False, LayoutBranch.VOTE, reason, {index[id(c)] for c in grouped})
+    return _Reading(False, LayoutBranch.VOTE, reason, set(grouped))
 
 
-def _grouped(c: GraphConv) -> bool:
-    return c.groups > 1 and c.weight[1] > 1
+def _grouped(c: CompiledConv) -> bool:
+    return c.groups > 1 and c.in_per_group > 1
 
 
-def _small(c: GraphConv) -> bool:
-    return c.weight[0] <= 64 and c.weight[1] <= 64
+def _small(c: CompiledConv) -> bool:
+    return c.out_channels <= 64 and c.in_per_group <= 64
 
 
-def _in_out(c: GraphConv) -> bool:
-    return c.weight[0] * 2 <= c.weight[1] and len(c.weight) > 2 and c.weight[2] > 1
+def _in_out(c: CompiledConv) -> bool:
+    return c.out_channels * 2 <= c.in_per_group and bool(c.kernel) and c.kernel[0] > 1
 
 
-def _class(c: GraphConv) -> ConvClass:
+def _class(c: CompiledConv) -> ConvClass:
     if _grouped(c):
         return ConvClass.GROUPED
     if _small(c):
@@ -298,21 +303,23 @@ def _flops(c: GraphConv) -> int:
     return 2 * math.prod(c.output) * math.prod(c.weight[1:])
 
 
-def _conv(c: GraphConv, share: float, deciding: bool) -> CompiledConv:
+def _conv(c: GraphConv, share: float) -> CompiledConv:
+    """The report's convolution (not yet marked deciding), its class from its shape."""
     path, cls = (None, None) if c.module is None else (_module_path(c.module[0]), c.module[1])
-    return CompiledConv(
+    conv = CompiledConv(
         call_site=frames_call_site(c.frames),
         module_path=path,
         module_class=cls,
-        kind=_class(c),
+        kind=ConvClass.DEFAULT,
         groups=c.groups,
         in_per_group=c.weight[1],
         out_channels=c.weight[0],
         kernel=c.weight[2:],
         flop_share=share,
-        deciding=deciding,
+        deciding=False,
         backward=c.backward,
     )
+    return replace(conv, kind=_class(conv))
 
 
 _GETATTR = re.compile(r"getattr\(([^()]*), '([^']*)'\)")
@@ -331,13 +338,13 @@ def _module_path(qualified: str) -> str:
     return path.lstrip(".")
 
 
-def _where(c: GraphConv) -> str:
-    site = frames_call_site(c.frames) or "an unknown line"
-    return site if c.module is None else f"{site} ({_module_path(c.module[0]) or 'the model'})"
+def _where(c: CompiledConv) -> str:
+    site = c.call_site or "an unknown line"
+    return site if c.module_path is None else f"{site} ({c.module_path or 'the model'})"
 
 
-def _more(convs: list[GraphConv]) -> str:
-    return f", and {len(convs) - 1} more like it" if len(convs) > 1 else ""
+def _more(indexes: list[int]) -> str:
+    return f", and {len(indexes) - 1} more like it" if len(indexes) > 1 else ""
 
 
 def _on(decision: bool) -> str:

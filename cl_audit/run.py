@@ -27,7 +27,7 @@ from cl_audit.cost import compare_ledgers
 from cl_audit.differential import CounterpartWatcher, apply_differential
 from cl_audit.divergences import CUDA_KERNEL_OVERRIDES, divergence_table
 from cl_audit.enums import Amp, DifferentialStatus, Engine, Optimizer, Stage, Strategy, TensorMode
-from cl_audit.errors import ModelFailedError, UsageError
+from cl_audit.errors import ModelFailedError
 from cl_audit.fake import KernelSourceMode, fake_state
 from cl_audit.inputs import Example, example_of
 from cl_audit.intercept.ledger import Ledger
@@ -223,9 +223,7 @@ def audit_module(
             seed=settings.seed,
             force=settings.force_layout_opt,
         )
-    except UsageError:
-        raise
-    except Exception as e:
+    except Exception as e:  # the settings refused a torch that cannot capture (UsageError)
         raise ModelFailedError(Stage.COMPILE, label, e) from e
     return replace(report, compiled=compiled)
 

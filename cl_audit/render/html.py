@@ -317,15 +317,8 @@ def _cost_section(report: ModelReport) -> str:
 def _compiled_section(compiled: Compiled) -> str:
     """Inductor's layout decision for each compiled graph, why, and its convolutions (the
     deciding ones first)."""
-    basis = (
-        f"a prediction for {compiled.device} made without one, from graphs traced on "
-        f"{compiled.traced_on}"
-        if compiled.predicted
-        else f"Inductor's decision on {compiled.device}"
-    )
     graphs = []
     for graph in compiled.graphs:
-        kind = "inference" if graph.inference else f"training {graph.phase.value}"
         state = "ON" if graph.layout_optimization else "OFF"
         style = "verdict-good" if graph.layout_optimization else "verdict-bad"
         forced = "" if graph.forced is None else f"; forced: {'ON' if graph.forced else 'OFF'}"
@@ -340,9 +333,9 @@ def _compiled_section(compiled: Compiled) -> str:
             for c in convs
         )
         graphs.append(
-            f"<p><b>graph {graph.index} ({_e(kind)}, {graph.nodes} nodes): layout optimisation "
-            f'<span class="{style}">{state}'
-            f"</span></b>: {_e(graph.reason)}{_e(forced)}</p>"
+            f"<p><b>graph {graph.index} ({_e(graph.label)}, {graph.nodes} nodes): layout "
+            f'optimisation <span class="{style}">{state}</span></b>: '
+            f"{_e(graph.reason)}{_e(forced)}</p>"
             + (
                 f"<details{' open' if graph.deciding else ''}><summary>{len(convs)} "
                 "convolutions</summary>"
@@ -355,7 +348,7 @@ def _compiled_section(compiled: Compiled) -> str:
             )
         )
     return (
-        f'<p class="dim">torch {_e(compiled.torch)}: {_e(basis)}; {len(compiled.graphs)} '
+        f'<p class="dim">torch {_e(compiled.torch)}: {_e(compiled.basis)}; {len(compiled.graphs)} '
         f"graph(s) captured in {compiled.seconds:.1f} s</p>" + "".join(graphs)
     )
 

@@ -283,21 +283,15 @@ def render_report(report: ModelReport, console: Console, show_all: bool = False)
 def compiled_text(compiled: Compiled, top: int = 3) -> Text:
     """Inductor's layout decision for each compiled graph, why, and the convolutions that
     decided it (the first ``top`` of each graph)."""
-    basis = (
-        f"a prediction for {compiled.device} made without one, from graphs traced on "
-        f"{compiled.traced_on}"
-        if compiled.predicted
-        else f"Inductor's decision on {compiled.device}"
-    )
     text = Text(
-        f"torch.compile (torch {compiled.torch}): {basis}; {len(compiled.graphs)} graph(s) "
-        f"captured in {compiled.seconds:.1f} s\n",
+        f"torch.compile (torch {compiled.torch}): {compiled.basis}; "
+        f"{len(compiled.graphs)} graph(s) captured in {compiled.seconds:.1f} s\n",
         style="bold",
     )
     for graph in compiled.graphs:
-        kind = "inference" if graph.inference else f"training {graph.phase.value}"
         state = "ON" if graph.layout_optimization else "OFF"
-        text.append(f"  graph {graph.index} ({kind}, {graph.nodes} nodes): layout optimisation ")
+        text.append(f"  graph {graph.index} ({graph.label}, {graph.nodes} nodes): layout ")
+        text.append("optimisation ")
         text.append(state, style="green" if graph.layout_optimization else "red")
         text.append(f": {graph.reason}")
         if graph.forced is not None:

@@ -80,6 +80,11 @@ class CompiledGraph:
     def deciding(self) -> tuple[CompiledConv, ...]:
         return tuple(c for c in self.convolutions if c.deciding)
 
+    @property
+    def label(self) -> str:
+        """``inference``, ``training forward`` or ``training backward``."""
+        return "inference" if self.inference else f"training {self.phase.value}"
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "index": self.index,
@@ -122,6 +127,16 @@ class Compiled:
     force_layout_opt: bool
     seconds: float
     graphs: tuple[CompiledGraph, ...]
+
+    @property
+    def basis(self) -> str:
+        """How the decisions were made, in words."""
+        if self.predicted:
+            return (
+                f"a prediction for {self.device} made without one, from graphs traced on "
+                f"{self.traced_on}"
+            )
+        return f"Inductor's decision on {self.device}"
 
     def to_dict(self) -> dict[str, Any]:
         return {
