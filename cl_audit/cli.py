@@ -80,6 +80,10 @@ _DIFFERENTIAL_HELP = (
     "any offender offends)."
 )
 _CHECKPOINT_HELP = "Sweep: JSON Lines of finished rows (default: --json's path + .jsonl)."
+_CACHE_HELP = (
+    "Sweep: reuse rows of earlier sweeps kept in DIR while each model's source files, the "
+    "settings and the versions are unchanged."
+)
 _CONVERT_HELP = "channels-last: model and input; conv-weights: convolution weights only."
 
 
@@ -174,6 +178,13 @@ def audit_command(
     shard_spec: Annotated[Optional[str], _opt("--shard", help="Sweep: shard K/N.")] = None,  # noqa: UP045
     checkpoint: Annotated[OptionalPath, _opt(help=_CHECKPOINT_HELP)] = None,
     resume: Annotated[bool, _opt(help="Sweep: skip models in the checkpoint.")] = False,
+    cache: Annotated[OptionalPath, _opt(help=_CACHE_HELP)] = None,
+    cache_failures: Annotated[
+        bool, _opt(help="With --cache: reuse failed rows too (default: re-run them).")
+    ] = False,
+    cache_max_size: Annotated[
+        str, typer.Option(help="With --cache: prune least recently used entries past this.")
+    ] = "256MB",
     junit: Annotated[OptionalPath, _opt(help="Sweep: JUnit XML, a case per model.")] = None,
     baseline: Annotated[OptionalPath, _opt(help="Sweep: gate on an earlier sweep JSON.")] = None,
 ) -> None:
@@ -181,8 +192,8 @@ def audit_command(
 
     Each model gets random weights and a random input; model and input are converted to
     channels_last (channels_last_3d for 5D), in eval mode under no_grad. One model prints its
-    offenders; several (or --junit, --baseline, --shard, --resume) make a sweep, each model in
-    a worker of its own.
+    offenders; several (or --junit, --baseline, --shard, --resume, --cache) make a sweep, each
+    model in a worker of its own.
 
     [bold]Exit codes[/bold]: 0 clean or minor, 1 offending: channels_last-only copies reach
     the gate (--fail-share and --fail-bytes; with --baseline: new offences, grown costs or
@@ -194,6 +205,10 @@ def audit_command(
     with _exit_codes():
         if confirm and not fake:
             raise UsageError("--confirm re-runs what --fake flagged: use it with --fake")
+        for option in ("cache_failures", "cache_max_size"):
+            if cache is None and _given(ctx, option):
+                flag = "--" + option.replace("_", "-")
+                raise UsageError(f"{flag} sets how --cache works: give --cache DIR too")
         settings = _settings(
             batch_size,
             input_size,
@@ -237,6 +252,11 @@ def audit_command(
             show_all=show_all,
             unapplied=tuple(o for o in commands.SWEEP_ONLY if _given(ctx, o)),
             console=console,
+            cache=None
+            if cache is None
+            else commands.CacheOptions(
+                cache, cache_failures, parse_memory(cache_max_size, "--cache-max-size")
+            ),
         )
     raise typer.Exit(_EXIT[outcome])
 

@@ -24,7 +24,7 @@ from cl_audit.sweep.worker import SweepSettings
 if TYPE_CHECKING:
     from cl_audit.bench import BenchSettings
 
-__all__ = ["AuditOutputs", "Selection", "audit", "bench", "merge_reports", "render"]
+__all__ = ["AuditOutputs", "CacheOptions", "Selection", "audit", "bench", "merge_reports", "render"]
 
 # Options that only a sweep uses; given for one model they are reported as not applied.
 SWEEP_ONLY = ("jobs", "timeout", "max_memory", "max_input_size", "checkpoint", "confirm")
@@ -58,6 +58,16 @@ class Selection:
 
 
 @dataclass(frozen=True)
+class CacheOptions:
+    """``--cache DIR``: earlier sweeps' rows reused while their model files, settings and
+    versions are unchanged; failures too with ``failures``; at most ``max_mb`` on disk."""
+
+    root: Path
+    failures: bool = False
+    max_mb: float = 256.0
+
+
+@dataclass(frozen=True)
 class AuditOutputs:
     json: Path | None = None
     html: Path | None = None
@@ -81,9 +91,10 @@ def audit(
     show_all: bool,
     unapplied: tuple[str, ...],
     console: Console,
+    cache: CacheOptions | None = None,
 ) -> Outcome:
     """One model audited in this process, or a sweep (several models, or any of JUnit, a
-    baseline, a shard, a resume), each model in a worker of its own; with ``list_only`` the
+    baseline, a shard, a resume, a cache), each model in a worker of its own; with ``list_only`` the
     selection is printed instead. ``unapplied`` names the sweep-only options given: for one
     model they are reported as not applied."""
     refs = selection.refs()
@@ -94,7 +105,7 @@ def audit(
     if not refs:
         raise UsageError("no model selected: give a model name, --timm or --torchvision")
     outputs.check()
-    if len(refs) == 1 and not (outputs.junit or baseline or resume or selection.shard):
+    if len(refs) == 1 and not (outputs.junit or baseline or resume or selection.shard or cache):
         if unapplied:
             flags = ", ".join("--" + o.replace("_", "-") for o in unapplied)
             Console(stderr=True).print(
@@ -112,7 +123,7 @@ def audit(
             "--time times one model: models audited side by side in a sweep share the "
             "CPU, so their timings would not be comparable"
         )
-    return _sweep(refs, sweep, selection, outputs, baseline, resume, console)
+    return _sweep(refs, sweep, selection, outputs, baseline, resume, console, cache)
 
 
 def _single(
@@ -137,10 +148,12 @@ def _sweep(
     baseline_path: Path | None,
     resume: bool,
     console: Console,
+    cache: CacheOptions | None,
 ) -> Outcome:
     from cl_audit.render.outputs import write_outputs
     from cl_audit.render.progress import SweepProgress
     from cl_audit.render.terminal import render_sweep
+    from cl_audit.sweep.cache import SweepCache
     from cl_audit.sweep.session import default_checkpoint, run_sweep
 
     err = Console(stderr=True)
@@ -152,8 +165,11 @@ def _sweep(
         chosen,
         outputs.checkpoint or default_checkpoint(outputs.json, chosen, settings),
         resume,
-        progress=lambda total, done: SweepProgress(err, total=total, already_done=done),
+        progress=lambda total, done, cached: SweepProgress(err, total, done, cached),
         notify=err.print,
+        cache=None
+        if cache is None
+        else SweepCache(cache.root, settings, failures=cache.failures, max_mb=cache.max_mb),
     )
     report = outcome.report
     render_sweep(report, console)

@@ -327,10 +327,15 @@ def test_ci_recipe_shards_merges_and_gates_for_real(tmp_path):
             timeout=600,
         )
 
+    cache = str(tmp_path / "cache")
     for k in ("1", "2"):
-        shard = run("shard", k, "2")
+        shard = run("shard", k, "2", CACHE=cache)
         assert shard.returncode == 0, shard.stderr
     out = tmp_path / "out"
+    again = run("shard", "2", "2", CACHE=cache)  # the next CI run, its cache restored
+    assert again.returncode == 0, again.stderr
+    rows = json.loads((out / "shard-2.json").read_text())["models"]
+    assert rows and all(row["cached"] for row in rows)
     written = {p.name for p in out.iterdir()}  # with each shard's checkpoint (.jsonl)
     assert {"shard-1.json", "shard-1.xml", "shard-2.json", "shard-2.xml"} <= written
     merged = run("merge")

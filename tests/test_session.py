@@ -43,10 +43,10 @@ def run(monkeypatch, refs, settings, outcomes, tmp_path: Path, resume=False, int
             on_start(job)
             result = outcomes[job.ref.name](job)
             checkpoint.append(result)
-            on_finish(result)
+            on_finish(result, frozenset())
 
     @contextlib.contextmanager
-    def progress(total, done):
+    def progress(total, done, cached):
         displays.append(Display())
         yield displays[-1]
 

@@ -64,11 +64,19 @@ def test_run_jobs_forks_checkpoints_and_turns_a_crash_into_a_row(tmp_path):
     jobs = [job(f"{FAULTS}:fine"), job(f"{FAULTS}:segfaults")]
     started: list[str] = []
     finished: list[ModelRow] = []
-    run_jobs(jobs, 2, checkpoint, lambda j: started.append(j.ref.name), finished.append)
+    files: dict[str, frozenset[str]] = {}
+
+    def on_finish(row: ModelRow, ran_through: frozenset[str]) -> None:
+        finished.append(row)
+        files[row.name.rsplit(":", 1)[1]] = ran_through
+
+    run_jobs(jobs, 2, checkpoint, lambda j: started.append(j.ref.name), on_finish)
     rows = {r.name.rsplit(":", 1)[1]: r for r in finished}
     assert rows["fine"].status is Status.OK
     assert rows["segfaults"].status is Status.ERROR and "SIGSEGV" in rows["segfaults"].message
     assert rows["segfaults"].stage is Stage.FORWARD
+    # Each worker named the files its audit ran through; the crashed one before it crashed.
+    assert files["fine"] == files["segfaults"] == {str(FAULTS)}
     assert sorted(started) == sorted(j.ref.name for j in jobs)
     assert set(checkpoint.read()) == {r.key for r in finished}
 

@@ -20,12 +20,16 @@ __all__ = ["SweepProgress"]
 
 
 class SweepProgress:
-    """Counts clean, offending and failed models as rows arrive."""
+    """Counts clean, offending and failed models as rows arrive, and those reused from the
+    cache (counted among those already done)."""
 
-    def __init__(self, console: Console, total: int, already_done: int = 0) -> None:
+    def __init__(
+        self, console: Console, total: int, already_done: int = 0, cached: int = 0
+    ) -> None:
         self._console = console
         self._total = total
         self._done = already_done
+        self._cached = cached
         self._running: list[str] = []
         self.counts = {"offending": 0, "minor": 0, "clean": 0, "failed": 0, "skipped": 0}
         self._bar: Progress | None = None
@@ -54,9 +58,11 @@ class SweepProgress:
     def _describe(self) -> str:
         c = self.counts
         running = ", ".join(self._running[:3]) + (" ..." if len(self._running) > 3 else "")
+        cached = f" {self._cached} cached" if self._cached else ""
         return (
             f"[red]{c['offending']} offending[/red] {c['minor']} minor "
-            f"[green]{c['clean']} clean[/green] [yellow]{c['failed']} failed[/yellow] | {running}"
+            f"[green]{c['clean']} clean[/green] [yellow]{c['failed']} failed[/yellow]{cached} | "
+            f"{running}"
         )
 
     def start(self, ref: ModelRef) -> None:

@@ -322,6 +322,8 @@ def render_sweep(report: SweepReport, console: Console, top: int = 10) -> None:
         f"{s.skipped} skipped  ({env.device} {env.dtype}, {env.mode.value} mode, "
         f"engine {env.engine.value})"
     )
+    if s.cached:
+        text.append(f"\n{s.cached} of them reused from the cache, {s.models - s.cached} audited")
     console.print(Panel(text, title="cl-audit sweep", expand=False))
     costly = [cov for cov in report.operators if cov.extra_bytes or cov.models]
     if costly:

@@ -1,10 +1,12 @@
 """The versioned JSON envelopes of reports: formats and versions, gzip, schema loading.
 
 Every document is ``{"format": ..., "version": ..., ...}``; readers check both and accept the
-versions they know. Version 4 of the report envelope adds ``compiled`` (``--compile``: Inductor's
-layout decision per graph); version 3 of both envelopes weighs what channels_last costs against NCHW
-(``cost``, ``summary.verdict``); version 2 sorted losses by what they mean; versions 1 and 2
-are still read (their verdict: offending when there are offenders).
+versions they know. Version 4 of the sweep envelope marks rows reused from the sweep cache
+(``cached``, ``summary.cached``); version 4 of the report envelope adds ``compiled``
+(``--compile``: Inductor's layout decision per graph); version 3 of both envelopes weighs what
+channels_last costs against NCHW (``cost``, ``summary.verdict``); version 2 sorted losses by
+what they mean; older versions are still read (versions 1 and 2: offending when there are
+offenders).
 """
 
 from __future__ import annotations
@@ -27,8 +29,7 @@ BENCH_FORMAT = "cl-audit.bench"  # cl_audit.bench_report
 BENCH_VERSION = 1
 
 
-_READABLE_VERSIONS = (1, 2, 3)  # of the sweep envelope
-REPORT_READABLE = (*_READABLE_VERSIONS, REPORT_VERSION)
+REPORT_READABLE = (1, 2, 3, REPORT_VERSION)
 
 
 class ReportFormatError(ValueError):
@@ -64,9 +65,7 @@ def decode_document(data: bytes) -> Any:
         raise ReportFormatError(f"not text: {e}") from None
 
 
-def check_envelope(
-    data: Any, expected_format: str, readable: tuple[int, ...] = _READABLE_VERSIONS
-) -> int:
+def check_envelope(data: Any, expected_format: str, readable: tuple[int, ...]) -> int:
     """The document's version; refuses other formats and versions with a message."""
     if not isinstance(data, dict) or "format" not in data:
         raise ReportFormatError(f"not a {expected_format} document (no 'format' key)")
@@ -103,4 +102,5 @@ def plain_json(value: Any) -> Any:
 SWEEP_FORMAT = "cl-audit.sweep"
 
 
-SWEEP_VERSION = 3
+SWEEP_VERSION = 4
+SWEEP_READABLE = (1, 2, 3, SWEEP_VERSION)

@@ -18,6 +18,7 @@ from cl_audit.errors import UsageError
 from cl_audit.report.cost import Cost, cost_from_dict
 from cl_audit.report.envelope import (
     SWEEP_FORMAT,
+    SWEEP_READABLE,
     SWEEP_VERSION,
     ReportFormatError,
     check_envelope,
@@ -59,6 +60,7 @@ class ModelRow:
     regains: tuple[Finding, ...] = ()  # each names its source: no regain goes unexplained
     kernel_overrides: tuple[AppliedOverride, ...] = ()  # fake CUDA: predicted from kernel source
     cost: Cost | None = None  # channels_last against NCHW, when weighed
+    cached: bool = False  # an earlier run's row, reused from the sweep cache
 
     @property
     def key(self) -> str:
@@ -140,6 +142,7 @@ class ModelRow:
             regains=findings_from_dicts(data.get("regains", ())),
             kernel_overrides=tuple(AppliedOverride(**o) for o in data.get("kernel_overrides", ())),
             cost=cost_from_dict(data.get("cost")),
+            cached=data.get("cached", False),
         )
 
 
@@ -173,6 +176,7 @@ class SweepSummary:
     failed: int
     skipped: int
     by_status: dict[str, int]
+    cached: int = 0  # rows reused from the sweep cache
 
 
 @dataclass(frozen=True)
@@ -200,6 +204,7 @@ class SweepReport:
             failed=sum(1 for r in ordered if r.status.failed),
             skipped=by_status[Status.SKIPPED.value],
             by_status=by_status,
+            cached=sum(1 for r in ordered if r.cached),
         )
         return cls(environment, settings, summary, ordered, operator_coverage(ordered))
 
@@ -212,7 +217,7 @@ class SweepReport:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SweepReport:
-        check_envelope(data, SWEEP_FORMAT)
+        check_envelope(data, SWEEP_FORMAT, SWEEP_READABLE)
         try:
             rows = [ModelRow.from_dict(r) for r in data["models"]]
             return cls.build(

@@ -18,7 +18,7 @@ import os
 import signal
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
@@ -98,7 +98,7 @@ def _child(job: Job, conn: Connection) -> None:
         conn.send(("stage", name.value))
 
     try:
-        row = audit_job(job, on_stage)
+        row = audit_job(job, on_stage, lambda files: conn.send(("files", sorted(files))))
     except Exception as e:  # a failure outside the model's own build and forward
         row = failed_row(job, Status.ERROR, f"{type(e).__name__}: {e}", stage[0])
     conn.send(("row", row.to_dict()))
@@ -112,6 +112,7 @@ class _Running:
     conn: Connection
     started: float
     stage: Stage | None = None
+    files: set[str] = field(default_factory=set)  # the source files its audit ran through
     peak_mb: float = 0.0
     sampled: float = 0.0  # when memory was last read: at most every _POLL_SECONDS
 
@@ -137,6 +138,8 @@ def _drain(job: _Running) -> ModelRow | None:
             kind, payload = job.conn.recv()
             if kind == "stage":
                 job.stage = Stage(payload)
+            elif kind == "files":
+                job.files.update(payload)
             else:
                 return ModelRow.from_dict(payload)
     except (EOFError, OSError):
@@ -156,10 +159,11 @@ def run_jobs(
     parallel: int,
     checkpoint: Checkpoint,
     on_start: Callable[[Job], None],
-    on_finish: Callable[[ModelRow], None],
+    on_finish: Callable[[ModelRow, frozenset[str]], None],
 ) -> None:
     """Audit every job in a worker of its own, ``parallel`` at a time, costliest first so the
-    tail is short; each row goes to the checkpoint, then to ``on_finish``. On Ctrl-C the
+    tail is short; each row goes to the checkpoint, then to ``on_finish`` with the source files
+    the worker said its audit ran through (none, if it died before saying). On Ctrl-C the
     workers are killed and the KeyboardInterrupt goes on: every finished row has been delivered
     by then."""
     context = multiprocessing.get_context("fork")
@@ -172,7 +176,7 @@ def run_jobs(
         # The peak is the one figure only the parent measures; the worker leaves it empty.
         row = replace(row, peak_memory_mb=round(job.peak_mb, 1) or None)
         checkpoint.append(row)
-        on_finish(row)
+        on_finish(row, frozenset(job.files))
 
     try:
         while pending or running:

@@ -1,9 +1,10 @@
 """A whole sweep: selected models in, a ``SweepReport`` out.
 
 The session owns what a sweep decides beyond one model: the checkpoint (its default path,
-``--resume``), the pass in fake or eager mode, the eager confirmation of what fake mode flagged
-and its policy for large models, and the environment the report records. Progress goes to the
-callbacks the caller gives; rendering and exit codes stay with the caller.
+``--resume``), the cache of earlier runs' rows (``--cache``: looked up before the first pass, a
+row stored once it is final), the pass in fake or eager mode, the eager confirmation of what fake
+mode flagged and its policy for large models, and the environment the report records.
+Progress goes to the callbacks the caller gives; rendering and exit codes stay with the caller.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from cl_audit.report import (
     TensorMode,
 )
 from cl_audit.sources import ModelRef, library
+from cl_audit.sweep.cache import SweepCache
 from cl_audit.sweep.runner import Checkpoint, run_jobs
 from cl_audit.sweep.worker import Job, SweepSettings
 
@@ -54,8 +56,9 @@ class Progress(Protocol):
     def finish(self, row: ModelRow) -> None: ...
 
 
-# (models in this pass including those already done, already done) -> a progress display
-ProgressFactory = Callable[[int, int], AbstractContextManager[Progress]]
+# (models in this pass including those already done, already done, of those reused from the
+# cache) -> a progress display
+ProgressFactory = Callable[[int, int, int], AbstractContextManager[Progress]]
 
 
 @dataclass(frozen=True)
@@ -93,24 +96,41 @@ def run_sweep(
     resume: bool,
     progress: ProgressFactory,
     notify: Callable[[str], None],
+    cache: SweepCache | None = None,
 ) -> SweepOutcome:
-    """Audit every ref (those already in the checkpoint skipped with ``resume``), confirm
-    in eager mode what fake mode flagged when asked, and build the report; Ctrl-C ends the
-    sweep with every finished row kept (``interrupted``)."""
-    _warm_imports(refs)
+    """Audit every ref (those already in the checkpoint skipped with ``resume``, those whose
+    row ``cache`` holds reused), confirm in eager mode what fake mode flagged when asked, and
+    build the report; Ctrl-C ends the sweep with every finished row kept (``interrupted``)."""
     checkpoint = Checkpoint(checkpoint_path)
     wanted = {ref.key for ref in refs}
     done = {k: r for k, r in checkpoint.read().items() if k in wanted} if resume else {}
     checkpoint.start(keep=resume)
     rows: dict[str, ModelRow] = dict(done)
-    jobs = [Job(ref, settings) for ref in refs if ref.key not in done]
+    reused: list[ModelRow] = []
+    if cache is not None:
+        reused = [r for ref in refs if ref.key not in done and (r := cache.lookup(ref))]
+        rows.update((r.key, r) for r in reused)
+        notify(f"{len(reused)} of {len(refs)} models reused from the cache {cache.root}")
+    jobs = [Job(ref, settings) for ref in refs if ref.key not in rows]
+    ran_through: dict[str, set[str]] = {}
+
+    def store(row: ModelRow, files: frozenset[str]) -> None:
+        """Cache a row once it is final: confirmed, or not to be confirmed."""
+        ran_through.setdefault(row.key, set()).update(files)
+        final = row.mode is Mode.CONFIRMED or not confirm_jobs({row.key: row}, settings)
+        if cache is not None and (final or not settings.confirm):
+            cache.store(row, ran_through[row.key])
+
     interrupted = False
     try:
-        _run_pass(jobs, settings.jobs, checkpoint, progress, rows, len(done))
+        _run_pass(jobs, settings.jobs, checkpoint, progress, rows, store, len(done), len(reused))
         if settings.confirm:
-            _confirm(rows, settings, checkpoint, progress, notify)
+            _confirm(rows, settings, checkpoint, progress, notify, store)
     except KeyboardInterrupt:
         interrupted = True  # every finished row is already in ``rows`` and the checkpoint
+    finally:
+        if cache is not None:
+            cache.prune()
     audit = settings.audit
     environment = probe(
         device=audit.device,
@@ -167,6 +187,8 @@ def confirm_jobs(rows: dict[str, ModelRow], settings: SweepSettings) -> list[Job
     hidden = HIDDEN_TRAINING_COPIES.get(device) if settings.audit.train else None
     jobs = []
     for row in rows.values():
+        if row.cached:
+            continue  # final when it was stored
         divergent = _divergent_ops(row, table) if row.status is Status.OK else []
         if hidden is not None and row.status is Status.OK and not divergent:
             divergent = [hidden]
@@ -194,11 +216,12 @@ def _confirm(
     checkpoint: Checkpoint,
     progress: ProgressFactory,
     notify: Callable[[str], None],
+    on_row: Callable[[ModelRow, frozenset[str]], None],
 ) -> None:
     jobs = confirm_jobs(rows, settings)
     if jobs:
         notify(f"confirming {len(jobs)} models flagged in fake mode, in eager mode")
-        _run_pass(jobs, settings.jobs, checkpoint, progress, rows)
+        _run_pass(jobs, settings.jobs, checkpoint, progress, rows, on_row)
 
 
 def _run_pass(
@@ -207,13 +230,20 @@ def _run_pass(
     checkpoint: Checkpoint,
     progress: ProgressFactory,
     rows: dict[str, ModelRow],
+    on_row: Callable[[ModelRow, frozenset[str]], None],
     already_done: int = 0,
+    cached: int = 0,
 ) -> None:
-    """One pass with its own progress display; each row lands in ``rows`` as it finishes."""
-    with progress(len(jobs) + already_done, already_done) as display:
+    """One pass with its own progress display, which counts ``already_done`` (resumed) and
+    ``cached`` (reused) rows as done; each row lands in ``rows`` as it finishes, and goes to
+    ``on_row`` with the files its audit ran through."""
+    if jobs:
+        _warm_imports([job.ref for job in jobs])
+    with progress(len(jobs) + already_done + cached, already_done + cached, cached) as display:
 
-        def finished(row: ModelRow) -> None:
+        def finished(row: ModelRow, files: frozenset[str]) -> None:
             rows[row.key] = row
+            on_row(row, files)
             display.finish(row)
 
         run_jobs(jobs, parallel, checkpoint, lambda job: display.start(job.ref), finished)

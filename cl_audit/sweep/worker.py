@@ -16,6 +16,7 @@ from cl_audit.report import Mode, ModelRow, Status, TensorMode
 from cl_audit.settings import AuditSettings
 from cl_audit.sources import BuildOptions, ModelRef, load_model
 from cl_audit.sources.audit import audit_loaded
+from cl_audit.sweep.footprint import call_site_files, factory_files, module_files
 
 __all__ = ["MIN_VERDICT_SIDE", "Job", "SweepSettings", "audit_job", "failed_row", "parse_memory"]
 
@@ -39,7 +40,7 @@ class SweepSettings:
         return {**audit, "fake": fake, **data}
 
 
-def parse_memory(text: str) -> float:
+def parse_memory(text: str, option: str = "--max-memory") -> float:
     """'2GB', '512MB', '1.5G' to megabytes."""
     units = {"": 1.0, "M": 1.0, "MB": 1.0, "MIB": 1.0, "G": 1024.0, "GB": 1024.0, "GIB": 1024.0}
     cleaned = text.strip().upper()
@@ -50,7 +51,7 @@ def parse_memory(text: str) -> float:
     except ValueError:
         value = -1.0
     if value <= 0 or unit not in units:
-        raise UsageError(f"--max-memory {text!r}: expected a size such as 2GB or 512MB")
+        raise UsageError(f"{option} {text!r}: expected a size such as 2GB or 512MB")
     return value * units[unit]
 
 
@@ -100,19 +101,30 @@ def failed_row(
     )
 
 
-def audit_job(job: Job, on_stage: Callable[[Stage], None] = lambda stage: None) -> ModelRow:
-    """Audit one model; every outcome, failures included, becomes a row."""
+def audit_job(
+    job: Job,
+    on_stage: Callable[[Stage], None] = lambda stage: None,
+    on_files: Callable[[set[str]], None] = lambda files: None,
+) -> ModelRow:
+    """Audit one model; every outcome, failures included, becomes a row. ``on_files`` hears
+    the source files the audit ran through as they become known (``footprint``): the
+    factory's first, then the model's classes', then the row's call sites'."""
     start = time.perf_counter()
+    on_files(factory_files(job.ref))
     try:
-        return _audit(job, on_stage, start)
+        row = _audit(job, on_stage, on_files, start)
     except UsageError as e:
-        return failed_row(job, Status.SKIPPED, str(e), None, _since(start))
+        row = failed_row(job, Status.SKIPPED, str(e), None, _since(start))
     except ModelFailedError as e:
         message = f"{type(e.cause).__name__}: {e.cause}".strip()
-        return failed_row(job, Status.ERROR, message, e.stage, _since(start))
+        row = failed_row(job, Status.ERROR, message, e.stage, _since(start))
+    on_files(factory_files(job.ref) | call_site_files(row))  # a user's module is imported now
+    return row
 
 
-def _audit(job: Job, on_stage: Callable[[Stage], None], start: float) -> ModelRow:
+def _audit(
+    job: Job, on_stage: Callable[[Stage], None], on_files: Callable[[set[str]], None], start: float
+) -> ModelRow:
     settings = job.settings.audit
     if job.confirming:
         settings = replace(settings, tensor_mode=TensorMode.EAGER)
@@ -122,6 +134,7 @@ def _audit(job: Job, on_stage: Callable[[Stage], None], start: float) -> ModelRo
     )
     on_stage(Stage.BUILD)
     loaded = load_model(job.ref, options)
+    on_files(module_files(loaded.module))
     shape = settings.input_size or loaded.input_shape
     guarded = settings.input_size is None and not loaded.declared  # a registry default size
     if guarded and min(shape[-2:]) < MIN_VERDICT_SIDE:
@@ -140,6 +153,7 @@ def _audit(job: Job, on_stage: Callable[[Stage], None], start: float) -> ModelRo
         # cap, twin branches of fixed sizes): audit those at their own size.
         on_stage(Stage.BUILD)
         loaded = load_model(job.ref, replace(options, max_input_size=None))
+        on_files(module_files(loaded.module))
         on_stage(Stage.FORWARD)
         report = audit_loaded(loaded, settings)
     return ModelRow.from_report(
