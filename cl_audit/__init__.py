@@ -8,6 +8,7 @@ from cl_audit.layout import MemoryLayout, classify
 from cl_audit.report import Compiled, Cost, CostSite, ModelReport, ReportFormatError
 from cl_audit.run import audit_model
 from cl_audit.settings import Engine
+from cl_audit.sweep.api import audit_models
 
 __all__ = [
     "Audit",
@@ -24,6 +25,7 @@ __all__ = [
     "Verdict",
     "audit",
     "audit_model",
+    "audit_models",
     "classify",
     "compiled_layouts",
 ]

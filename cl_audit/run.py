@@ -254,7 +254,11 @@ def _audited(
     copies inside kernels (an eager ledger); the measured copies enter the ledger on exit."""
     measure = ledger is not None and ledger.measured
     label_calls = settings.time or measure
-    profiler: Any = Profiler(device, shapes=measure) if label_calls else contextlib.nullcontext()
+    profiler: Any = (
+        Profiler(device, shapes=measure, times=settings.time)
+        if label_calls
+        else contextlib.nullcontext()
+    )
     with (
         audit(
             settings.engine,

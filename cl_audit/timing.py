@@ -12,11 +12,12 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
+from cl_audit.compat import ProfiledOp, profiled_ops
 from cl_audit.intercept.dispatch import CALL_LABEL
 from cl_audit.report import ModelReport, Timing
 
@@ -44,13 +45,17 @@ _KINETO_LINE = re.compile(r"^(USDT|INFO|WARNING|ERROR):\d{4}-\d\d-\d\d [^\]]*\.c
 
 class Profiler:
     """``torch.profiler.profile`` (CPU, and CUDA kernels on CUDA), with libkineto's own log
-    lines kept off the terminal."""
+    lines kept off the terminal. On exit it reads what was asked for: the CPU events with their
+    input shapes (``ops``, for the copies inside kernels) and the parsed events with their
+    times (``events()``, for ``call_times``; parsing costs seconds per training step)."""
 
-    def __init__(self, device: torch.device, shapes: bool = False) -> None:
+    def __init__(self, device: torch.device, shapes: bool = False, times: bool = False) -> None:
         activities = [torch.profiler.ProfilerActivity.CPU]
         if device.type == "cuda":
             activities.append(torch.profiler.ProfilerActivity.CUDA)
         self._profile = torch.profiler.profile(activities=activities, record_shapes=shapes)
+        self._times = times
+        self.ops: tuple[ProfiledOp, ...] = ()
         self._saved = -1
         self._capture: Any = None
 
@@ -65,7 +70,9 @@ class Profiler:
     def __exit__(self, *exc_info: object) -> None:
         try:
             self._profile.__exit__(*exc_info)
-            self._profile.events()  # the events are processed (and logged about) here
+            self.ops = profiled_ops(self._profile)
+            if self._times:
+                self._profile.events()  # the events are parsed (and logged about) here
         finally:
             sys.stderr.flush()
             os.dup2(self._saved, 2)
@@ -113,24 +120,40 @@ _ELEMENT_SIZES = {
 }  # fmt: skip
 
 
-def copies_by_call(profiler: Any) -> tuple[dict[int, list[tuple[int, int | None]]], dict[int, str]]:
+def _nested(ops: tuple[ProfiledOp, ...]) -> Iterator[tuple[ProfiledOp, list[ProfiledOp]]]:
+    """Each event with the events enclosing it on its thread, outermost first: torch's own
+    rule for the CPU event tree (sorted by start, longest first; a parent encloses its child)."""
+    threads: dict[int, list[ProfiledOp]] = {}
+    for op in ops:
+        threads.setdefault(op.thread, []).append(op)
+    for events in threads.values():
+        stack: list[ProfiledOp] = []
+        for op in sorted(events, key=lambda e: (e.start, -e.end)):
+            while stack and (op.start >= stack[-1].end or op.end > stack[-1].end):
+                stack.pop()
+            yield op, stack
+            stack.append(op)
+
+
+def copies_by_call(
+    profiler: Profiler,
+) -> tuple[dict[int, list[tuple[int, int | None]]], dict[int, str]]:
     """The ``aten::copy_`` events inside each labelled call (a profiler run with shapes), as
-    (elements, element size) pairs, the size None where this torch's profiler records no dtype
-    (torch 2.4); and each call's operation as the profiler names it (``aten.convolution``)."""
+    (elements, element size) pairs, the size None where the profiler recorded no dtype; and
+    each call's operation as the profiler names it (``aten.convolution``)."""
     copied: dict[int, list[tuple[int, int | None]]] = {}
     names: dict[int, str] = {}
-    for event in profiler.events():
-        if event.name != "aten::copy_" or not event.input_shapes:
+    for op, enclosing in _nested(profiler.ops):
+        if op.name != "aten::copy_" or not op.shapes:
             continue
-        node, child = event.cpu_parent, event
-        while node is not None and not node.name.startswith(CALL_LABEL):
-            node, child = node.cpu_parent, node
-        if node is None:
+        labels = [d for d, e in enumerate(enclosing) if e.name.startswith(CALL_LABEL)]
+        if not labels:
             continue
-        call = int(node.name[len(CALL_LABEL) :])
-        dtypes = getattr(event, "input_dtypes", None)
-        size = _ELEMENT_SIZES.get(dtypes[0], 4) if dtypes else None
-        copied.setdefault(call, []).append((math.prod(event.input_shapes[0]), size))
+        depth = labels[-1]  # the innermost labelled call
+        call = int(enclosing[depth].name[len(CALL_LABEL) :])
+        child = enclosing[depth + 1] if depth + 1 < len(enclosing) else op
+        size = _ELEMENT_SIZES.get(op.dtypes[0], 4) if op.dtypes else None
+        copied.setdefault(call, []).append((math.prod(op.shapes[0]), size))
         names[call] = child.name.replace("::", ".")
     return copied, names
 

@@ -66,6 +66,9 @@ def main() -> None:
     parser.add_argument("--timm", default="all", help="timm selection (default: all)")
     parser.add_argument("--edit", action="append", default=[], help="timm/models/ file to edit")
     parser.add_argument("--work", type=Path, default=Path("/tmp/cl-audit-cache-sweep"))
+    parser.add_argument(
+        "--cache-failures", action="store_true", help="reuse failed rows too (--cache-failures)"
+    )
     args = parser.parse_args()
     folder = args.work
     shutil.rmtree(folder, ignore_errors=True)
@@ -73,10 +76,9 @@ def main() -> None:
     ignore = shutil.ignore_patterns("__pycache__")
     shutil.copytree(Path(cl_audit.__file__).parent, folder / "cl_audit", ignore=ignore)
     shutil.copytree(Path(timm.__file__).parent, folder / "timm", ignore=ignore)
-    selection = ["--timm", args.timm]
+    selection = ["--timm", args.timm, *(["--cache-failures"] if args.cache_failures else [])]
     runs = []
-    cold = _sweep(folder, selection, "cold")
-    cold_rows = _rows(cold["report"])
+    previous: dict[str, dict[str, Any]] = {}  # the rows of the run before
 
     def record(name: str, run: dict[str, Any], expected: set[str] | None) -> None:
         report = run["report"]
@@ -93,13 +95,15 @@ def main() -> None:
                 "reran": reran if len(reran) <= 200 else f"{len(reran)} models",
                 "expected_reran": None if expected is None else sorted(expected),
                 "reran_as_expected": None if expected is None else set(reran) == expected,
-                "reused_rows_identical": all(rows[n] == cold_rows.get(n) for n in reused),
+                "reused_rows_identical": all(rows[n] == previous.get(n) for n in reused),
                 "verdicts": {k: report["summary"][k] for k in ("offending", "minor", "clean")},
             }
         )
         print(json.dumps(runs[-1])[:400], flush=True)
+        previous.clear()
+        previous.update(rows)
 
-    record("cold", cold, None)
+    record("cold", _sweep(folder, selection, "cold"), None)
     record("unchanged", _sweep(folder, selection, "unchanged"), set())
     for relative in args.edit:
         expected = _users_of(folder, relative)

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from literal_reports import finding, row
 
+import cl_audit
 import cl_audit.sweep.cache as cache_module
 from cl_audit.report import ModelSource, Status, SweepReport
 from cl_audit.settings import AuditSettings
@@ -129,6 +130,16 @@ def test_editing_a_file_reruns_only_the_models_whose_audit_ran_through_it(projec
         f.write("# an edit\n")
     assert _reran(_sweep(project, *MODELS)) == {"net_b.py:build"}
     assert _reran(_sweep(project, *MODELS)) == set()
+
+
+def test_the_python_api_reuses_rows_from_its_cache(project, monkeypatch):
+    monkeypatch.chdir(project)
+    specs = [f"{project / name}" for name in MODELS]
+    first = cl_audit.audit_models(specs, cache=project / "api-cache", checkpoint="a.jsonl")
+    second = cl_audit.audit_models(specs, cache=project / "api-cache", checkpoint="b.jsonl")
+    assert [r.cached for r in first.models] == [False, False]
+    assert [r.cached for r in second.models] == [True, True] and second.summary.cached == 2
+    assert [replace(r, cached=False) for r in second.models] == list(first.models)
 
 
 def test_changed_settings_rerun_every_model(project):

@@ -1,0 +1,111 @@
+"""``cl_audit.audit_models``: a sweep from Python, as ``cl-audit`` runs it, without a terminal."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from cl_audit.commands import Selection
+from cl_audit.enums import Amp, Optimizer, TensorMode
+from cl_audit.errors import UsageError
+from cl_audit.report import ModelRow, SweepReport
+from cl_audit.report.cost import Gate
+from cl_audit.settings import AuditSettings, resolve_device
+from cl_audit.sources import ModelRef
+from cl_audit.sweep.cache import DEFAULT_CACHE_MB, SweepCache
+from cl_audit.sweep.session import Progress, default_checkpoint, run_sweep
+from cl_audit.sweep.worker import SweepSettings, parse_memory
+
+__all__ = ["audit_models"]
+
+
+class _Silent:
+    def start(self, ref: ModelRef) -> None:
+        pass
+
+    def finish(self, row: ModelRow) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def _silent(total: int, done: int, cached: int) -> Iterator[Progress]:
+    yield _Silent()
+
+
+def audit_models(
+    models: Sequence[str] = (),
+    *,
+    timm: Sequence[str] = (),
+    torchvision: Sequence[str] = (),
+    exclude: Sequence[str] = (),
+    shard_spec: str | None = None,
+    fake: bool = False,
+    confirm: bool = False,
+    device: str = "cpu",
+    train: bool = False,
+    amp: Amp | str | None = None,
+    optimizer: Optimizer | str = Optimizer.SGD,
+    fail_share: float = 100 * Gate.share,
+    fail_bytes: int = Gate.bytes,
+    jobs: int = 2,
+    timeout: float = 300.0,
+    max_memory: str = "4GB",
+    max_input_size: int = 256,
+    checkpoint: str | Path | None = None,
+    resume: bool = False,
+    cache: str | Path | None = None,
+    cache_failures: bool = False,
+    cache_max_size: str = f"{DEFAULT_CACHE_MB:g}MB",
+) -> SweepReport:
+    """Audit many models, each in a worker of its own, as ``cl-audit`` sweeps do: ``models``
+    are torchvision names or ``module:factory`` specs, ``timm`` and ``torchvision`` names,
+    globs or ``"all"``; ``shard_spec`` is ``"K/N"``. With ``cache`` (a folder), rows of earlier
+    sweeps are reused while each model's source files, the settings and the versions are
+    unchanged (``ModelRow.cached``). Raises ``UsageError`` for a bad selection or setting;
+    a model that fails is a row. Ctrl-C (KeyboardInterrupt) goes on after the workers are
+    stopped; the checkpoint keeps every finished row (``resume=True`` continues it)."""
+    if confirm and not fake:
+        raise UsageError("confirm re-runs what fake mode flagged: use it with fake=True")
+    chosen = Selection(tuple(models), tuple(timm), tuple(torchvision), tuple(exclude), shard_spec)
+    refs = chosen.refs()
+    if not refs:
+        raise UsageError("no model selected: give models, timm or torchvision")
+    audit = AuditSettings(
+        device=device,
+        tensor_mode=TensorMode.FAKE if fake else TensorMode.EAGER,
+        gate=Gate(share=fail_share / 100, bytes=fail_bytes),
+        amp=None if amp is None else Amp(amp),
+        train=train,
+        optimizer=Optimizer(optimizer),
+    )
+    resolve_device(audit.device, audit.tensor_mode, audit.bfloat16)
+    settings = SweepSettings(
+        audit=audit,
+        confirm=confirm,
+        max_input_size=max_input_size,
+        timeout=timeout,
+        max_memory_mb=parse_memory(max_memory),
+        jobs=jobs,
+    )
+    selection = chosen.to_dict()
+    outcome = run_sweep(
+        refs,
+        settings,
+        selection,
+        Path(checkpoint) if checkpoint else default_checkpoint(None, selection, settings),
+        resume,
+        _silent,
+        lambda message: None,
+        cache=None
+        if cache is None
+        else SweepCache(
+            Path(cache),
+            settings,
+            failures=cache_failures,
+            max_mb=parse_memory(cache_max_size, "cache_max_size"),
+        ),
+    )
+    if outcome.interrupted:
+        raise KeyboardInterrupt
+    return outcome.report
