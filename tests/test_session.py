@@ -189,3 +189,27 @@ def test_a_cpu_training_sweep_confirms_clean_fake_rows_whose_kernels_copy_unseen
         "fake mode was clean, with ops it is known to get wrong: aten.convolution_backward"
     )
     assert session.confirm_jobs(rows, FAKE) == []
+
+
+def test_a_cpu_training_sweep_runs_each_model_once_eagerly(monkeypatch, tmp_path):
+    """Confirmed, a CPU training sweep would re-run every fake row eagerly, so it runs each
+    model once, eagerly: large models (by the shipped parameter counts) at the confirmation's
+    side; an inference sweep keeps its fake pass."""
+    from dataclasses import replace
+
+    train = replace(FAKE, audit=replace(FAKE.audit, train=True))
+    big = "aimv2_1b_patch14_224"  # over LARGE_MODEL_PARAMETERS in cl_audit/sweep/parameters.json
+    outcomes = {n: lambda job, n=n: as_mode(row(n, (finding(),)), job) for n in ("small", big)}
+    outcome, calls, displays = run(monkeypatch, [ref("small"), ref(big)], train, outcomes, tmp_path)
+    assert [c.mode for c in calls] == [Mode.EAGER, Mode.EAGER] and len(displays) == 1
+    sides = {c.ref.name: c.settings.max_input_size for c in calls}
+    assert sides == {"small": 256, big: session.CONFIRM_LARGE_SIDE}
+    assert outcome.report.environment.mode is TensorMode.EAGER
+    assert {r.mode for r in outcome.report.models} == {Mode.EAGER}
+    assert session.eager_only(train) and not session.eager_only(FAKE)
+    inference = replace(train, audit=replace(train.audit, train=False))
+    assert not session.eager_only(inference) and not session.eager_only(
+        replace(train, confirm=False)
+    )
+    _, calls, _ = run(monkeypatch, [ref("small")], FAKE, outcomes, tmp_path)
+    assert [c.mode for c in calls] == [Mode.FAKE, Mode.CONFIRMED]

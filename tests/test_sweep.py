@@ -204,6 +204,19 @@ def test_fake_sweep_with_confirm_is_eager_true(tmp_path):
     assert f"confirming {1 + diverges} models" in result.stderr
 
 
+def test_a_confirmed_cpu_training_sweep_runs_each_model_once_eagerly(tmp_path):
+    result = cl_audit(
+        "squeezenet1_0", "--timm", "resnet10t", "--fake", "--confirm", "--train",
+        "--json", "t.json", cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode in (0, 1), result.stderr
+    report = json.loads((tmp_path / "t.json").read_text())
+    assert {r["mode"] for r in report["models"]} == {"eager"}
+    assert report["environment"]["mode"] == "eager"
+    assert {r["cost"]["kernel_copies"] for r in report["models"]} == {"measured"}
+    assert "the fake pass is skipped" in result.stderr and "confirming" not in result.stderr
+
+
 def test_single_model_fake_mode(tmp_path):
     fake = cl_audit("shufflenet_v2_x0_5", "--fake", "--json", "-", cwd=tmp_path)
     assert fake.returncode == 1

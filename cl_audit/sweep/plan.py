@@ -12,7 +12,7 @@ from cl_audit.errors import UsageError
 from cl_audit.report import ModelSource
 from cl_audit.sources import ModelRef, close_matches, positional_source
 
-__all__ = ["estimated_cost", "parse_shard", "select", "shard"]
+__all__ = ["estimated_cost", "known_parameters", "parse_shard", "select", "shard"]
 
 _GLOB_CHARS = re.compile(r"[*?\[]")
 
@@ -99,7 +99,7 @@ _SIDE = re.compile(r"_(\d{3,4})(?:_|$)")
 
 
 @functools.cache
-def _known_parameters() -> dict[str, int]:
+def known_parameters() -> dict[str, int]:
     """Parameter counts measured by the project's own sweeps (shipped with the package)."""
     text = resources.files("cl_audit.sweep").joinpath("parameters.json").read_text()
     return json.loads(text)
@@ -109,7 +109,7 @@ def estimated_cost(ref: ModelRef, parameters: dict[str, int] | None = None) -> f
     """Relative cost of auditing ``ref``: millions of parameters times input area, plus a
     constant for the build. Parameter counts come from the shipped table where known, else
     from size words in the name (tiny, base, large, ...)."""
-    parameters = _known_parameters() if parameters is None else parameters
+    parameters = known_parameters() if parameters is None else parameters
     count = parameters.get(ref.key)
     if count is not None:
         millions = count / 1e6
@@ -124,7 +124,7 @@ def estimated_cost(ref: ModelRef, parameters: dict[str, int] | None = None) -> f
 def shard(refs: list[ModelRef], index: int, count: int) -> list[ModelRef]:
     """Shard ``index`` (1-based) of ``count``: longest-cost-first into the lightest shard, a
     deterministic split in which every model lands in exactly one shard."""
-    parameters = _known_parameters()
+    parameters = known_parameters()
     by_cost = sorted(refs, key=lambda r: (-estimated_cost(r, parameters), r))
     loads = [0.0] * count
     assigned: list[list[ModelRef]] = [[] for _ in range(count)]

@@ -31,6 +31,7 @@ from cl_audit.report import (
 )
 from cl_audit.sources import ModelRef, library
 from cl_audit.sweep.cache import SweepCache
+from cl_audit.sweep.plan import known_parameters
 from cl_audit.sweep.runner import Checkpoint, run_jobs
 from cl_audit.sweep.worker import Job, SweepSettings
 
@@ -41,6 +42,7 @@ __all__ = [
     "SweepOutcome",
     "confirm_jobs",
     "default_checkpoint",
+    "eager_only",
     "run_sweep",
 ]
 
@@ -111,7 +113,14 @@ def run_sweep(
         reused = [r for ref in refs if ref.key not in done and (r := cache.lookup(ref))]
         rows.update((r.key, r) for r in reused)
         notify(f"{len(reused)} of {len(refs)} models reused from the cache {cache.root}")
-    jobs = [Job(ref, settings) for ref in refs if ref.key not in rows]
+    direct = eager_only(settings)
+    if direct:
+        notify(
+            "a training sweep on this device confirms every model eagerly (its kernels copy "
+            "inside, unseen by fake tensors): the fake pass is skipped, each model runs eagerly"
+        )
+    first = _eager_job if direct else Job
+    jobs = [first(ref, settings) for ref in refs if ref.key not in rows]
     ran_through: dict[str, set[str]] = {}
 
     def store(row: ModelRow, files: frozenset[str]) -> None:
@@ -131,7 +140,7 @@ def run_sweep(
     finally:
         if cache is not None:
             cache.prune()
-    audit = settings.audit
+    audit = replace(settings.audit, tensor_mode=TensorMode.EAGER) if direct else settings.audit
     environment = probe(
         device=audit.device,
         dtype=audit.dtype.value,
@@ -151,6 +160,26 @@ def run_sweep(
         environment, {**selection, **settings.to_dict()}, list(rows.values())
     )
     return SweepOutcome(report, interrupted, len(refs), checkpoint.path)
+
+
+def eager_only(settings: SweepSettings) -> bool:
+    """Whether the fake pass would be wasted: a confirmed training sweep on a device whose
+    kernels copy inside unseen (``HIDDEN_TRAINING_COPIES``) re-runs every model eagerly
+    (``confirm_jobs``), so each model runs once, eagerly, instead."""
+    audit = settings.audit
+    device = audit.device.split(":")[0]
+    fake = audit.tensor_mode is TensorMode.FAKE
+    return settings.confirm and audit.train and fake and device in HIDDEN_TRAINING_COPIES
+
+
+def _eager_job(ref: ModelRef, settings: SweepSettings) -> Job:
+    """An eager job in place of a fake one and its confirmation, with the confirmation's policy
+    for large models (by the parameter counts shipped with the package)."""
+    eager = replace(settings, audit=replace(settings.audit, tensor_mode=TensorMode.EAGER))
+    if known_parameters().get(ref.key, 0) > LARGE_MODEL_PARAMETERS:
+        side = min(settings.max_input_size or CONFIRM_LARGE_SIDE, CONFIRM_LARGE_SIDE)
+        eager = replace(eager, max_input_size=side)
+    return Job(ref, eager)
 
 
 def _applied_overrides(rows: Iterable[ModelRow]) -> tuple[AppliedOverride, ...]:
