@@ -19,7 +19,6 @@ from rich.console import Console
 from typer.core import TyperGroup
 
 from cl_audit import commands
-from cl_audit.commands import Selection
 from cl_audit.enums import Outcome
 from cl_audit.errors import ModelFailedError, UsageError
 from cl_audit.report.cost import Gate
@@ -35,6 +34,7 @@ from cl_audit.settings import (
     parse_size,
     resolve_device,
 )
+from cl_audit.sweep.plan import Selection
 from cl_audit.sweep.worker import SweepSettings, parse_memory
 
 __all__ = ["app", "main"]

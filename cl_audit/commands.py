@@ -18,43 +18,16 @@ from cl_audit.files import check_writable, read_report, read_sweep, write_text
 from cl_audit.report import SweepReport, compare, merge
 from cl_audit.settings import AuditSettings
 from cl_audit.sources import BuildOptions, ModelRef, load_model
-from cl_audit.sweep.plan import parse_shard, select, shard
+from cl_audit.sweep.plan import Selection, select
 from cl_audit.sweep.worker import SweepSettings
 
 if TYPE_CHECKING:
     from cl_audit.bench import BenchSettings
 
-__all__ = ["AuditOutputs", "CacheOptions", "Selection", "audit", "bench", "merge_reports", "render"]
+__all__ = ["AuditOutputs", "CacheOptions", "audit", "bench", "merge_reports", "render"]
 
 # Options that only a sweep uses; given for one model they are reported as not applied.
 SWEEP_ONLY = ("jobs", "timeout", "max_memory", "max_input_size", "checkpoint", "confirm")
-
-
-@dataclass(frozen=True)
-class Selection:
-    """The models asked for, as given (a sweep records it)."""
-
-    models: tuple[str, ...] = ()
-    timm: tuple[str, ...] = ()
-    torchvision: tuple[str, ...] = ()
-    exclude: tuple[str, ...] = ()
-    shard: str | None = None
-
-    def refs(self) -> list[ModelRef]:
-        """The models selected, in order; with ``shard`` ("K/N"), this shard's."""
-        refs = select(
-            list(self.models), list(self.timm), list(self.torchvision), list(self.exclude)
-        )
-        return refs if self.shard is None else shard(refs, *parse_shard(self.shard))
-
-    def to_dict(self) -> dict[str, object]:
-        return {
-            "models": list(self.models),
-            "timm": list(self.timm),
-            "torchvision": list(self.torchvision),
-            "exclude": list(self.exclude),
-            "shard": self.shard,
-        }
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,6 @@ import contextlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from cl_audit.commands import Selection
 from cl_audit.enums import Amp, Optimizer, TensorMode
 from cl_audit.errors import UsageError
 from cl_audit.report import ModelRow, SweepReport
@@ -14,6 +13,7 @@ from cl_audit.report.cost import Gate
 from cl_audit.settings import AuditSettings, resolve_device
 from cl_audit.sources import ModelRef
 from cl_audit.sweep.cache import DEFAULT_CACHE_MB, SweepCache
+from cl_audit.sweep.plan import Selection
 from cl_audit.sweep.session import Progress, default_checkpoint, run_sweep
 from cl_audit.sweep.worker import SweepSettings, parse_memory
 

@@ -6,13 +6,14 @@ import fnmatch
 import functools
 import json
 import re
+from dataclasses import dataclass
 from importlib import resources
 
 from cl_audit.errors import UsageError
 from cl_audit.report import ModelSource
 from cl_audit.sources import ModelRef, close_matches, positional_source
 
-__all__ = ["estimated_cost", "known_parameters", "parse_shard", "select", "shard"]
+__all__ = ["Selection", "estimated_cost", "known_parameters", "parse_shard", "select", "shard"]
 
 _GLOB_CHARS = re.compile(r"[*?\[]")
 
@@ -134,3 +135,30 @@ def shard(refs: list[ModelRef], index: int, count: int) -> list[ModelRef]:
         assigned[lightest].append(ref)
     mine = set(assigned[index - 1])
     return [r for r in refs if r in mine]
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The models asked for, as given (a sweep records it)."""
+
+    models: tuple[str, ...] = ()
+    timm: tuple[str, ...] = ()
+    torchvision: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+    shard: str | None = None
+
+    def refs(self) -> list[ModelRef]:
+        """The models selected, in order; with ``shard`` ("K/N"), this shard's."""
+        refs = select(
+            list(self.models), list(self.timm), list(self.torchvision), list(self.exclude)
+        )
+        return refs if self.shard is None else shard(refs, *parse_shard(self.shard))
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "models": list(self.models),
+            "timm": list(self.timm),
+            "torchvision": list(self.torchvision),
+            "exclude": list(self.exclude),
+            "shard": self.shard,
+        }
