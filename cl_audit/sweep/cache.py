@@ -14,6 +14,7 @@ used entries past the size cap.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -122,7 +123,8 @@ class SweepCache:
             return None  # absent, half-written by a killed process, or not an entry
         if row.key != ref.key or (row.status.failed and not self.failures):
             return None
-        os.utime(path)  # recently used: pruned last
+        with contextlib.suppress(FileNotFoundError):  # a concurrent shard pruned it just now
+            os.utime(path)  # recently used: pruned last
         return replace(row, cached=True)
 
     def store(self, row: ModelRow, files: Iterable[str]) -> bool:
