@@ -76,8 +76,10 @@ _NOT_IN_ROWS = ("jobs", "timeline")  # how many run at once; a single model's HT
 
 
 def _key(ref: ModelRef, settings: SweepSettings) -> dict[str, Any]:
+    """The key as JSON reads it back (lists, strings), so it compares with a stored one."""
     verdict_settings = {k: v for k, v in settings.to_dict().items() if k not in _NOT_IN_ROWS}
-    return {"model": ref.key, "settings": verdict_settings, "versions": versions()}
+    key = {"model": ref.key, "settings": verdict_settings, "versions": versions()}
+    return json.loads(json.dumps(key, default=str))
 
 
 class SweepCache:
@@ -105,7 +107,7 @@ class SweepCache:
     def lookup(self, ref: ModelRef) -> ModelRow | None:
         """The row an earlier sweep stored for ``ref`` under the same key, if every file it ran
         through is unchanged (marked ``cached``); else None."""
-        key = json.loads(json.dumps(_key(ref, self.settings), default=str))
+        key = _key(ref, self.settings)
         path = self._entry(key)
         try:
             entry = json.loads(path.read_text())
@@ -137,7 +139,7 @@ class SweepCache:
         if row.status.failed and not self.failures:
             return False
         ref = ModelRef(row.source, row.name)
-        key = json.loads(json.dumps(_key(ref, self.settings), default=str))
+        key = _key(ref, self.settings)
         entry = {
             "format": CACHE_FORMAT,
             "version": CACHE_VERSION,

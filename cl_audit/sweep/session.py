@@ -124,10 +124,12 @@ def run_sweep(
     ran_through: dict[str, set[str]] = {}
 
     def store(row: ModelRow, files: frozenset[str]) -> None:
-        """Cache a row once it is final: confirmed, or not to be confirmed."""
+        """Cache a row once it is final: not fake, or not to be confirmed."""
+        if cache is None:
+            return
         ran_through.setdefault(row.key, set()).update(files)
-        final = row.mode is Mode.CONFIRMED or not confirm_jobs({row.key: row}, settings)
-        if cache is not None and (final or not settings.confirm):
+        unconfirmed = settings.confirm and row.mode is Mode.FAKE
+        if not unconfirmed or not confirm_jobs({row.key: row}, settings):
             cache.store(row, ran_through[row.key])
 
     interrupted = False
@@ -176,10 +178,14 @@ def _eager_job(ref: ModelRef, settings: SweepSettings) -> Job:
     """An eager job in place of a fake one and its confirmation, with the confirmation's policy
     for large models (by the parameter counts shipped with the package)."""
     eager = replace(settings, audit=replace(settings.audit, tensor_mode=TensorMode.EAGER))
-    if known_parameters().get(ref.key, 0) > LARGE_MODEL_PARAMETERS:
-        side = min(settings.max_input_size or CONFIRM_LARGE_SIDE, CONFIRM_LARGE_SIDE)
-        eager = replace(eager, max_input_size=side)
-    return Job(ref, eager)
+    large = known_parameters().get(ref.key, 0) > LARGE_MODEL_PARAMETERS
+    return Job(ref, _at_confirmation_side(eager) if large else eager)
+
+
+def _at_confirmation_side(settings: SweepSettings) -> SweepSettings:
+    """``settings`` with the input capped at ``CONFIRM_LARGE_SIDE``, for large models."""
+    side = min(settings.max_input_size or CONFIRM_LARGE_SIDE, CONFIRM_LARGE_SIDE)
+    return replace(settings, max_input_size=side)
 
 
 def _applied_overrides(rows: Iterable[ModelRow]) -> tuple[AppliedOverride, ...]:
@@ -207,10 +213,7 @@ def confirm_jobs(rows: dict[str, ModelRow], settings: SweepSettings) -> list[Job
     op of the divergence table, and in a training sweep on a device whose kernels copy inside
     unseen (``HIDDEN_TRAINING_COPIES``) every model; models over ``LARGE_MODEL_PARAMETERS`` at
     ``CONFIRM_LARGE_SIDE`` px. A failure's message keeps what fake mode had said."""
-    smaller = replace(
-        settings,
-        max_input_size=min(settings.max_input_size or CONFIRM_LARGE_SIDE, CONFIRM_LARGE_SIDE),
-    )
+    smaller = _at_confirmation_side(settings)
     device = settings.audit.device.split(":")[0]
     table = divergence_table(device)
     hidden = HIDDEN_TRAINING_COPIES.get(device) if settings.audit.train else None
