@@ -14,6 +14,11 @@ engine needs a CUDA device for a CUDA backward, and Dynamo reaches the CUDA driv
 models' fake CUDA tensors) and decided as a GPU would decide them, without mkldnn's CPU branch.
 The heuristic reads only the graph's convolutions (weights, groups, output shapes) and its
 node count, which agree between fake CUDA and CPU traces (measured in reports/README.md).
+
+Each graph is then lowered by Inductor (``GraphLowering``, no code generated) under its decision,
+and the copies the lowering inserts to change a buffer's layout are reported with the source
+lines that made the data; for CUDA without a GPU that lowering is the CPU's under the CUDA
+decision, a prediction. ``beside_eager`` sets them beside an eager audit's losses.
 """
 
 from __future__ import annotations
@@ -29,7 +34,9 @@ from torch.func import functional_call
 
 from cl_audit.attribution import frames_call_site
 from cl_audit.compat import (
+    CapturedGraph,
     GraphConv,
+    GraphCopy,
     backward_convolutions_decide,
     capture_graphs,
     compile_problem,
@@ -39,18 +46,27 @@ from cl_audit.compat import (
     layout_decision,
     layout_optimization_enabled,
     layout_optimization_forced,
+    lowered_copies,
     new_fake_mode,
 )
 from cl_audit.convert import strategy_input
-from cl_audit.enums import Amp, ConvClass, LayoutBranch, Phase, Strategy
+from cl_audit.enums import Amp, ConvClass, CopyKind, Fate, LayoutBranch, Phase, Strategy
 from cl_audit.errors import UsageError
 from cl_audit.fake import fake_state
 from cl_audit.inputs import example_of
-from cl_audit.report.compiled import Compiled, CompiledConv, CompiledGraph
+from cl_audit.layout import MemoryLayout, classify
+from cl_audit.report.compiled import (
+    Compiled,
+    CompiledConv,
+    CompiledCopy,
+    CompiledGraph,
+    CompiledSite,
+)
+from cl_audit.report.model import Finding
 from cl_audit.settings import autocast_for
 from cl_audit.training import training_loss
 
-__all__ = ["compiled_layouts"]
+__all__ = ["beside_eager", "compiled_layouts"]
 
 # The inference vote's weights: the average channels_last time against NCHW that Inductor's
 # authors measured per class (< 1 is a speed-up), as in decide_layout_opt (torch 2.4 to 2.15).
@@ -79,7 +95,8 @@ def compiled_layouts(
     and backward graphs (the loss of ``training_loss``), on ``device`` (a CUDA device need not
     exist: then a prediction), under ``amp``'s autocast (``Amp.BF16``/``Amp.FP16``), the inputs
     converted as ``strategy`` says; with ``force`` also the decision under Inductor's force
-    switch. Convert the model as the strategy says first
+    switch. Each graph is lowered under its decision to find the layout copies Inductor inserts.
+    Convert the model as the strategy says first
     (``model.to(memory_format=torch.channels_last)``); it is not changed (fake copies of its
     parameters are traced), and the inputs are converted here."""
     problem = compile_problem()
@@ -122,8 +139,9 @@ def compiled_layouts(
             "Dynamo captured no graph: the model ran eagerly (a graph break at every operation, "
             "or Dynamo's errors suppressed by its suppress_errors setting)"
         )
-    seconds = time.perf_counter() - start
     generic = target.type != "cpu"
+    decided = tuple(_graph(i, g, generic, force) for i, g in enumerate(graphs))
+    seconds = time.perf_counter() - start
     return Compiled(
         device=str(target),
         traced_on=str(traced_on),
@@ -132,15 +150,14 @@ def compiled_layouts(
         backward_convolutions_counted=backward_convolutions_decide(),
         force_layout_opt=force,
         seconds=seconds,
-        graphs=tuple(_graph(i, phase, gm, generic, force) for i, (phase, gm) in enumerate(graphs)),
+        graphs=decided,
     )
 
 
-def _graph(
-    index: int, phase: str, gm: torch.fx.GraphModule, generic: bool, force: bool
-) -> CompiledGraph:
-    """One captured graph: torch's decision and cl-audit's explanation of it."""
-    inference = phase == "inference"
+def _graph(index: int, graph: CapturedGraph, generic: bool, force: bool) -> CompiledGraph:
+    """One captured graph: torch's decision, cl-audit's explanation of it, and the copies its
+    lowering inserts under it (and under the forced decision, when asked)."""
+    gm, inference = graph.gm, graph.phase == "inference"
     decided = layout_decision(gm, inference=inference, generic=generic)
     found = graph_convolutions(gm)
     flops = [_flops(c) for c in found]
@@ -163,19 +180,114 @@ def _graph(
             f"torch {torch.__version__} decided {_on(decided)}, where cl-audit's reading of its "
             f"heuristic says {_on(reading.decision)} ({reading.reason})"
         )
+    forced = layout_decision(gm, inference=inference, generic=generic, force=True)
+    try:
+        conversions = _lowered(graph, decided)
+        forced_conversions = None
+        if force:
+            forced_conversions = conversions if forced == decided else _lowered(graph, forced)
+    except Exception as e:  # reported: the graph's decision stands without its copies
+        conversions = forced_conversions = None
+        lowering_error = f"Inductor could not lower it: {type(e).__name__}: {_first_line(e)}"
+    else:
+        lowering_error = None
     return CompiledGraph(
         index=index,
-        phase=Phase.BACKWARD if phase == "backward" else Phase.FORWARD,
+        phase=Phase.BACKWARD if graph.phase == "backward" else Phase.FORWARD,
         inference=inference,
         layout_optimization=decided,
         branch=branch,
         reason=reason,
         nodes=nodes,
         convolutions=tuple(replace(c, deciding=i in deciding) for i, c in enumerate(convs)),
-        forced=layout_decision(gm, inference=inference, generic=generic, force=True)
-        if force
-        else None,
+        forced=forced if force else None,
+        conversions=conversions,
+        forced_conversions=forced_conversions,
+        lowering_error=lowering_error,
     )
+
+
+def _first_line(error: Exception) -> str:
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return lines[0][:300] if lines else "(no message)"
+
+
+_KINDS = {
+    MemoryLayout.CHANNELS_LAST: CopyKind.TO_CHANNELS_LAST,
+    MemoryLayout.CONTIGUOUS: CopyKind.TO_CONTIGUOUS,
+}
+
+
+def _lowered(graph: CapturedGraph, layout_opt: bool) -> tuple[CompiledCopy, ...]:
+    """The layout copies of ``graph`` lowered under ``layout_opt``, largest first."""
+    copies = [_copy(c) for c in lowered_copies(graph, layout_opt)]
+    return tuple(sorted(copies, key=lambda c: -c.bytes))
+
+
+def _copy(c: GraphCopy) -> CompiledCopy:
+    """The report's copy: attributed to where its data was made (a graph input: its consumer)."""
+    made_at = frames_call_site(c.producer_frames)
+    module = c.producer_module if made_at is not None else c.consumer_module
+    return CompiledCopy(
+        call_site=made_at or frames_call_site(c.consumer_frames),
+        module_path=None if module is None else _module_path(module[0]),
+        producer=c.producer,
+        consumer=c.consumer,
+        consumer_site=frames_call_site(c.consumer_frames),
+        kind=_KINDS.get(classify(c.shape, c.strides), CopyKind.OTHER),
+        shape=c.shape,
+        source_strides=c.source_strides,
+        strides=c.strides,
+        bytes=c.bytes,
+    )
+
+
+def beside_eager(compiled: Compiled, losses: tuple[Finding, ...]) -> Compiled:
+    """``compiled`` with its copies set beside the eager audit's ``losses`` (its offenders), per
+    call site: an eager loss is kept where a compiled copy's data was made or consumed at its
+    site, removed where none was; a copy at a site with no eager loss is added. Without the
+    copies of every graph (a lowering failed) there is nothing to set beside: unchanged."""
+    if any(g.conversions is None for g in compiled.graphs):
+        return compiled
+    copies = [c for g in compiled.graphs for c in g.conversions or ()]
+    eager: dict[str | None, list[Finding]] = {}
+    for finding in losses:
+        eager.setdefault(finding.call_site, []).append(finding)
+    sites = []
+    matched: set[int] = set()
+    for site, findings in eager.items():
+        there = [i for i, c in enumerate(copies) if site in (c.call_site, c.consumer_site)]
+        matched.update(there)
+        sites.append(
+            CompiledSite(
+                call_site=site,
+                module_path=findings[0].module_path,
+                fate=Fate.KEPT if there else Fate.REMOVED,
+                eager_losses=sum(f.count for f in findings),
+                eager_bytes=sum(f.bytes_converted for f in findings),
+                compiled_copies=len(there),
+                compiled_bytes=sum(copies[i].bytes for i in there),
+            )
+        )
+    added: dict[str | None, list[CompiledCopy]] = {}
+    for i, c in enumerate(copies):
+        if i not in matched:
+            added.setdefault(c.call_site, []).append(c)
+    for site, extra in added.items():
+        sites.append(
+            CompiledSite(
+                call_site=site,
+                module_path=extra[0].module_path,
+                fate=Fate.ADDED,
+                eager_losses=0,
+                eager_bytes=0,
+                compiled_copies=len(extra),
+                compiled_bytes=sum(c.bytes for c in extra),
+            )
+        )
+    order = {Fate.ADDED: 0, Fate.KEPT: 1, Fate.REMOVED: 2}
+    sites.sort(key=lambda s: (order[s.fate], -(s.compiled_bytes + s.eager_bytes)))
+    return replace(compiled, sites=tuple(sites))
 
 
 @dataclass(frozen=True)

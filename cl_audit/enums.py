@@ -243,3 +243,21 @@ class LayoutBranch(str, Enum):
     ALL_SMALL = "all_small"  # training: every convolution is small
     NO_VETO = "no_veto"  # training: nothing vetoed
     UNEXPLAINED = "unexplained"  # torch decided otherwise than cl-audit's reading predicts
+
+
+@unique
+class CopyKind(str, Enum):
+    """What layout a copy inserted by Inductor's lowering writes."""
+
+    TO_CHANNELS_LAST = "to_channels_last"
+    TO_CONTIGUOUS = "to_contiguous"
+    OTHER = "other"  # strides of neither (or a tensor whose rank has no channels_last)
+
+
+@unique
+class Fate(str, Enum):
+    """What the compiled graphs do with a layout loss, against the eager audit."""
+
+    REMOVED = "removed"  # an eager loss with no copy at its site in the compiled graphs
+    KEPT = "kept"  # an eager loss whose site the compiled graphs still copy at
+    ADDED = "added"  # a compiled copy at a site where the eager audit found no loss

@@ -21,7 +21,7 @@ from torch.func import functional_call
 from cl_audit.attribution import ModuleNames
 from cl_audit.audit import Audit, audit, watching
 from cl_audit.compat import TORCH_VERSION, fake_tensor, new_fake_mode
-from cl_audit.compiled import compiled_layouts
+from cl_audit.compiled import beside_eager, compiled_layouts
 from cl_audit.convert import apply_strategy, input_to_nchw, strategy_input, to_nchw
 from cl_audit.cost import compare_ledgers
 from cl_audit.differential import CounterpartWatcher, apply_differential
@@ -225,7 +225,7 @@ def audit_module(
         )
     except Exception as e:  # the settings refused a torch that cannot capture (UsageError)
         raise ModelFailedError(Stage.COMPILE, label, e) from e
-    return replace(report, compiled=compiled)
+    return replace(report, compiled=beside_eager(compiled, report.offenders))
 
 
 _COMPARED = (Strategy.CHANNELS_LAST, Strategy.CONV_WEIGHTS)  # strategies run again in NCHW

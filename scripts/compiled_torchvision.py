@@ -1,6 +1,8 @@
 """Inductor's layout decision for every torchvision model that takes one tensor, predicted for
 CUDA without a GPU (``cl_audit.compiled_layouts``), for inference and for a training step:
-per graph on or off, the heuristic's branch and the convolutions that vetoed it. By default one
+per graph on or off, the heuristic's branch, the convolutions that vetoed it, and the layout
+copies Inductor's lowering inserts under the decision and under ``force_layout_optimization``
+(the CPU's lowering under the CUDA decision: a prediction). By default one
 model per builder module (the first in name order: a rule, not a choice); ``--all`` for every
 model (a capture takes up to a few minutes for the largest on a 2-core machine).
 
@@ -40,6 +42,10 @@ def _graphs(compiled: object) -> list[dict[str, object]]:
             "branch": g.branch.value,
             "reason": g.reason,
             "convolutions": len(g.convolutions),
+            "forced": g.forced,
+            "copies": _copies(g.conversions),
+            "forced_copies": _copies(g.forced_conversions),
+            "lowering_error": g.lowering_error,
             "deciding": [
                 {"call_site": c.call_site, "module_path": c.module_path, "class": c.kind.value}
                 for c in g.deciding
@@ -47,6 +53,26 @@ def _graphs(compiled: object) -> list[dict[str, object]]:
         }
         for g in compiled.graphs
     ]
+
+
+def _copies(copies: object) -> dict[str, object] | None:
+    """How many layout copies, their bytes, and the largest's site and consumer."""
+    if copies is None:
+        return None
+    largest = copies[0] if copies else None
+    return {
+        "count": len(copies),
+        "bytes": sum(c.bytes for c in copies),
+        "largest": None
+        if largest is None
+        else {
+            "call_site": largest.call_site,
+            "consumer": largest.consumer,
+            "consumer_site": largest.consumer_site,
+            "kind": largest.kind.value,
+            "bytes": largest.bytes,
+        },
+    }
 
 
 def one_per_module() -> list[str]:
@@ -82,7 +108,7 @@ def measure(out: str, models: list[str]) -> None:
         for mode, train in (("inference", False), ("training", True)):
             start = time.perf_counter()
             try:
-                compiled = compiled_layouts(model, x, device="cuda", train=train)
+                compiled = compiled_layouts(model, x, device="cuda", train=train, force=True)
                 row[mode] = _graphs(compiled)
             except Exception as e:  # a row of its own: the table says which model failed
                 row[mode] = {"error": f"{type(e).__name__}: {e}"[:300]}
@@ -112,7 +138,9 @@ _COLUMNS = (("inference", "forward"), ("training", "forward"), ("training", "bac
 
 
 def table(path: str) -> str:
-    """Per model: each graph's decision and branch, and the first vetoing convolution."""
+    """Per model: each graph's decision and branch with its predicted layout copies (and the
+    copies under Inductor's force switch where forcing changes the decision), and the first
+    vetoing convolution."""
     with open(path) as f:
         document = json.load(f)
     lines = [
@@ -127,13 +155,7 @@ def table(path: str) -> str:
                 cells.append("error")
                 continue
             chosen = [g for g in graphs if g["phase"] == phase]
-            cells.append(
-                ", ".join(
-                    f"{'on' if g['layout_optimization'] else '**off**'} ({g['branch']})"
-                    for g in chosen
-                )
-                or "-"
-            )
+            cells.append(", ".join(_cell(g) for g in chosen) or "-")
             vetoes += [
                 f"{c['call_site']} ({c['module_path']}, {c['class']})"
                 for g in chosen
@@ -142,6 +164,23 @@ def table(path: str) -> str:
             ]
         lines.append(f"| {row['model']} | {' | '.join(cells)} | {vetoes[0] if vetoes else ''} |")
     return "\n".join(lines)
+
+
+def _cell(graph: dict[str, object]) -> str:
+    """``**off** (grouped); 12 copies, 3.1 MB; forced: 0`` (decimal megabytes)."""
+    on = graph["layout_optimization"]
+    cell = f"{'on' if on else '**off**'} ({graph['branch']})"
+    copies, forced = graph.get("copies"), graph.get("forced_copies")
+    if copies is None:
+        return cell + ("; not lowered" if "copies" in graph else "")
+    cell += (
+        f"; {copies['count']} copies, {copies['bytes'] / 1e6:.1f} MB"
+        if copies["count"]
+        else "; 0 copies"
+    )
+    if forced is not None and graph.get("forced") != on:
+        cell += f"; forced: {forced['count']}"
+    return cell
 
 
 def main() -> None:

@@ -84,3 +84,37 @@ class Clip(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.stem(x)
         return self.body(x)
+
+
+class Shuffled(Plain):
+    """A channel shuffle: the ``.contiguous()`` of a transposed 5-D view of the channels_last
+    map writes NCHW data, which the next convolution needs channels_last: eager loses the
+    layout there, and Inductor's lowering copies the data back for the convolution."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        n, c, h, w = x.shape
+        x = x.view(n, 2, c // 2, h, w).transpose(1, 2).contiguous()  # the loss
+        return self.body(x.view(n, c, h, w))
+
+
+class Copied(Plain):
+    """The control of ``Shuffled``: a plain ``.contiguous()`` between two convolutions, an eager
+    loss that Inductor's lowering removes (the copy's layout is free, the convolution's wins)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x).contiguous()  # the loss
+        return self.body(x)
+
+
+class Tokens(Plain):
+    """Tokens mixed by a batched matmul, written in (B, C, HW) order and viewed as a map: eager
+    finds no loss (the convolution converts its NCHW input itself), the lowering copies it to
+    channels_last for the convolution."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        n, c, h, w = x.shape
+        tokens = x.flatten(2)
+        mixed = torch.bmm(tokens, tokens.transpose(1, 2).softmax(-1) @ tokens)  # the data
+        return self.body(mixed.view(n, c, h, w))

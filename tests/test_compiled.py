@@ -1,6 +1,7 @@
 """``--compile``: Inductor's layout decision per compiled graph, its branch and the convolutions
-that decided it, for CUDA (a prediction made without a GPU) and for this CPU; and an audit
-never changes what a user's compiled function does afterwards."""
+that decided it, for CUDA (a prediction made without a GPU) and for this CPU; the layout copies
+Inductor's lowering inserts, beside the eager audit's losses; and an audit never changes what a
+user's compiled function does afterwards."""
 
 from __future__ import annotations
 
@@ -11,13 +12,23 @@ from pathlib import Path
 import jsonschema
 import pytest
 import torch
-from compiled_models import Clip, Depthwise, Grouped, Narrowing, Plain, Small
+from compiled_models import (
+    Clip,
+    Copied,
+    Depthwise,
+    Grouped,
+    Narrowing,
+    Plain,
+    Shuffled,
+    Small,
+    Tokens,
+)
 from test_cli import invoke, run_cli
 from torch._dynamo.utils import counters
 
 from cl_audit import audit_model, compiled_layouts
 from cl_audit.compat import backward_convolutions_decide, compile_problem
-from cl_audit.enums import ConvClass, LayoutBranch, Phase
+from cl_audit.enums import ConvClass, CopyKind, Fate, LayoutBranch, Phase
 from cl_audit.report import ModelReport, load_schema
 
 MODELS = str(Path(__file__).with_name("compiled_models.py"))
@@ -145,9 +156,13 @@ def test_the_explanation_agrees_with_torch_on_every_toy_graph():
 
 
 def test_the_model_is_not_changed_and_its_mode_restored():
+    from torch._inductor import ir
+
+    lowering = {k: ir.ExternKernel.__dict__[k] for k in ("require_strides", "copy_input")}
     model = Grouped().to(memory_format=torch.channels_last).eval()
     before = {k: v.clone() for k, v in model.state_dict().items()}
     compiled_layouts(model, torch.randn(2, 3, 16, 16), train=True)
+    assert {k: ir.ExternKernel.__dict__[k] for k in lowering} == lowering  # the same objects
     assert not model.training
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert all(p.grad is None for p in model.parameters())
@@ -190,10 +205,26 @@ def test_a_users_compiled_function_still_runs_compiled_after_audits():
     assert (later.compiled, later.runs) == (1, 1)  # and a new one compiles
 
 
+def test_inductor_still_compiles_the_audited_model_after_the_capture():
+    """The capture runs Inductor's front end with its own inner compiler: nothing it made may
+    be cached as compiled code for the user's torch.compile of the same model."""
+    from torch._inductor.utils import run_and_get_code
+
+    torch.manual_seed(0)
+    model = Plain().to(memory_format=torch.channels_last).eval()
+    x = torch.randn(2, 3, 16, 16).to(memory_format=torch.channels_last)
+    audit_model(model, x, compile=True, differential=False)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        result, code = run_and_get_code(torch.compile(model), x)
+        assert torch.allclose(result, model(x), atol=1e-5)
+    assert code and "def call(" in code[0]  # Inductor generated (and ran) its own code
+
+
 def test_compile_report_round_trips_and_matches_the_schema(tmp_path):
     report = audit_model(Grouped(), torch.randn(2, 3, 16, 16), compile=True, force_layout_opt=True)
     data = report.to_dict()
-    assert data["version"] == 4
+    assert data["version"] == 5
     jsonschema.validate(data, load_schema())
     again = ModelReport.from_dict(json.loads(json.dumps(data)))
     assert again.to_dict() == data and again.compiled.graphs[0].deciding == ()
@@ -226,6 +257,10 @@ def test_the_html_report_shows_each_graph_and_its_deciding_convolution():
     assert "<h2>torch.compile: Inductor's layout decision per graph</h2>" in page
     assert "graph 1 (training backward" in page and "MKLDNN" not in page
     assert _line(Grouped, "self.grouped(x)") in page  # the convolutions' call sites, listed
+    assert "lowering: no layout copy" in page and "Beside the eager audit" in page
+    shuffled = model_html(_audited(Shuffled))
+    assert 'id="compiled-copies-0"' in shuffled and "aten.clone.default" in shuffled
+    assert '<td>kept</td><td><code class="site">' in shuffled
 
 
 @pytest.mark.slow
@@ -243,6 +278,13 @@ def test_torchvision_models_compile_on_the_cpu_and_are_predicted_for_cuda(name, 
     graphs = report.compiled.graphs
     assert [g.phase for g in graphs] == [Phase.FORWARD, Phase.BACKWARD]
     assert graphs[0].layout_optimization and graphs[0].branch is LayoutBranch.MKLDNN_CPU
+    assert all(g.conversions is not None for g in graphs)  # every graph lowered
+    if name == "resnet18":  # plain convolutions: no layout copy in either graph
+        assert [g.conversions for g in graphs] == [(), ()]
+    if name == "mobilenet_v3_large":  # depthwise weight gradients (pytorch/pytorch#189239)
+        copies = graphs[1].conversions
+        assert bool(copies) is not backward_convolutions_decide()
+        assert all(c.consumer == "aten.convolution_backward.default" for c in copies)
     cuda = compiled_layouts(model, torch.randn(2, 3, 64, 64), device="cuda", train=True)
     forward = _forward(cuda)
     assert forward.layout_optimization and forward.branch is LayoutBranch.NO_VETO
@@ -267,3 +309,94 @@ def test_an_on_decision_for_3d_convolutions_says_the_lowering_leaves_them_alone(
     assert graph.layout_optimization and "only 2-D convolutions" in graph.reason
     (plain,) = _layouts(Plain, "cuda", train=False).graphs
     assert "only 2-D" not in plain.reason
+
+
+def _audited(cls: type, **kwargs):
+    torch.manual_seed(0)
+    return audit_model(cls(), torch.randn(2, 3, 16, 16), compile=True, **kwargs)
+
+
+def _site(report, fate: Fate):
+    (site,) = [s for s in report.compiled.sites if s.fate is fate]
+    return site
+
+
+def test_the_lowering_copies_an_eager_loss_back_for_the_next_convolution_and_keeps_it():
+    report = _audited(Shuffled)
+    ((copy,),) = [g.conversions for g in report.compiled.graphs]
+    assert copy.call_site.endswith(_line(Shuffled, "# the loss"))  # where the data was made
+    assert copy.producer == "aten.clone.default" and copy.kind is CopyKind.TO_CHANNELS_LAST
+    assert copy.consumer == "aten.convolution.default"
+    assert copy.consumer_site.endswith(_line(Shuffled, "self.body("))
+    assert copy.bytes == 2 * 128 * 16 * 16 * 4 and copy.shape == (2, 128, 16, 16)
+    kept = _site(report, Fate.KEPT)
+    assert kept.call_site == report.offenders[0].call_site and kept.compiled_copies == 1
+    assert kept.eager_bytes == report.offenders[0].bytes_converted
+    assert [s.fate for s in report.compiled.sites] == [Fate.KEPT]
+
+
+def test_a_contiguous_copy_between_convolutions_is_removed_by_the_lowering():
+    """The control of the test above: the same loss in eager, no copy once compiled."""
+    report = _audited(Copied)
+    assert [g.conversions for g in report.compiled.graphs] == [()]
+    removed = _site(report, Fate.REMOVED)
+    assert removed.call_site.endswith(_line(Copied, "# the loss"))
+    assert (removed.compiled_copies, removed.eager_losses) == (0, 1)
+
+
+def test_a_copy_the_compiled_graph_adds_is_named_where_its_data_was_made():
+    report = _audited(Tokens)
+    assert report.offenders == ()
+    added = _site(report, Fate.ADDED)
+    assert added.call_site.endswith(_line(Tokens, "# the data"))
+    assert (added.eager_losses, added.compiled_copies) == (0, 1)
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_the_training_backward_without_layout_optimisation_copies_and_forcing_removes_them(
+    device,
+):
+    """pytorch/pytorch#189239 on this machine: where torch lowers the backward graph without
+    layout optimisation, the depthwise convolution's weight gradient wants its input and
+    gradient in another order than the channels_last forward saved, and each is copied;
+    ``--force-layout-opt`` lowers them as they come. The plain stack is the control."""
+    compiled = _layouts(Depthwise, device, train=True, force=True)
+    (backward,) = [g for g in compiled.graphs if g.phase is Phase.BACKWARD]
+    assert backward.forced is True and backward.forced_conversions == ()
+    if backward_convolutions_decide():  # torch 2.15 lowers the backward channels_last
+        assert backward.layout_optimization and backward.conversions == ()
+    else:
+        assert not backward.layout_optimization and backward.conversions
+        depthwise = _line(Depthwise, "self.depthwise(x)")
+        assert all(c.consumer == "aten.convolution_backward.default" for c in backward.conversions)
+        assert all(c.consumer_site.endswith(depthwise) for c in backward.conversions)
+        assert all(c.bytes == 2 * 128 * 16 * 16 * 4 for c in backward.conversions)
+    control = _layouts(Plain, device, train=True).graphs
+    assert [g.conversions for g in control if g.phase is Phase.BACKWARD] == [()]
+
+
+def test_the_cli_shows_the_copies_beside_the_eager_losses(tmp_path):
+    out = tmp_path / "r.json"
+    result = invoke(f"{MODELS}:Shuffled", "--compile", "--json", str(out))
+    assert result.exit_code == 1, result.output  # the eager cost gate decides: offending
+    text = " ".join(result.output.split())
+    assert "cl-audit: offending" in text
+    assert "lowering: 1 layout copy" in text and "for convolution at" in text
+    assert f"of clone at {_line(Shuffled, '# the loss')}" in text
+    assert "0 eager loss site(s) removed, 1 kept, 0 added" in text
+    data = json.loads(out.read_text())
+    jsonschema.validate(data, load_schema())
+    assert [s["fate"] for s in data["compiled"]["sites"]] == ["kept"]
+    assert data["compiled"]["graphs"][0]["conversions"][0]["kind"] == "to_channels_last"
+
+
+def test_a_version_4_compile_report_is_still_read():
+    data = _audited(Shuffled).to_dict()
+    data["version"] = 4
+    del data["compiled"]["sites"]
+    for graph in data["compiled"]["graphs"]:
+        for key in ("conversions", "forced_conversions", "lowering_error"):
+            del graph[key]
+    jsonschema.validate(data, load_schema(version=4))
+    compiled = ModelReport.from_dict(data).compiled
+    assert compiled.sites is None and compiled.graphs[0].conversions is None

@@ -29,7 +29,7 @@ def test_real_report_validates_against_the_shipped_schema(report, engine):
 
 def test_envelope_and_contract_keys(report):
     data = json.loads(report.to_json())
-    assert (data["format"], data["version"]) == ("cl-audit.report", 4)
+    assert (data["format"], data["version"]) == ("cl-audit.report", 5)
     assert [f["kind"] for f in data["offenders"]] == ["loss"]
     assert all(f["kind"] == "regain" for f in data["regains"])
     env = data["environment"]
@@ -46,7 +46,7 @@ def test_round_trip_through_json(report):
     ("change", "message"),
     [
         ({"format": "cl-audit.sweep"}, "unknown format 'cl-audit.sweep'"),
-        ({"version": 5}, "unsupported cl-audit.report version 5"),
+        ({"version": 6}, "unsupported cl-audit.report version 6"),
         ({"format": None}, "unknown format None"),
     ],
 )

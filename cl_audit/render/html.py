@@ -16,6 +16,7 @@ from cl_audit.render import format_bytes
 from cl_audit.render.terminal import cost_line, timing_line
 from cl_audit.report import (
     Compiled,
+    CompiledGraph,
     Finding,
     ModelReport,
     ModelRow,
@@ -346,10 +347,70 @@ def _compiled_section(compiled: Compiled) -> str:
                 if convs
                 else ""
             )
+            + _copies_html(graph)
         )
     return (
         f'<p class="dim">torch {_e(compiled.torch)}: {_e(compiled.basis)}; {len(compiled.graphs)} '
-        f"graph(s) captured in {compiled.seconds:.1f} s</p>" + "".join(graphs)
+        f"graph(s) captured and lowered in {compiled.seconds:.1f} s</p>"
+        + "".join(graphs)
+        + _sites_html(compiled)
+    )
+
+
+def _copies_html(graph: CompiledGraph) -> str:
+    """The layout copies a graph's lowering inserts (and under the forced decision)."""
+    if graph.conversions is None:
+        return f'<p class="dim">lowering: {_e(graph.lowering_error or "")}</p>'
+    total = sum(c.bytes for c in graph.conversions)
+    forced = ""
+    if graph.forced_conversions is not None and graph.forced != graph.layout_optimization:
+        forced_total = sum(c.bytes for c in graph.forced_conversions)
+        forced = f"; forced: {len(graph.forced_conversions)} ({format_bytes(forced_total)})"
+    rows = "".join(
+        f'<tr><td><code class="site">{_e(c.call_site or "?")}</code></td>'
+        f"<td>{_e(c.module_path or '?')}</td><td>{_e(c.producer or 'graph input')}</td>"
+        f"<td>{_e(c.consumer)}</td>"
+        f'<td><code class="site">{_e(c.consumer_site or "?")}</code></td>'
+        f"<td>{_e(c.kind.value)}</td><td>{_e(str(list(c.shape)))}</td>"
+        f'<td class="num" data-value="{c.bytes}">{format_bytes(c.bytes)}</td></tr>'
+        for c in graph.conversions
+    )
+    return (
+        f"<details><summary>lowering: {len(graph.conversions)} layout copies "
+        f"({format_bytes(total)}){_e(forced)}</summary>"
+        f'<table class="sortable" id="compiled-copies-{graph.index}"><thead><tr>'
+        "<th>data made at</th><th>module</th><th>made by</th><th>copied for</th>"
+        '<th>at</th><th>kind</th><th>shape</th><th class="num">bytes</th></tr></thead>'
+        f"<tbody>{rows}</tbody></table></details>"
+        if graph.conversions
+        else f'<p class="dim">lowering: no layout copy{_e(forced)}</p>'
+    )
+
+
+def _sites_html(compiled: Compiled) -> str:
+    """The eager audit's losses beside the compiled graphs' copies, per call site."""
+    if compiled.sites is None:
+        return ""
+    rows = "".join(
+        f"<tr><td>{_e(s.fate.value)}</td>"
+        f'<td><code class="site">{_e(s.call_site or "?")}</code></td>'
+        f"<td>{_e(s.module_path or '?')}</td>"
+        f'<td class="num">{s.eager_losses}</td>'
+        f'<td class="num" data-value="{s.eager_bytes}">{format_bytes(s.eager_bytes)}</td>'
+        f'<td class="num">{s.compiled_copies}</td>'
+        f'<td class="num" data-value="{s.compiled_bytes}">{format_bytes(s.compiled_bytes)}</td>'
+        "</tr>"
+        for s in compiled.sites
+    )
+    return (
+        "<p><b>Beside the eager audit</b>: which eager losses the compiled graphs remove, keep "
+        "or add, per call site</p>"
+        '<table class="sortable" id="compiled-sites"><thead><tr><th>fate</th><th>call site</th>'
+        '<th>module</th><th class="num">eager losses</th><th class="num">eager bytes</th>'
+        '<th class="num">compiled copies</th><th class="num">compiled bytes</th></tr></thead>'
+        f"<tbody>{rows}</tbody></table>"
+        if compiled.sites
+        else '<p class="dim">Beside the eager audit: no losses and no compiled copies.</p>'
     )
 
 

@@ -8,11 +8,14 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from cl_audit.enums import Evidence, Verdict
+from cl_audit.enums import Evidence, Fate, Verdict
 from cl_audit.render import format_bytes
 from cl_audit.report import (
     Comparison,
     Compiled,
+    CompiledCopy,
+    CompiledGraph,
+    CompiledSite,
     Cost,
     CostSite,
     DifferentialStatus,
@@ -285,7 +288,7 @@ def compiled_text(compiled: Compiled, top: int = 3) -> Text:
     decided it (the first ``top`` of each graph)."""
     text = Text(
         f"torch.compile (torch {compiled.torch}): {compiled.basis}; "
-        f"{len(compiled.graphs)} graph(s) captured in {compiled.seconds:.1f} s\n",
+        f"{len(compiled.graphs)} graph(s) captured and lowered in {compiled.seconds:.1f} s\n",
         style="bold",
     )
     for graph in compiled.graphs:
@@ -309,7 +312,78 @@ def compiled_text(compiled: Compiled, top: int = 3) -> Text:
             )
         if len(deciding) > top:
             text.append(f"    and {len(deciding) - top} more (--json lists them)\n", style="dim")
+        _copies_text(text, graph, top)
+    if compiled.sites is not None:
+        _sites_text(text, compiled.sites, top)
     return text
+
+
+def _copies_text(text: Text, graph: CompiledGraph, top: int) -> None:
+    """The layout copies a graph's lowering inserts, grouped by site, the largest first."""
+    if graph.conversions is None:
+        text.append(f"    lowering: {graph.lowering_error}\n", style="yellow")
+        return
+    line = f"    lowering: {_copies(graph.conversions)}"
+    if graph.forced_conversions is not None and graph.forced != graph.layout_optimization:
+        line += f"; forced: {_copies(graph.forced_conversions)}"
+    text.append(line + "\n")
+    groups: dict[tuple[object, ...], list[CompiledCopy]] = {}
+    for c in graph.conversions:
+        groups.setdefault((c.call_site, c.consumer, c.consumer_site, c.kind), []).append(c)
+    ranked = sorted(groups.values(), key=lambda g: -sum(c.bytes for c in g))
+    for group in ranked[:top]:
+        c = group[0]
+        where = f" ({c.module_path})" if c.module_path else ""
+        made = (
+            "a graph input"
+            if c.producer is None
+            else f"{_op(c.producer)} at {c.call_site or '?'}{where}"
+        )
+        text.append(
+            f"      {len(group)} x {c.kind.value} ({format_bytes(sum(x.bytes for x in group))}) "
+            f"for {_op(c.consumer)} at {c.consumer_site or '?'}, of {made}\n",
+            style="dim",
+        )
+    if len(ranked) > top:
+        text.append(f"      and {len(ranked) - top} more sites (--json lists them)\n", style="dim")
+
+
+def _copies(copies: tuple[CompiledCopy, ...]) -> str:
+    if not copies:
+        return "no layout copy"
+    noun = "layout copy" if len(copies) == 1 else "layout copies"
+    return f"{len(copies)} {noun}, {format_bytes(sum(c.bytes for c in copies))}"
+
+
+def _op(name: str) -> str:
+    """An aten operation's short name: ``aten.convolution.default`` -> ``convolution``."""
+    return name.removeprefix("aten.").removesuffix(".default")
+
+
+def _sites_text(text: Text, sites: tuple[CompiledSite, ...], top: int) -> None:
+    """The eager audit's losses beside the compiled graphs' copies, per call site."""
+    counts = {fate: sum(s.fate is fate for s in sites) for fate in Fate}
+    text.append(
+        f"  beside the eager audit (sites): {counts[Fate.REMOVED]} eager loss site(s) removed, "
+        f"{counts[Fate.KEPT]} kept, {counts[Fate.ADDED]} added by the compiled graphs\n"
+    )
+    for site in [s for s in sites if s.fate is not Fate.REMOVED][:top] + [
+        s for s in sites if s.fate is Fate.REMOVED
+    ][:top]:
+        eager = (
+            f"eager: {site.eager_losses} loss(es), {format_bytes(site.eager_bytes)}"
+            if site.eager_losses
+            else "no eager loss"
+        )
+        compiled = (
+            f"compiled: {site.compiled_copies} copy(ies), {format_bytes(site.compiled_bytes)}"
+            if site.compiled_copies
+            else "no compiled copy"
+        )
+        text.append(
+            f"    {site.fate.value:<8}{site.call_site or '?'}: {eager}; {compiled}\n",
+            style="red" if site.fate is Fate.ADDED else "dim",
+        )
 
 
 def render_sweep(report: SweepReport, console: Console, top: int = 10) -> None:

@@ -15,7 +15,13 @@ from cl_audit.enums import (
     TensorMode,
     Verdict,
 )
-from cl_audit.report.compiled import Compiled, CompiledConv, CompiledGraph
+from cl_audit.report.compiled import (
+    Compiled,
+    CompiledConv,
+    CompiledCopy,
+    CompiledGraph,
+    CompiledSite,
+)
 from cl_audit.report.cost import Cost, CostSite, Gate, MixedSite, Remedy
 from cl_audit.report.envelope import (
     BENCH_FORMAT,
@@ -73,7 +79,9 @@ __all__ = [
     "Comparison",
     "Compiled",
     "CompiledConv",
+    "CompiledCopy",
     "CompiledGraph",
+    "CompiledSite",
     "Conversion",
     "Cost",
     "CostSite",

@@ -20,7 +20,7 @@ from typing import Any
 REPORT_FORMAT = "cl-audit.report"
 
 
-REPORT_VERSION = 4
+REPORT_VERSION = 5
 
 
 BENCH_FORMAT = "cl-audit.bench"  # cl_audit.bench_report
@@ -29,7 +29,7 @@ BENCH_FORMAT = "cl-audit.bench"  # cl_audit.bench_report
 BENCH_VERSION = 1
 
 
-REPORT_READABLE = (1, 2, 3, REPORT_VERSION)
+REPORT_READABLE = (1, 2, 3, 4, REPORT_VERSION)
 
 
 class ReportFormatError(ValueError):

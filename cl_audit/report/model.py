@@ -1,5 +1,5 @@
 """The report of one audit: findings, summary, environment, differential run and timing, as
-frozen dataclasses, with their JSON (version 2 written; versions 1 and 2 read)."""
+frozen dataclasses, with their JSON (the current version written; every readable one read)."""
 
 from __future__ import annotations
 
