@@ -21,6 +21,7 @@ import types
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -160,8 +161,37 @@ def module_apply(module: nn.Module, convert: Callable[[torch.Tensor], torch.Tens
 # --- fake tensors ----------------------------------------------------------------------------
 
 
+class _FakeMode(FakeTensorMode):
+    """A fake mode that computes with real tensors as eager does: an operation whose tensors are
+    all real (data the model holds itself as plain tensor attributes: parameters, buffers and
+    inputs are fake here) and that neither writes to them nor moves them to a device runs for
+    real, so their values stay known (``for s in self.stride: x.new_full(..., s)``); torch's
+    own mode turns them into fake tensors whose values nothing can read."""
+
+    def dispatch(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if _real_only(func, args, kwargs):
+            with torch.utils._mode_utils.no_dispatch():
+                return func(*args, **kwargs)
+        return super().dispatch(func, types, args, kwargs)
+
+
+_LIFTS = (torch.ops.aten.lift_fresh.default, torch.ops.aten.lift_fresh_copy.default)
+
+
+def _real_only(func: Any, args: Any, kwargs: dict[str, Any]) -> bool:
+    if func in _LIFTS or func._schema.is_mutable or "device" in kwargs:
+        return False
+    tensors = [
+        a for a in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)
+    ]
+    return bool(tensors) and all(
+        not is_fake(t) and t.device.type == "cpu" and not t.is_meta for t in tensors
+    )
+
+
 def new_fake_mode() -> FakeTensorMode:
-    return FakeTensorMode(allow_non_fake_inputs=True)
+    return _FakeMode(allow_non_fake_inputs=True)
 
 
 def fake_tensor(mode: FakeTensorMode, tensor: torch.Tensor, device: torch.device) -> torch.Tensor:

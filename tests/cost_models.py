@@ -140,3 +140,56 @@ class TokensAsMap(nn.Module):
         n, c, h, w = x.shape
         tokens = torch.matmul(self.mix, x.reshape(n, c, h * w))  # (n, c, hw): NCHW order
         return self.after(tokens.view(n, c, h, w))
+
+
+class MetadataFill(nn.Module):
+    """``new_full`` of a channels_last map: it reads the map's dtype and device, not its data."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.conv(x)
+        n, _, h, w = x.shape
+        return x.new_full((n, h * w), 2.0) + x.flatten(2).sum(1)
+
+
+class Unfolded(nn.Module):
+    """Positive control of ``MetadataFill``: ``unfold`` (im2col) reads the channels_last data
+    and returns no map, converting it inside its kernel."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.unfold(self.conv(x), 2, stride=2)
+
+
+class HeldScales(nn.Module):
+    """A plain tensor attribute iterated for fill values (Ultralytics' detection head does so
+    with ``self.stride``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.scales = torch.tensor([2.0, 4.0])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.conv(x)
+        n, _, h, w = x.shape
+        fills = [x.new_full((n, h * w), s) for s in self.scales]
+        return torch.cat(fills, 1) + x.flatten(2).sum(1).repeat(1, len(fills))
+
+
+class ReadsInput(nn.Module):
+    """Positive control of ``HeldScales``: a fill value read from the batch itself."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.conv(x)
+        return x.new_full((2, 4), x.amax().item())

@@ -141,11 +141,49 @@ def test_fake_mode_predicts_the_same_sites_from_strides():
     assert report.verdict is Verdict.OFFENDING
 
 
-def test_the_report_json_is_version_4_validates_and_reads_back():
+def _fake(model: torch.nn.Module) -> ModelReport:
+    from cl_audit.run import audit_module
+    from cl_audit.settings import AuditSettings, TensorMode
+
+    torch.manual_seed(0)
+    settings = AuditSettings(tensor_mode=TensorMode.FAKE, gate=Gate(0, 0))
+    return audit_module(model, (_input(),), settings)
+
+
+def test_an_operation_reading_only_metadata_of_a_channels_last_map_is_no_predicted_copy():
+    report = _fake(cm.MetadataFill())
+    assert [s.op for s in _extra_sites(report)] == []
+    assert report.verdict is Verdict.CLEAN
+
+
+def test_im2col_of_a_channels_last_map_is_still_a_predicted_copy():
+    """The control: ``unfold`` reads the map's data, converting it inside its kernel."""
+    report = _fake(cm.Unfolded())
+    (site,) = _extra_sites(report)
+    assert site.kind is CostKind.KERNEL and site.channels_last_bytes == MAP
+
+
+def test_a_fake_audit_reads_the_values_of_tensors_the_model_holds():
+    """A plain tensor attribute is real data: iterating it for fill values works in a fake run
+    as in an eager one (a forward that failed: DataDependentOutputException)."""
+    eager, fake = _audit(cm.HeldScales()), _fake(cm.HeldScales())
+    assert [s.op for s in _extra_sites(fake)] == [s.op for s in _extra_sites(eager)] == []
+    assert cm.HeldScales().scales.tolist() == [2.0, 4.0]  # not changed
+
+
+def test_a_fake_audit_still_cannot_read_the_values_of_its_input():
+    """The control: the batch is fake, its values unknown; the forward fails, saying so."""
+    from cl_audit.errors import ModelFailedError
+
+    with pytest.raises(ModelFailedError, match="DataDependentOutputException"):
+        _fake(cm.ReadsInput())
+
+
+def test_the_report_json_is_version_5_validates_and_reads_back():
     jsonschema = pytest.importorskip("jsonschema")
     report = _audit(cm.ContiguousCopy())
     data = report.to_dict()
-    assert data["version"] == 4
+    assert data["version"] == 5
     jsonschema.validate(data, load_schema("report"))
     assert data["cost"]["extra_bytes"] == 2 * MAP and data["summary"]["verdict"] == "offending"
     assert ModelReport.from_dict(json.loads(report.to_json())) == report

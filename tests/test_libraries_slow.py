@@ -52,15 +52,21 @@ def test_library_model_with_its_example_names_the_library_line_that_loses_the_fo
 @pytest.mark.parametrize(
     "options", [["--train"], ["--fake", "--device", "cuda", "--amp", "fp16"]], ids=["train", "fake"]
 )
-def test_the_readme_unet_trains_and_predicts_cuda_with_its_example(options, tmp_path):
-    if importlib.util.find_spec("diffusers") is None:
-        pytest.skip("diffusers is not installed (pip install -e '.[libraries]')")
+@pytest.mark.parametrize(
+    ("factory", "library", "source"),
+    [("unet", "diffusers", "diffusers/models/"), ("yolo", "ultralytics", "ultralytics/")],
+)
+def test_the_readme_examples_train_and_predict_cuda_naming_the_library_lines(
+    factory, library, source, options, tmp_path
+):
+    if importlib.util.find_spec(library) is None:
+        pytest.skip(f"{library} is not installed (pip install -e '.[libraries]')")
     from cl_audit.compat import fake_cuda_problem
 
     if "--fake" in options and fake_cuda_problem() is not None:
         pytest.skip(f"fake CUDA is refused here: {fake_cuda_problem()}")
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "COLUMNS": "160"}
-    spec = f"{LIBRARIES.with_name('from_libraries.py')}:unet"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "YOLO_OFFLINE": "1", "COLUMNS": "160"}
+    spec = f"{LIBRARIES.with_name('from_libraries.py')}:{factory}"
     result = subprocess.run(
         [CLI, spec, *options, "--json", "-"],
         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600, check=False,
@@ -68,4 +74,4 @@ def test_the_readme_unet_trains_and_predicts_cuda_with_its_example(options, tmp_
     data = json.loads(result.stdout)
     assert result.returncode == _exit_code(data), result.stderr
     offenders = data["offenders"]
-    assert any("diffusers/models/" in (f["call_site"] or "") for f in offenders), offenders
+    assert any(source in (f["call_site"] or "") for f in offenders), offenders

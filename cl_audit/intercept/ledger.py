@@ -6,7 +6,8 @@ Copies are counted three ways, by strides and storage identity only:
 - an explicit copy operation (``clone``, ``_to_copy``, ``copy_``: what ``contiguous``,
   ``reshape``, ``flatten`` and ``.to`` copy with) writes its new outputs;
 - a conversion inside a kernel, which the dispatch level cannot see: *predicted* when an
-  operation that is neither elementwise, a reduction, a view nor a strided gather is handed a
+  operation that is neither elementwise, a reduction, a view, a strided gather nor a reader of
+  metadata only (``new_full``, ``empty_like``) is handed a
   4D/5D input in the other order than its 4D/5D output (a convolution converting a contiguous
   input to its channels_last output, a softmax writing its channels_last input contiguous), or
   a channels_last input when it returns no 4D/5D tensor (``im2col``); in an eager run the bytes
@@ -34,7 +35,7 @@ from cl_audit.layout import MemoryLayout, layout_of
 from cl_audit.report import Producer
 from cl_audit.rule import COPY_ATEN_OPS, SPATIAL_RANKS
 
-__all__ = ["STRIDED_READS", "Ledger", "Place"]
+__all__ = ["METADATA_READS", "STRIDED_READS", "Ledger", "Place"]
 
 # Operations whose kernels read inputs of any strides while writing their output, converting
 # nothing: a layout mismatch there is strided reads, as in an elementwise operation.
@@ -42,6 +43,13 @@ STRIDED_READS = frozenset(
     ["aten.cat", "aten.stack", "aten.index", "aten.index_select", "aten.gather",
      "aten.constant_pad_nd", "aten.slice_scatter", "aten.select_scatter", "aten.index_put",
      "aten.scatter", "aten.masked_fill", "aten.where", "aten.expand_copy"]
+)  # fmt: skip
+# Operations that read only their inputs' shape, dtype and device, never their data: a layout
+# mismatch there converts nothing (``x.new_full((n, 1), v)`` of a channels_last map).
+METADATA_READS = frozenset(
+    ["aten.new_empty", "aten.new_empty_strided", "aten.new_full", "aten.new_zeros",
+     "aten.new_ones", "aten.empty_like", "aten.zeros_like", "aten.ones_like", "aten.full_like",
+     "aten.rand_like", "aten.randn_like", "aten.randint_like"]
 )  # fmt: skip
 _EXPLICIT = COPY_ATEN_OPS | {"aten.copy_", "aten.copy"}
 
@@ -81,7 +89,7 @@ class Ledger:
                 kind = _COPY
             elif pointwise or name in STRIDED_READS:
                 kind = _MIXED
-            elif reduction or view:
+            elif reduction or view or name in METADATA_READS:
                 kind = _OTHER
             else:
                 kind = _CONVERTS
