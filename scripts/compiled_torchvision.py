@@ -8,12 +8,14 @@ model (a capture takes up to a few minutes for the largest on a 2-core machine).
 
     python scripts/compiled_torchvision.py --out reports/compiled/torchvision_cuda_torch-X.json
     python scripts/compiled_torchvision.py --table reports/compiled/torchvision_cuda_torch-X.json
+    python scripts/compiled_torchvision.py --copies A.json B.json   # the copies, release by release
 
 Models are built with zero-filled weights (no random draws) at their documented input size,
 batch 2, converted to channels_last; nothing runs (fake copies are traced). Inference graphs
 are traced on fake CUDA tensors, a training step's on fake CPU tensors (autograd's engine
 needs a device for a CUDA backward), both decided as for a GPU. ``--table`` prints the
-Markdown summary that reports/README.md quotes.
+Markdown summary that reports/README.md quotes; ``--copies`` the predicted layout copies of the
+models that have any, one column per graph and release.
 """
 
 from __future__ import annotations
@@ -173,13 +175,51 @@ def _cell(graph: dict[str, object]) -> str:
     copies, forced = graph.get("copies"), graph.get("forced_copies")
     if copies is None:
         return cell + ("; not lowered" if "copies" in graph else "")
-    cell += (
-        f"; {copies['count']} copies, {copies['bytes'] / 1e6:.1f} MB"
-        if copies["count"]
-        else "; 0 copies"
-    )
+    count = copies["count"]
+    cell += f"; {count} {'copy' if count == 1 else 'copies'}"
+    if count:
+        cell += f", {copies['bytes'] / 1e6:.1f} MB"
     if forced is not None and graph.get("forced") != on:
         cell += f"; forced: {forced['count']}"
+    return cell
+
+
+def copies_table(paths: list[str]) -> str:
+    """Per model with any predicted copy: each graph's copies (count and MB) per release, and
+    under the force switch where forcing changes the decision."""
+    documents = []
+    for path in paths:
+        with open(path) as f:
+            documents.append(json.load(f))
+    columns = [(d, mode, phase) for d in documents for mode, phase in _COLUMNS]
+    header = " | ".join(f"{mode} {phase}, {d['torch'].split('+')[0]}" for d, mode, phase in columns)
+    lines = [f"| model | {header} |", "|---" * (len(columns) + 1) + "|"]
+    by_name = [{r["model"]: r for r in d["models"]} for d in documents]
+    for name in sorted(by_name[0]):
+        graphs = []
+        for d, mode, phase in columns:
+            found = by_name[documents.index(d)][name][mode]
+            graphs.append(
+                [] if isinstance(found, dict) else [g for g in found if g["phase"] == phase]
+            )
+        if not any(_copied(g) for chosen in graphs for g in chosen):
+            continue
+        cells = [", ".join(_copies_cell(g) for g in chosen) or "-" for chosen in graphs]
+        lines.append(f"| {name} | {' | '.join(cells)} |")
+    return "\n".join(lines)
+
+
+def _copied(graph: dict[str, object]) -> bool:
+    return any((graph.get(k) or {}).get("count") for k in ("copies", "forced_copies"))
+
+
+def _copies_cell(graph: dict[str, object]) -> str:
+    copies, forced = graph.get("copies"), graph.get("forced_copies")
+    if copies is None:
+        return "not lowered"
+    cell = str(copies["count"]) + (f" ({copies['bytes'] / 1e6:.1f} MB)" if copies["count"] else "")
+    if forced is not None and graph.get("forced") != graph["layout_optimization"]:
+        cell += f"; forced {forced['count']}"
     return cell
 
 
@@ -187,12 +227,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", help="JSON file to write")
     parser.add_argument("--table", help="print the Markdown table of such a file")
+    parser.add_argument("--copies", nargs="+", help="print the copies table of such files")
     parser.add_argument(
         "--all", action="store_true", help="every model (default: one per builder module)"
     )
     args = parser.parse_args()
     if args.table:
         print(table(args.table))
+    elif args.copies:
+        print(copies_table(args.copies))
     elif args.out:
         measure(args.out, names() if args.all else one_per_module())
     else:
