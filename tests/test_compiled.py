@@ -246,6 +246,9 @@ def test_compile_options_are_refused_where_they_cannot_take_effect():
     sweep = run_cli(f"{MODELS}:Plain", f"{MODELS}:Small", "--compile")
     assert sweep.returncode == 2 and "one model" in sweep.stderr
     assert "Traceback" not in alone.stderr + sweep.stderr
+    if not torch.cuda.is_available():  # the eager half cannot run: say what predicts the rest
+        cuda = run_cli(f"{MODELS}:Plain", "--compile", "--train", "--fake", "--device", "cuda")
+        assert cuda.returncode == 2 and "compiled_layouts(" in cuda.stderr
 
 
 def test_the_html_report_shows_each_graph_and_its_deciding_convolution():
