@@ -180,6 +180,10 @@ _LIFTS = (torch.ops.aten.lift_fresh.default, torch.ops.aten.lift_fresh_copy.defa
 
 
 def _real_only(func: Any, args: Any, kwargs: dict[str, Any]) -> bool:
+    """Whether ``func`` runs for real: every tensor real, on the CPU, none written or moved.
+    Runs on every fake operation: the usual answer (a fake first argument) comes first."""
+    if args and is_fake(args[0]):
+        return False
     if func in _LIFTS or func._schema.is_mutable or "device" in kwargs:
         return False
     tensors = [
@@ -411,8 +415,8 @@ def lowered_copies(graph: CapturedGraph, layout_opt: bool) -> tuple[GraphCopy, .
     calls: list[int] = [0]
     kernel = ir.ExternKernel
     saved = {name: kernel.__dict__[name] for name in ("require_strides", "copy_input")}
-    require_strides = kernel.require_strides.__func__
-    copy_input = kernel.copy_input
+    require_strides = saved["require_strides"].__func__  # the classmethod's function
+    copy_input = saved["copy_input"].__func__  # the staticmethod's
 
     def counted_copy(x: object) -> object:
         calls[0] += 1
@@ -488,11 +492,10 @@ def _origin(ir: types.ModuleType, x: object) -> torch.fx.Node | None:
         if node is not None and node.op == "call_function":
             return node
     origins = [n for n in getattr(base, "origins", ()) if n.op == "call_function"]
-    return max(origins, key=_position) if origins else None
-
-
-def _position(node: torch.fx.Node) -> int:
-    return list(node.graph.nodes).index(node)
+    if not origins:
+        return None
+    position = {n: i for i, n in enumerate(origins[0].graph.nodes)}
+    return max(origins, key=position.__getitem__)  # the last of them in the graph
 
 
 def _copy(

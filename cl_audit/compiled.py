@@ -180,11 +180,13 @@ def _graph(index: int, graph: CapturedGraph, generic: bool, force: bool) -> Comp
             f"torch {torch.__version__} decided {_on(decided)}, where cl-audit's reading of its "
             f"heuristic says {_on(reading.decision)} ({reading.reason})"
         )
-    forced = layout_decision(gm, inference=inference, generic=generic, force=True)
+    forced = (
+        layout_decision(gm, inference=inference, generic=generic, force=True) if force else None
+    )
     try:
         conversions = _lowered(graph, decided)
         forced_conversions = None
-        if force:
+        if forced is not None:
             forced_conversions = conversions if forced == decided else _lowered(graph, forced)
     except Exception as e:  # reported: the graph's decision stands without its copies
         conversions = forced_conversions = None
@@ -200,7 +202,7 @@ def _graph(index: int, graph: CapturedGraph, generic: bool, force: bool) -> Comp
         reason=reason,
         nodes=nodes,
         convolutions=tuple(replace(c, deciding=i in deciding) for i, c in enumerate(convs)),
-        forced=forced if force else None,
+        forced=forced,
         conversions=conversions,
         forced_conversions=forced_conversions,
         lowering_error=lowering_error,
