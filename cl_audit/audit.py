@@ -9,33 +9,32 @@ from collections.abc import Iterable, Iterator
 import torch
 from torch import nn
 
+from cl_audit.assemble import assemble
 from cl_audit.attribution import ModuleNames
-from cl_audit.environment import autocast_in_effect, dtype_name, probe
+from cl_audit.enums import DifferentialStatus, Engine, Phase, Provenance
+from cl_audit.environment import autocast_in_effect, dtype_name
 from cl_audit.errors import AuditError
 from cl_audit.intercept.dispatch import DispatchEngine
 from cl_audit.intercept.ledger import Ledger
 from cl_audit.intercept.observer import Observer, Tee
 from cl_audit.intercept.patch import PatchEngine
 from cl_audit.intercept.recorder import Recorder
-from cl_audit.report import (
-    DifferentialRun,
-    DifferentialStatus,
-    ModelReport,
-    Phase,
-    Provenance,
-    TensorMode,
-    summarise,
-)
-from cl_audit.settings import Engine, check_engine, parse_engine
+from cl_audit.report import DifferentialRun, ModelReport
+from cl_audit.report.sections import Conditions, Observed, Training
+from cl_audit.settings import check_engine, parse_engine
 
 __all__ = ["Audit", "audit", "watching"]
 
-_ENGINES = {Engine.DISPATCH: DispatchEngine, Engine.PATCH: PatchEngine}
+_ENGINES: dict[Engine, type[DispatchEngine | PatchEngine]] = {
+    Engine.DISPATCH: DispatchEngine,
+    Engine.PATCH: PatchEngine,
+}
 _active_lock = threading.Lock()
 _active: object = None  # the audit or watcher whose engine is installed
 _NOT_COMPARED = DifferentialRun(
     DifferentialStatus.SKIPPED, "the audit() context manager runs no NCHW comparison"
 )
+_NO_NCHW_STEP = DifferentialRun(DifferentialStatus.SKIPPED, "no NCHW step was run")
 
 
 def _claim(claimant: object) -> None:
@@ -104,15 +103,10 @@ class Audit:
             ledger=ledger,
         )
         recorder = self._recorder
-        observer: Observer = recorder if also is None else Tee(recorder, also)
-        self._impl: DispatchEngine | PatchEngine = (
-            DispatchEngine(
-                observer,
-                label_calls=label_calls,
-                on_python_result=recorder.python_result if training else None,
-            )
-            if self.engine is Engine.DISPATCH
-            else PatchEngine(recorder)
+        self._impl = _ENGINES[self.engine](
+            recorder if also is None else Tee(recorder, also),
+            label_calls=label_calls,
+            on_python_result=recorder.python_result if training else None,
         )
         self._entered = False
         self._autocast: str | None = None
@@ -141,6 +135,26 @@ class Audit:
         optimizer step (``training=True``)."""
         self._recorder.phase = phase
 
+    def observed(self, call_times: dict[int, float] | None = None) -> Observed:
+        """What ran so far, as the audited run's section: losses of parameter-derived data
+        apart from the offenders; ``call_times`` (milliseconds by call number) times each
+        finding."""
+        if not self._entered:
+            raise AuditError("nothing audited yet: run the model inside 'with audit:' first")
+        device, dtype = self._recorder.first_spatial or (None, None)
+        losses, regains = self._recorder.findings(call_times)
+        return Observed(
+            calls_checked=self._recorder.calls_checked,
+            distinct_ops=self._recorder.distinct_ops,
+            offenders=tuple(f for f in losses if f.provenance is Provenance.BATCH),
+            regains=tuple(regains),
+            parameter_conversions=tuple(f for f in losses if f.provenance is Provenance.PARAMETER),
+            unwrapped=self._impl.unwrapped,
+            timeline=tuple(self._recorder.timeline or ()),
+            device=device,
+            dtype=dtype,
+        )
+
     def report(
         self,
         *,
@@ -148,44 +162,26 @@ class Audit:
         input_shape: tuple[int, ...] | None = None,
         device: str | None = None,
         dtype: torch.dtype | None = None,
-        mode: TensorMode = TensorMode.EAGER,
-        call_times: dict[int, float] | None = None,
+        autocast: str | None = None,
+        training: Training | None = None,
     ) -> ModelReport:
-        """The findings so far, losses of parameter-derived data apart from the offenders.
-        Device and dtype default to those of the first 4D/5D input seen; ``call_times``
-        (milliseconds by call number) times each finding."""
-        if not self._entered:
-            raise AuditError("nothing audited yet: run the model inside 'with audit:' first")
-        seen_device, seen_dtype = self._recorder.first_spatial or (None, None)
-        losses, regains = self._recorder.findings(call_times)
-        offenders = tuple(f for f in losses if f.provenance is Provenance.BATCH)
-        parameters = tuple(f for f in losses if f.provenance is Provenance.PARAMETER)
-        regains_ = tuple(regains)
-        environment = probe(
-            device=device or seen_device,
-            dtype=dtype_name(dtype) if dtype is not None else seen_dtype,
-            autocast=self._autocast,
+        """The findings so far, as a report with no NCHW comparison. Device and dtype default
+        to those of the first 4D/5D input seen, ``autocast`` to the state when the audit began;
+        ``training`` (a training step's optimizer and gradient layouts) makes it a training
+        step's report."""
+        conditions = Conditions(
             engine=self.engine,
-            mode=mode,
+            device=device,
+            dtype=None if dtype is None else dtype_name(dtype),
+            autocast=autocast or self._autocast,
         )
-        summary = summarise(
-            self._recorder.calls_checked,
-            self._recorder.distinct_ops,
-            offenders,
-            regains_,
-            parameters,
-        )
-        return ModelReport(
+        return assemble(
+            self.observed(),
+            conditions,
             model=model,
             input_shape=input_shape,
-            environment=environment,
-            summary=summary,
-            offenders=offenders,
-            regains=regains_,
-            parameter_conversions=parameters,
-            differential=_NOT_COMPARED,
-            unwrapped=self._impl.unwrapped,
-            timeline=tuple(self._recorder.timeline or ()),
+            differential=_NOT_COMPARED if training is None else _NO_NCHW_STEP,
+            training=training,
         )
 
 

@@ -15,12 +15,13 @@ import contextlib
 import copy
 import statistics
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
+from cl_audit.assemble import environment_of
 from cl_audit.bench_report import (
     Attribution,
     BenchReport,
@@ -29,12 +30,15 @@ from cl_audit.bench_report import (
     configuration_name,
 )
 from cl_audit.convert import apply_strategy, strategy_input
-from cl_audit.environment import probe
-from cl_audit.errors import ModelFailedError, Stage, UsageError
+from cl_audit.enums import Amp, Conversion, Stage, Strategy
+from cl_audit.environment import dtype_name
+from cl_audit.errors import ModelFailedError, UsageError
 from cl_audit.inputs import Example, example_of
-from cl_audit.report import Conversion, ModelReport, by_call_site
+from cl_audit.plan import RunPlan, plan_run
+from cl_audit.report import ModelReport, by_call_site
+from cl_audit.report.sections import Training
 from cl_audit.run import audit_module
-from cl_audit.settings import AuditSettings, Strategy, TensorMode, resolve_device
+from cl_audit.settings import AuditSettings
 from cl_audit.timing import timed_ms
 from cl_audit.training import Step
 
@@ -58,7 +62,7 @@ class BenchSettings:
     attribute: bool = True
 
     def __post_init__(self) -> None:
-        if self.audit.tensor_mode is TensorMode.FAKE:
+        if self.audit.predicted:
             raise UsageError("bench times kernels, and fake tensors run none: drop --fake")
         if self.rounds < 1 or self.steps_per_round < 1 or self.warmup < 0:
             raise UsageError("bench: --rounds and --steps must be at least 1, --warmup at least 0")
@@ -68,9 +72,13 @@ class BenchSettings:
 class _Configuration:
     name: str
     strategy: Strategy
-    settings: AuditSettings
+    plan: RunPlan
     step: Step
     forward: Callable[[], object]
+
+    @property
+    def amp(self) -> Amp | None:
+        return self.plan.settings.amp
 
 
 def bench_module(
@@ -81,41 +89,39 @@ def bench_module(
     name: str,
     source: str,
     loss: Callable[[Any], torch.Tensor] | None = None,
+    plan: RunPlan | None = None,
 ) -> BenchReport:
     """Time ``model`` on ``inputs`` in every configuration, then attribute the channels-last
     step's time to the audit's findings. ``model`` is left as it was (copies are converted);
-    ``loss(output)`` is a training step's loss (default: ``training_loss``)."""
+    ``loss(output)`` is a training step's loss (default: ``training_loss``); ``plan``: the
+    plan of ``settings.audit`` where the caller made it already."""
     base = settings.audit
+    plan = plan or plan_run(base)
     example = example_of(inputs)
     first = example.first
     if first is None:
         raise UsageError(f"bench {name}: the model's input holds no tensor")
-    device = resolve_device(base.device)
     with _threads(settings.threads):
         configurations = [
-            _configure(model, example, base, s, amp, loss) for s, amp in _plan(settings)
+            _configure(model, example, plan, s, amp, loss) for s, amp in _configurations(settings)
         ]
-        rounds = _alternate(configurations, settings, device, name)
+        rounds = _alternate(configurations, settings, plan.device, name)
         attribution = None
         if settings.attribute and Strategy.CHANNELS_LAST in settings.strategies:
             cl = next(c for c in reversed(configurations) if c.strategy is Strategy.CHANNELS_LAST)
             step_ms = statistics.median(rounds[cl.name])
-            audited = audit_module(
-                copy.deepcopy(model), example, _timed(cl.settings), name=name, loss=loss
-            )
+            # Timed, and without the NCHW re-run: a differential verdict does not change what
+            # a step costs.
+            timed = cl.plan.changed(time=True, differential=False)
+            audited = audit_module(copy.deepcopy(model), example, timed, name=name, loss=loss)
             attribution = attribute(audited, cl.name, step_ms)
         threads = torch.get_num_threads()
-    environment = probe(
-        device=str(device),
-        dtype=str(first.dtype).removeprefix("torch."),
-        autocast=base.autocast_description,
-        engine=base.engine,
-        mode=TensorMode.EAGER,
-        train=base.train,
-        optimizer=base.optimizer.value if base.train else None,
+    training = Training(base.optimizer.value) if base.train else None
+    environment = environment_of(
+        plan.conditions(str(plan.device), dtype_name(first.dtype)), training
     )
     timings = tuple(
-        StrategyTiming(c.name, c.strategy, c.settings.amp and c.settings.amp.value, rounds[c.name])
+        StrategyTiming(c.name, c.strategy, c.amp and c.amp.value, rounds[c.name])
         for c in configurations
     )
     return BenchReport(
@@ -130,7 +136,7 @@ def bench_module(
     )
 
 
-def _plan(settings: BenchSettings) -> list[tuple[Strategy, bool]]:
+def _configurations(settings: BenchSettings) -> list[tuple[Strategy, bool]]:
     amps = (False, True) if settings.audit.amp is not None else (False,)
     return [(strategy, amp) for amp in amps for strategy in settings.strategies]
 
@@ -138,20 +144,20 @@ def _plan(settings: BenchSettings) -> list[tuple[Strategy, bool]]:
 def _configure(
     model: nn.Module,
     example: Example,
-    base: AuditSettings,
+    base: RunPlan,
     strategy: Strategy,
     amp: bool,
     loss: Callable[[Any], torch.Tensor] | None,
 ) -> _Configuration:
-    settings = replace(base, strategy=strategy, amp=base.amp if amp else None)
-    name = configuration_name(strategy, settings.amp and settings.amp.value)
+    plan = base.changed(strategy=strategy, amp=base.settings.amp if amp else None)
+    name = configuration_name(strategy, plan.settings.amp and plan.settings.amp.value)
     try:
-        copied = apply_strategy(copy.deepcopy(model), strategy).train(base.train)
+        copied = apply_strategy(copy.deepcopy(model), strategy).train(plan.workload.train)
         converted = example.map(lambda x: strategy_input(x, strategy))
     except Exception as e:
         raise ModelFailedError(Stage.SETUP, name, e) from e
-    step = Step(settings, dict(copied.named_parameters()), loss)
-    return _Configuration(name, strategy, settings, step, lambda: converted.call(copied))
+    step = Step(plan, dict(copied.named_parameters()), loss)
+    return _Configuration(name, strategy, plan, step, lambda: converted.call(copied))
 
 
 def _alternate(
@@ -179,12 +185,6 @@ def _alternate(
     except Exception as e:
         raise ModelFailedError(current.step.stage, f"{label} ({current.name})", e) from e
     return {name: tuple(values) for name, values in rounds.items()}
-
-
-def _timed(settings: AuditSettings) -> AuditSettings:
-    """The audit settings of the attribution: timed, and without the NCHW comparison's
-    re-run (a differential verdict does not change what a step costs)."""
-    return replace(settings, time=True, differential=False)
 
 
 def attribute(report: ModelReport, configuration: str, step_ms: float) -> Attribution:

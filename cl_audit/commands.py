@@ -12,32 +12,24 @@ from typing import TYPE_CHECKING
 
 from rich.console import Console
 
-from cl_audit.enums import Outcome, TensorMode, Verdict
+from cl_audit.enums import Outcome, Verdict
 from cl_audit.errors import UsageError
 from cl_audit.files import check_writable, read_report, read_sweep, write_text
+from cl_audit.plan import RunPlan, plan_run
 from cl_audit.report import SweepReport, compare, merge
-from cl_audit.settings import AuditSettings
 from cl_audit.sources import BuildOptions, ModelRef, load_model
+from cl_audit.sweep import api as sweep_api
 from cl_audit.sweep.plan import Selection, select
 from cl_audit.sweep.worker import SweepSettings
 
 if TYPE_CHECKING:
     from cl_audit.bench import BenchSettings
 
-__all__ = ["AuditOutputs", "CacheOptions", "audit", "bench", "merge_reports", "render"]
+__all__ = ["AuditOutputs", "audit", "bench", "merge_reports", "render"]
 
 # Options that only a sweep uses; given for one model they are reported as not applied.
 SWEEP_ONLY = ("jobs", "timeout", "max_memory", "max_input_size", "checkpoint", "confirm")
-
-
-@dataclass(frozen=True)
-class CacheOptions:
-    """``--cache DIR``: earlier sweeps' rows reused while their model files, settings and
-    versions are unchanged; failures too with ``failures``; at most ``max_mb`` on disk."""
-
-    root: Path
-    failures: bool = False
-    max_mb: float = 256.0
+CACHE_ONLY = frozenset({"cache_failures", "cache_max_size"})  # options that need --cache
 
 
 @dataclass(frozen=True)
@@ -62,14 +54,20 @@ def audit(
     resume: bool,
     list_only: bool,
     show_all: bool,
-    unapplied: tuple[str, ...],
+    given: frozenset[str],
     console: Console,
-    cache: CacheOptions | None = None,
+    cache: sweep_api.CacheOptions | None = None,
 ) -> Outcome:
     """One model audited in this process, or a sweep (several models, or any of JUnit, a
-    baseline, a shard, a resume, a cache), each model in a worker of its own; with ``list_only`` the
-    selection is printed instead. ``unapplied`` names the sweep-only options given: for one
-    model they are reported as not applied."""
+    baseline, a shard, a resume, a cache), each model in a worker of its own; with
+    ``list_only`` the selection is printed instead. ``given`` names the options given on the
+    command line: sweep-only ones are reported as not applied to one model. The settings are
+    planned first: a device that cannot run them is refused before anything else."""
+    stray = sorted(CACHE_ONLY & given) if cache is None else []
+    if stray:
+        flag = "--" + stray[0].replace("_", "-")
+        raise UsageError(f"{flag} sets how --cache works: give --cache DIR too")
+    plan = plan_run(sweep.audit)
     refs = selection.refs()
     if list_only:
         for ref in refs:
@@ -79,6 +77,7 @@ def audit(
         raise UsageError("no model selected: give a model name, --timm or --torchvision")
     outputs.check()
     if len(refs) == 1 and not (outputs.junit or baseline or resume or selection.shard or cache):
+        unapplied = [o for o in SWEEP_ONLY if o in given]
         if unapplied:
             flags = ", ".join("--" + o.replace("_", "-") for o in unapplied)
             Console(stderr=True).print(
@@ -86,7 +85,7 @@ def audit(
                 "--shard, --resume): not applied to one model",
                 highlight=False,
             )
-        return _single(refs[0], sweep.audit, outputs, show_all, console)
+        return _single(refs[0], plan, outputs, show_all, console)
     if sweep.audit.compile:
         raise UsageError(
             "--compile explains one model's compiled graphs: give one model (sweeps do not take it)"
@@ -100,14 +99,14 @@ def audit(
 
 
 def _single(
-    ref: ModelRef, settings: AuditSettings, outputs: AuditOutputs, show_all: bool, console: Console
+    ref: ModelRef, plan: RunPlan, outputs: AuditOutputs, show_all: bool, console: Console
 ) -> Outcome:
     from cl_audit.render.outputs import write_outputs
     from cl_audit.render.terminal import render_report
     from cl_audit.sources.audit import audit_loaded
 
-    loaded = load_model(ref, BuildOptions(meta=settings.tensor_mode is TensorMode.FAKE))
-    report = audit_loaded(loaded, settings)
+    loaded = load_model(ref, BuildOptions(meta=plan.tensors.on_meta))
+    report = audit_loaded(loaded, plan)
     render_report(report, console, show_all)
     write_outputs(report, outputs.json, outputs.html)
     return Outcome.OFFENDING if report.verdict is Verdict.OFFENDING else Outcome.CLEAN
@@ -121,28 +120,24 @@ def _sweep(
     baseline_path: Path | None,
     resume: bool,
     console: Console,
-    cache: CacheOptions | None,
+    cache: sweep_api.CacheOptions | None,
 ) -> Outcome:
     from cl_audit.render.outputs import write_outputs
     from cl_audit.render.progress import SweepProgress
     from cl_audit.render.terminal import render_sweep
-    from cl_audit.sweep.cache import SweepCache
-    from cl_audit.sweep.session import default_checkpoint, run_sweep
 
     err = Console(stderr=True)
     baseline = read_sweep(baseline_path) if baseline_path is not None else None
-    chosen = selection.to_dict()
-    outcome = run_sweep(
+    outcome = sweep_api.sweep(
         refs,
         settings,
-        chosen,
-        outputs.checkpoint or default_checkpoint(outputs.json, chosen, settings),
-        resume,
+        selection,
+        checkpoint=outputs.checkpoint,
+        json_path=outputs.json,
+        resume=resume,
+        cache=cache,
         progress=lambda total, done, cached: SweepProgress(err, total, done, cached),
         notify=err.print,
-        cache=None
-        if cache is None
-        else SweepCache(cache.root, settings, failures=cache.failures, max_mb=cache.max_mb),
     )
     report = outcome.report
     render_sweep(report, console)
@@ -183,7 +178,6 @@ def bench(
     model: str | None,
     timm_model: str | None,
     settings: BenchSettings,
-    *,
     json_path: Path | None,
     dashboard_json: Path | None,
     console: Console,
@@ -203,10 +197,17 @@ def bench(
     for path, option in ((json_path, "--json"), (dashboard_json, "--dashboard-json")):
         check_writable(path, option)
     (ref,) = refs
+    plan = plan_run(settings.audit)
     loaded = load_model(ref)
-    module, example = prepare(loaded, settings.audit)
+    module, example = prepare(loaded, plan)
     report = bench_module(
-        module, example, settings, name=loaded.name, source=ref.source.value, loss=loaded.loss
+        module,
+        example,
+        settings,
+        name=loaded.name,
+        source=ref.source.value,
+        loss=loaded.loss,
+        plan=plan,
     )
     render_bench(report, console)
     if json_path is not None:

@@ -18,19 +18,12 @@ from typing import Any
 import torch
 
 from cl_audit.attribution import ModuleNames, locate
+from cl_audit.enums import Differential, DifferentialStatus
 from cl_audit.intercept.naming import aten_op_name, python_op_name
 from cl_audit.intercept.tracking import tensor_arguments
-from cl_audit.report import (
-    Differential,
-    DifferentialRun,
-    DifferentialStatus,
-    Finding,
-    ModelReport,
-    TensorSummary,
-    summarise,
-)
+from cl_audit.report import DifferentialRun, Finding, TensorSummary
 
-__all__ = ["CounterpartWatcher", "apply_differential", "needs_differential"]
+__all__ = ["CounterpartWatcher", "classify_terminal"]
 
 _Strides = tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]  # (shape, strides) per tensor
 _Place = tuple[str | None, str | None, str, tuple[tuple[int, ...], ...]]
@@ -44,10 +37,6 @@ def _op_key(python_op: str | None, aten_op: str | None) -> str:
 
 def _layout(summaries: tuple[TensorSummary, ...]) -> _Strides:
     return tuple((t.shape, t.strides) for t in summaries)
-
-
-def needs_differential(report: ModelReport) -> bool:
-    return any(f.terminal for f in report.offenders)
 
 
 class CounterpartWatcher:
@@ -113,40 +102,29 @@ def _part(finding: Finding, count: int, round_trips: int) -> Finding:
     )
 
 
-def apply_differential(report: ModelReport, watcher: CounterpartWatcher) -> ModelReport:
-    """Sort each offender's terminal occurrences by their NCHW counterparts: neutral ones move
-    to ``format_neutral``; round trips always stay offenders."""
-    offenders: list[Finding] = []
-    neutral: list[Finding] = list(report.format_neutral)
+def classify_terminal(
+    offenders: tuple[Finding, ...], watcher: CounterpartWatcher
+) -> tuple[tuple[Finding, ...], tuple[Finding, ...], DifferentialRun]:
+    """Sort each offender's terminal occurrences by their NCHW counterparts: (offenders,
+    format-neutral losses, the run's status). Neutral ones leave the offenders; round trips
+    always stay."""
+    kept: list[Finding] = []
+    neutral: list[Finding] = []
     unaligned = 0
-    for finding in report.offenders:
+    for finding in offenders:
         if not finding.terminal:
-            offenders.append(finding)
+            kept.append(finding)
             continue
         verdict = _verdict(finding, watcher)
         if verdict is Differential.NEUTRAL:
             if finding.round_trips:
-                offenders.append(_part(finding, finding.round_trips, finding.round_trips))
+                kept.append(_part(finding, finding.round_trips, finding.round_trips))
             terminal = _part(finding, finding.terminal, 0)
             neutral.append(replace(terminal, differential=verdict))
             continue
         unaligned += finding.terminal if verdict is Differential.UNALIGNED else 0
-        offenders.append(replace(finding, differential=verdict))
+        kept.append(replace(finding, differential=verdict))
     order = lambda f: (-f.bytes_converted, -f.count)  # noqa: E731
-    offenders.sort(key=order)
+    kept.sort(key=order)
     neutral.sort(key=order)
-    summary = summarise(
-        report.summary.calls_checked,
-        report.summary.distinct_ops,
-        tuple(offenders),
-        report.regains,
-        report.parameter_conversions,
-        tuple(neutral),
-    )
-    return replace(
-        report,
-        summary=summary,
-        offenders=tuple(offenders),
-        format_neutral=tuple(neutral),
-        differential=DifferentialRun(DifferentialStatus.RAN, None, unaligned),
-    )
+    return tuple(kept), tuple(neutral), DifferentialRun(DifferentialStatus.RAN, None, unaligned)

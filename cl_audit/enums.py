@@ -30,6 +30,7 @@ __all__ = [
     "Strategy",
     "TensorMode",
     "Verdict",
+    "Workload",
 ]
 
 
@@ -82,6 +83,24 @@ class TensorMode(str, Enum):
 
     EAGER = "eager"  # kernels ran on real data
     FAKE = "fake"  # FakeTensors: layouts from the operators' meta functions, a prediction
+
+
+@unique
+class Workload(str, Enum):
+    """What an audit runs: one forward, or one training step after a warm-up step."""
+
+    INFERENCE = "inference"  # eval mode, no_grad
+    TRAINING_STEP = "training-step"  # train mode: forward and loss, backward, optimizer step
+
+    @property
+    def train(self) -> bool:
+        return self is Workload.TRAINING_STEP
+
+    @property
+    def warmup_steps(self) -> int:
+        """Untimed, unaudited steps first: a training step is audited in the steady state (the
+        optimizer's state exists)."""
+        return 1 if self.train else 0
 
 
 @unique

@@ -1,7 +1,7 @@
 """What one audit runs with: enums for every choice a user makes, and one frozen settings object.
 
-The CLI parses strings into these at its boundary; the Python API, the single-model CLI and the
-sweep worker all audit through ``cl_audit.run.audit_module`` with an ``AuditSettings``.
+The CLI parses strings into these at its boundary; ``cl_audit.plan.plan_run`` resolves them once
+into the run plan that every audit (the Python API, the CLI, the sweep worker) runs.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from cl_audit.compat import compile_problem, fake_cuda_problem
+from cl_audit.compat import compile_problem
 from cl_audit.enums import Amp, DType, Engine, Optimizer, Strategy, TensorMode
 from cl_audit.environment import autocast_name
 from cl_audit.errors import UsageError
@@ -31,7 +31,6 @@ __all__ = [
     "parse_engine",
     "parse_input_size",
     "parse_size",
-    "resolve_device",
 ]
 
 
@@ -75,10 +74,9 @@ class AuditSettings:
         problem = compile_problem() if self.compile else None
         if problem is not None:
             raise UsageError(problem)
-        fake = self.tensor_mode is TensorMode.FAKE
-        if self.time and fake:
+        if self.time and self.predicted:
             raise UsageError("--time measures kernels, and fake tensors run none: drop --fake")
-        if self.train and fake and _device_type(self.device) == "cuda":
+        if self.train and self.predicted and _device_type(self.device) == "cuda":
             if not torch.cuda.is_available():
                 alone = (
                     "; the compiled training graphs alone are predicted by "
@@ -106,11 +104,6 @@ class AuditSettings:
         """The batched input shape, from ``input_size`` or the model's per-sample shape."""
         return (self.batch_size or DEFAULT_BATCH, *(self.input_size or model_shape))
 
-    def autocast(self) -> contextlib.AbstractContextManager[object]:
-        """``torch.autocast`` for the device; on fake CUDA without a GPU, the same state set
-        directly, since ``torch.autocast("cuda")`` disables itself when CUDA is absent."""
-        return autocast_for(self.device, self.amp, fake=self.tensor_mode is TensorMode.FAKE)
-
     @property
     def autocast_description(self) -> str | None:
         """As the report writes it, e.g. "cpu:bfloat16"."""
@@ -122,7 +115,8 @@ class AuditSettings:
 def autocast_for(
     device: str, amp: Amp | None, fake: bool
 ) -> contextlib.AbstractContextManager[object]:
-    """``AuditSettings.autocast`` for a device, an amp dtype and tensors fake or not."""
+    """``torch.autocast`` for the device; on fake CUDA without a GPU, the same state set
+    directly, since ``torch.autocast("cuda")`` disables itself when CUDA is absent."""
     if amp is None:
         return contextlib.nullcontext()
     device_type = torch.device(device).type
@@ -173,7 +167,7 @@ def check_engine(engine: Engine, *, train: bool = False, time: bool = False) -> 
 
 
 def _device_type(text: str) -> str | None:
-    """The device's type, or None for a string ``resolve_device`` will refuse."""
+    """The device's type, or None for a string the run plan will refuse."""
     try:
         return torch.device(text).type
     except RuntimeError:
@@ -198,24 +192,3 @@ def parse_input_size(text: str) -> tuple[int, ...]:
     if len(dims) not in (3, 4) or min(dims) < 1:
         raise UsageError(f"--input-size {text!r}: expected CxHxW or CxTxHxW, e.g. 3x224x224")
     return dims
-
-
-def resolve_device(
-    text: str, tensor_mode: TensorMode = TensorMode.EAGER, bfloat16: bool = False
-) -> torch.device:
-    """A torch device that can run: CUDA must be present for eager runs; fake mode models
-    cpu and cuda without either being present, where this torch passes the fake CUDA probe
-    (for ``bfloat16`` computation too, when asked)."""
-    try:
-        device = torch.device(text)
-    except RuntimeError:
-        raise UsageError(f"--device {text!r}: not a torch device") from None
-    if tensor_mode is TensorMode.FAKE:
-        if device.type not in ("cpu", "cuda"):
-            raise UsageError(f"--device {text!r}: fake mode models cpu and cuda only")
-        problem = fake_cuda_problem(bfloat16) if device.type == "cuda" else None
-        if problem is not None:
-            raise UsageError(f"--fake --device {text}: no honest prediction here: {problem}")
-    elif device.type == "cuda" and not torch.cuda.is_available():
-        raise UsageError(f"--device {text!r}: CUDA is not available on this machine")
-    return device

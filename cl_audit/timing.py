@@ -19,7 +19,8 @@ import torch
 
 from cl_audit.compat import ProfiledOp, profiled_ops
 from cl_audit.intercept.dispatch import CALL_LABEL
-from cl_audit.report import ModelReport, Timing
+from cl_audit.report import Timing
+from cl_audit.report.sections import Observed
 
 __all__ = [
     "TIMED_STEPS",
@@ -159,7 +160,7 @@ def copies_by_call(
 
 
 def step_timing(
-    report: ModelReport, rounds: tuple[float, ...], profiled: float, device: torch.device
+    observed: Observed, rounds: tuple[float, ...], profiled: float, device: torch.device
 ) -> Timing:
     def total(findings: tuple[Any, ...]) -> float:
         return sum(f.time_ms or 0.0 for f in findings)
@@ -170,7 +171,7 @@ def step_timing(
         step_ms=statistics.median(rounds),
         rounds_ms=rounds,
         profiled_step_ms=profiled,
-        offenders_ms=total(report.offenders),
-        regains_ms=total(report.regains),
-        parameter_ms=total(report.parameter_conversions),
+        offenders_ms=total(observed.offenders),
+        regains_ms=total(observed.regains),
+        parameter_ms=total(observed.parameter_conversions),
     )

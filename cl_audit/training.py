@@ -1,17 +1,15 @@
-"""The training step an audit runs, and how its facts enter the report.
+"""The training step an audit runs.
 
 One home for what the CLI (``--train``), the Python API (``audit_model(train=True)``), the sweep
 worker, ``cl-audit bench --train`` and the fastai and Lightning callbacks share: the step itself
 (forward and loss under autocast, backward with a gradient scaler for fp16, optimizer step),
-the loss when the model gives none, the gradients' layouts, the fake scaler, and
-``training_report``, the one function that writes a training step's facts into a report.
+the loss when the model gives none, the gradients' layouts and the fake scaler.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterable
-from dataclasses import replace
 from typing import Any
 
 import torch
@@ -19,9 +17,9 @@ import torch.nn.functional as F
 
 from cl_audit.audit import Audit
 from cl_audit.compat import amp_unscale_, amp_update_scale_
-from cl_audit.enums import Amp, DifferentialStatus, Optimizer, Phase, Stage, TensorMode
-from cl_audit.report import DifferentialRun, GradientLayout, ModelReport
-from cl_audit.settings import AuditSettings
+from cl_audit.enums import Amp, Optimizer, Phase, Stage
+from cl_audit.plan import RunPlan
+from cl_audit.report import GradientLayout
 from cl_audit.timing import TIMED_STEPS, WARMUP_STEPS, timed_ms
 
 __all__ = [
@@ -30,23 +28,9 @@ __all__ = [
     "gradient_layouts",
     "make_optimizer",
     "training_loss",
-    "training_report",
 ]
 
 _Forward = Callable[[], object]
-NOT_COMPARED = DifferentialRun(DifferentialStatus.SKIPPED, "no NCHW step was run")
-
-
-def training_report(
-    report: ModelReport, optimizer: str | None, layouts: tuple[GradientLayout, ...]
-) -> ModelReport:
-    """``report`` as the report of a training step: its environment says so (and names the
-    optimizer), the gradients' layouts are listed, and no NCHW step ran yet (``run`` compares
-    after this; the callbacks do not)."""
-    environment = replace(report.environment, train=True, optimizer=optimizer)
-    return replace(
-        report, environment=environment, gradient_layouts=layouts, differential=NOT_COMPARED
-    )
 
 
 class Step:
@@ -56,13 +40,13 @@ class Step:
 
     def __init__(
         self,
-        settings: AuditSettings,
+        plan: RunPlan,
         parameters: dict[str, torch.Tensor],
         loss: Callable[[Any], torch.Tensor] | None = None,
     ) -> None:
-        self.settings = settings
+        self.plan = plan
         self.parameters = parameters
-        self._loss = loss or (lambda output: training_loss(output, settings.seed))
+        self._loss = loss or (lambda output: training_loss(output, plan.settings.seed))
         self.stage = Stage.FORWARD
         self.layouts: tuple[GradientLayout, ...] = ()
         self._optimizer: torch.optim.Optimizer | None = None
@@ -75,22 +59,24 @@ class Step:
         return tuple(timed_ms(lambda: self.run(forward, None), device) for _ in range(TIMED_STEPS))
 
     def run(self, forward: _Forward, active: Audit | None) -> None:
-        settings = self.settings
+        plan = self.plan
+        train = plan.workload.train
         self.stage = Stage.FORWARD
         if active is not None:
             active.enter_phase(Phase.FORWARD)
-        with torch.enable_grad() if settings.train else torch.no_grad(), settings.autocast():
+        with torch.enable_grad() if train else torch.no_grad(), plan.autocast():
             output = forward()
-            loss = self._loss(output) if settings.train else None
+            loss = self._loss(output) if train else None
         if loss is None:
             return
         self.stage = Stage.BACKWARD
         if active is not None:
             active.enter_phase(Phase.BACKWARD)
-        if settings.amp is Amp.FP16 and self._scaler is None:
-            fake = settings.tensor_mode is TensorMode.FAKE
-            device = torch.device(settings.device)
-            self._scaler = FakeScaler(device) if fake else torch.amp.GradScaler(device.type)
+        if plan.settings.amp is Amp.FP16 and self._scaler is None:
+            device = plan.device
+            self._scaler = (
+                FakeScaler(device) if plan.tensors.predicted else torch.amp.GradScaler(device.type)
+            )
         if self._scaler is not None:
             loss = self._scaler.scale(loss)
         for parameter in self.parameters.values():
@@ -101,7 +87,7 @@ class Step:
         if active is not None:
             active.enter_phase(Phase.OPTIMIZER)
         if self._optimizer is None:
-            self._optimizer = make_optimizer(settings.optimizer, self.parameters.values())
+            self._optimizer = make_optimizer(plan.settings.optimizer, self.parameters.values())
         if self._scaler is None:
             self._optimizer.step()
         else:

@@ -18,8 +18,9 @@ from cl_audit.cli import app
 from cl_audit.compat import TORCH_VERSION
 from cl_audit.divergences import CUDA_KERNEL_OVERRIDES, KernelOverride, divergence_table
 from cl_audit.errors import UsageError
+from cl_audit.plan import resolve_device
 from cl_audit.run import audit_module
-from cl_audit.settings import AuditSettings, TensorMode, resolve_device
+from cl_audit.settings import AuditSettings, TensorMode
 
 PACKAGE = Path(compat.__file__).parent
 PRIVATE = re.compile(
@@ -116,10 +117,10 @@ def test_this_torch_fails_the_probe_and_fake_cuda_is_refused_with_its_reason():
 
 
 def test_a_failed_probe_refuses_fake_cuda_with_its_reason_and_exit_2(monkeypatch):
-    import cl_audit.settings
+    import cl_audit.plan
 
     monkeypatch.setattr(
-        cl_audit.settings, "fake_cuda_problem", lambda bfloat16=False: "the probe's reason"
+        cl_audit.plan, "fake_cuda_problem", lambda bfloat16=False: "the probe's reason"
     )
     with pytest.raises(UsageError, match="no honest prediction here: the probe's reason"):
         resolve_device("cuda", TensorMode.FAKE)

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 import cl_audit
 from cl_audit.cli import app
-from cl_audit.differential import CounterpartWatcher, apply_differential
+from cl_audit.differential import CounterpartWatcher, classify_terminal
 from cl_audit.report import Differential, DifferentialRun, DifferentialStatus
 from cl_audit.run import audit_module
 from cl_audit.settings import AuditSettings, TensorMode
@@ -111,13 +111,13 @@ def test_neutral_terminal_occurrences_split_from_round_trips_of_the_same_finding
         tuple(t.shape for t in merged.inputs),
     )
     watcher.seen[place] = {(merged.aten_op, same, out)}
-    split = apply_differential(replace(report, offenders=(merged,)), watcher)
-    (offender,) = split.offenders
-    (neutral,) = split.format_neutral
+    offenders, neutrals, differential = classify_terminal((merged,), watcher)
+    (offender,) = offenders
+    (neutral,) = neutrals
     assert (offender.count, offender.round_trips, offender.terminal) == (2, 2, 0)
     assert (neutral.count, neutral.round_trips, neutral.terminal) == (1, 0, 1)
     assert offender.bytes_converted == 2 * finding.bytes_converted
-    assert split.differential == DifferentialRun(DifferentialStatus.RAN)
+    assert differential == DifferentialRun(DifferentialStatus.RAN)
 
 
 def test_cli_runs_the_comparison_by_default_and_skips_it_when_asked():

@@ -3,7 +3,6 @@ extras imported only when used, and the one helper they share: ``StepAudit``."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -12,9 +11,11 @@ from rich.console import Console
 from torch import nn
 
 from cl_audit.audit import Audit, audit
+from cl_audit.enums import Phase
 from cl_audit.environment import autocast_in_effect
-from cl_audit.report import ModelReport, Phase
-from cl_audit.training import gradient_layouts, training_report
+from cl_audit.report import ModelReport
+from cl_audit.report.sections import Training
+from cl_audit.training import gradient_layouts
 
 __all__ = ["StepAudit", "show"]
 
@@ -84,12 +85,12 @@ class StepAudit:
         if self._audit is None:
             raise RuntimeError("StepAudit.finish() without start()")
         self.stop()
-        report = self._audit.report(model=self.name, input_shape=self._input_shape)
-        if self._autocast is not None:
-            report = replace(
-                report, environment=replace(report.environment, autocast=self._autocast)
-            )
-        return training_report(report, self.optimizer_name, self._layouts)
+        return self._audit.report(
+            model=self.name,
+            input_shape=self._input_shape,
+            autocast=self._autocast,
+            training=Training(self.optimizer_name, self._layouts),
+        )
 
 
 def show(report: ModelReport, json_path: Path | None, console: Console | None = None) -> None:

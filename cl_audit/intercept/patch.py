@@ -19,6 +19,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from cl_audit.errors import AuditError
 from cl_audit.intercept.observer import Observer
 
 __all__ = ["METADATA_METHODS", "OPERATOR_DUNDERS", "PatchEngine", "patch_targets"]
@@ -106,7 +107,15 @@ class PatchEngine:
 
     name = "patch"
 
-    def __init__(self, observer: Observer) -> None:
+    def __init__(
+        self,
+        observer: Observer,
+        *,
+        label_calls: bool = False,
+        on_python_result: Callable[[object], None] | None = None,
+    ) -> None:
+        if label_calls or on_python_result is not None:  # check_engine refuses these first
+            raise AuditError("the patch engine neither labels calls nor attributes backward")
         self._observer = observer
         self._state = _State()
         self._saved: list[_Saved] = []

@@ -1,29 +1,28 @@
-"""A built model (``LoadedModel``) audited: the model in the settings' dtype on their device,
-a random input of their shape, and the one audit path (``cl_audit.run.audit_module``). The CLI,
-the sweep worker, bench and the scripts audit registry and factory models through here."""
+"""A built model (``LoadedModel``) audited: the model in the settings' dtype where the run plan
+runs it, a random input of their shape, and the one audit path (``cl_audit.run.audit_module``).
+The CLI, the sweep worker, bench and the scripts audit registry and factory models here."""
 
 from __future__ import annotations
 
-import torch
 from torch import nn
 
-from cl_audit.enums import Stage, TensorMode
+from cl_audit.enums import Stage
 from cl_audit.errors import ModelFailedError, UsageError
 from cl_audit.inputs import Example
+from cl_audit.plan import RunPlan, plan_run
 from cl_audit.report import ModelReport
 from cl_audit.run import audit_module
-from cl_audit.settings import AuditSettings, resolve_device
+from cl_audit.settings import AuditSettings
 from cl_audit.sources import LoadedModel
 
 __all__ = ["audit_loaded", "prepare"]
 
 
-def prepare(loaded: LoadedModel, settings: AuditSettings) -> tuple[nn.Module, Example]:
-    """The model in the settings' dtype on their device, and its input: the factory's example
-    (its floating-point tensors in the settings' dtype, on their device), else a random input
-    of the settings' shape (on the meta device for fake runs); ``ModelFailedError`` at the
-    setup stage otherwise."""
-    device = resolve_device(settings.device, settings.tensor_mode, settings.bfloat16)
+def prepare(loaded: LoadedModel, plan: RunPlan) -> tuple[nn.Module, Example]:
+    """The model in the settings' dtype where the plan runs it, and its input: the factory's
+    example (its floating-point tensors in the settings' dtype), else a random input of the
+    settings' shape; ``ModelFailedError`` at the setup stage otherwise."""
+    settings = plan.settings
     dtype = settings.dtype.torch_dtype
     if loaded.example is not None:
         if settings.batch_size is not None or settings.input_size is not None:
@@ -31,43 +30,32 @@ def prepare(loaded: LoadedModel, settings: AuditSettings) -> tuple[nn.Module, Ex
                 f"{loaded.name}: the factory gives an example input, whose batch and sizes are "
                 "its own: drop --batch-size and --input-size"
             )
-        fake = settings.tensor_mode is TensorMode.FAKE
-
-        def place(value: object) -> object:
-            if not isinstance(value, torch.Tensor):
-                return value
-            value = value.to(dtype) if value.is_floating_point() else value
-            return value if fake else value.to(device)
-
         try:
-            module = loaded.module.to(dtype=dtype) if fake else loaded.module.to(device, dtype)
-            return module, loaded.example.map(place)
+            return plan.tensors.place(loaded.module, loaded.example, plan.device, dtype)
         except Exception as e:
             raise ModelFailedError(Stage.SETUP, loaded.name, e) from e
     shape = settings.input_shape(loaded.input_shape)
     if len(shape) not in (4, 5):
         raise UsageError(f"{loaded.name}: input shape {shape} is not 4D or 5D")
     try:
-        if settings.tensor_mode is TensorMode.FAKE:
-            meta = torch.empty(shape, dtype=dtype, device="meta")
-            return loaded.module.to(dtype=dtype), Example((meta,))
-        generator = torch.Generator().manual_seed(settings.seed)
-        example = torch.randn(shape, generator=generator, dtype=dtype).to(device)
-        return loaded.module.to(device=device, dtype=dtype), Example((example,))
+        example = plan.tensors.random_input(shape, dtype, plan.device, settings.seed)
+        return plan.tensors.place(loaded.module, Example((example,)), plan.device, dtype)
     except Exception as e:
         raise ModelFailedError(Stage.SETUP, loaded.name, e) from e
 
 
-def audit_loaded(loaded: LoadedModel, settings: AuditSettings) -> ModelReport:
+def audit_loaded(loaded: LoadedModel, settings: AuditSettings | RunPlan) -> ModelReport:
     """A built model audited on its example input, or on a random input of the settings'
     shape, dtype and device."""
-    module, example = prepare(loaded, settings)
+    plan = settings if isinstance(settings, RunPlan) else plan_run(settings)
+    module, example = prepare(loaded, plan)
     first = example.first
     try:
-        return audit_module(module, example, settings, name=loaded.name, loss=loaded.loss)
+        return audit_module(module, example, plan, name=loaded.name, loss=loaded.loss)
     except ModelFailedError as e:
         about_input = isinstance(e.cause, (RuntimeError, ValueError, IndexError))
-        if e.stage is not Stage.FORWARD or not about_input or not _looks_batched(loaded, settings):
+        looks_batched = _looks_batched(loaded, plan.settings)
+        if e.stage is not Stage.FORWARD or not about_input or not looks_batched:
             raise
         shape = None if first is None else tuple(first.shape)
         hint = (

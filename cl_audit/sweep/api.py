@@ -1,23 +1,27 @@
-"""``cl_audit.audit_models``: a sweep from Python, as ``cl-audit`` runs it, without a terminal."""
+"""The front door of sweeps: ``sweep`` (the CLI and the Python API both come here), and
+``cl_audit.audit_models``, a sweep from Python as ``cl-audit`` runs it, without a terminal."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from pathlib import Path
 
 from cl_audit.enums import Amp, Optimizer, TensorMode
 from cl_audit.errors import UsageError
+from cl_audit.plan import plan_run
 from cl_audit.report import ModelRow, SweepReport
 from cl_audit.report.cost import Gate
-from cl_audit.settings import AuditSettings, resolve_device
+from cl_audit.settings import AuditSettings
 from cl_audit.sources import ModelRef
 from cl_audit.sweep.cache import DEFAULT_CACHE_MB, SweepCache
 from cl_audit.sweep.plan import Selection
-from cl_audit.sweep.session import Progress, default_checkpoint, run_sweep
+from cl_audit.sweep.session import Progress, SweepOutcome, default_checkpoint, run_sweep
 from cl_audit.sweep.worker import SweepSettings, parse_memory
 
-__all__ = ["audit_models"]
+__all__ = ["CacheOptions", "audit_models", "sweep"]
 
 
 class _Silent:
@@ -31,6 +35,47 @@ class _Silent:
 @contextlib.contextmanager
 def _silent(total: int, done: int, cached: int) -> Iterator[Progress]:
     yield _Silent()
+
+
+@dataclass(frozen=True)
+class CacheOptions:
+    """``--cache DIR``: earlier sweeps' rows reused while their model files, settings and
+    versions are unchanged; failures too with ``failures``; at most ``max_mb`` on disk."""
+
+    root: Path
+    failures: bool = False
+    max_mb: float = DEFAULT_CACHE_MB
+
+
+def sweep(
+    refs: list[ModelRef],
+    settings: SweepSettings,
+    selection: Selection,
+    *,
+    checkpoint: Path | None = None,
+    json_path: Path | None = None,
+    resume: bool = False,
+    cache: CacheOptions | None = None,
+    progress: Callable[[int, int, int], AbstractContextManager[Progress]] = _silent,
+    notify: Callable[[str], None] = lambda message: None,
+) -> SweepOutcome:
+    """The one front door of sweeps, for the CLI and ``audit_models`` alike: ``refs`` (of
+    ``selection``) audited in workers, the checkpoint at ``checkpoint`` or next to
+    ``json_path``, rows reused from ``cache``. The caller has planned the settings (the
+    device resolved, before any model runs)."""
+    chosen = selection.to_dict()
+    return run_sweep(
+        refs,
+        settings,
+        chosen,
+        checkpoint or default_checkpoint(json_path, chosen, settings),
+        resume,
+        progress,
+        notify,
+        cache=None
+        if cache is None
+        else SweepCache(cache.root, settings, failures=cache.failures, max_mb=cache.max_mb),
+    )
 
 
 def audit_models(
@@ -65,45 +110,36 @@ def audit_models(
     unchanged (``ModelRow.cached``). Raises ``UsageError`` for a bad selection or setting;
     a model that fails is a row. Ctrl-C (KeyboardInterrupt) goes on after the workers are
     stopped; the checkpoint keeps every finished row (``resume=True`` continues it)."""
-    if confirm and not fake:
-        raise UsageError("confirm re-runs what fake mode flagged: use it with fake=True")
-    chosen = Selection(tuple(models), tuple(timm), tuple(torchvision), tuple(exclude), shard_spec)
-    refs = chosen.refs()
-    if not refs:
-        raise UsageError("no model selected: give models, timm or torchvision")
-    audit = AuditSettings(
-        device=device,
-        tensor_mode=TensorMode.FAKE if fake else TensorMode.EAGER,
-        gate=Gate(share=fail_share / 100, bytes=fail_bytes),
-        amp=None if amp is None else Amp(amp),
-        train=train,
-        optimizer=Optimizer(optimizer),
-    )
-    resolve_device(audit.device, audit.tensor_mode, audit.bfloat16)
     settings = SweepSettings(
-        audit=audit,
+        audit=AuditSettings(
+            device=device,
+            tensor_mode=TensorMode.FAKE if fake else TensorMode.EAGER,
+            gate=Gate(share=fail_share / 100, bytes=fail_bytes),
+            amp=None if amp is None else Amp(amp),
+            train=train,
+            optimizer=Optimizer(optimizer),
+        ),
         confirm=confirm,
         max_input_size=max_input_size,
         timeout=timeout,
         max_memory_mb=parse_memory(max_memory),
         jobs=jobs,
     )
-    selection = chosen.to_dict()
-    outcome = run_sweep(
+    plan_run(settings.audit)
+    chosen = Selection(tuple(models), tuple(timm), tuple(torchvision), tuple(exclude), shard_spec)
+    refs = chosen.refs()
+    if not refs:
+        raise UsageError("no model selected: give models, timm or torchvision")
+    outcome = sweep(
         refs,
         settings,
-        selection,
-        Path(checkpoint) if checkpoint else default_checkpoint(None, selection, settings),
-        resume,
-        _silent,
-        lambda message: None,
+        chosen,
+        checkpoint=Path(checkpoint) if checkpoint else None,
+        resume=resume,
         cache=None
         if cache is None
-        else SweepCache(
-            Path(cache),
-            settings,
-            failures=cache_failures,
-            max_mb=parse_memory(cache_max_size, "cache_max_size"),
+        else CacheOptions(
+            Path(cache), cache_failures, parse_memory(cache_max_size, "cache_max_size")
         ),
     )
     if outcome.interrupted:

@@ -25,7 +25,8 @@ from types import FunctionType, ModuleType
 import torch
 from torch import nn
 
-from cl_audit.report import ModelRow, ModelSource
+from cl_audit.enums import ModelSource
+from cl_audit.report import ModelRow
 from cl_audit.sources import ModelRef, library
 
 __all__ = ["FileDigests", "call_site_files", "factory_files", "module_files", "portable"]

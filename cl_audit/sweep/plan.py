@@ -9,8 +9,8 @@ import re
 from dataclasses import dataclass
 from importlib import resources
 
+from cl_audit.enums import ModelSource
 from cl_audit.errors import UsageError
-from cl_audit.report import ModelSource
 from cl_audit.sources import ModelRef, close_matches, positional_source
 
 __all__ = ["Selection", "estimated_cost", "known_parameters", "parse_shard", "select", "shard"]

@@ -23,8 +23,8 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
-from cl_audit.errors import Stage
-from cl_audit.report import ModelRow, ReportFormatError, Status
+from cl_audit.enums import Stage, Status
+from cl_audit.report import ModelRow, ReportFormatError
 from cl_audit.sweep.plan import estimated_cost
 from cl_audit.sweep.worker import Job, audit_job, failed_row
 

@@ -18,17 +18,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
+from cl_audit.assemble import environment_of
 from cl_audit.divergences import HIDDEN_TRAINING_COPIES, DivergenceTable, divergence_table
-from cl_audit.environment import probe
-from cl_audit.report import (
-    AppliedOverride,
-    Mode,
-    ModelRow,
-    ModelSource,
-    Status,
-    SweepReport,
-    TensorMode,
-)
+from cl_audit.enums import Mode, ModelSource, Status, TensorMode
+from cl_audit.report import AppliedOverride, ModelRow, SweepReport
+from cl_audit.report.sections import Conditions, Training
 from cl_audit.sources import ModelRef, library
 from cl_audit.sweep.cache import SweepCache
 from cl_audit.sweep.plan import known_parameters
@@ -143,21 +137,21 @@ def run_sweep(
         if cache is not None:
             cache.prune()
     audit = replace(settings.audit, tensor_mode=TensorMode.EAGER) if direct else settings.audit
-    environment = probe(
+    conditions = Conditions(
+        engine=audit.engine,
+        mode=audit.tensor_mode,
         device=audit.device,
         dtype=audit.dtype.value,
         autocast=audit.autocast_description,
-        engine=audit.engine,
-        mode=audit.tensor_mode,
-        train=audit.train,
-        optimizer=audit.optimizer.value if audit.train else None,
     )
-    if audit.tensor_mode is TensorMode.FAKE:
-        environment = replace(
-            environment,
+    if audit.predicted:
+        conditions = replace(
+            conditions,
             fake_divergences=divergence_table(audit.device.split(":")[0]).name,
             kernel_overrides=_applied_overrides(rows.values()),
         )
+    training = Training(audit.optimizer.value) if audit.train else None
+    environment = environment_of(conditions, training)
     report = SweepReport.build(
         environment, {**selection, **settings.to_dict()}, list(rows.values())
     )
@@ -170,14 +164,15 @@ def eager_only(settings: SweepSettings) -> bool:
     (``confirm_jobs``), so each model runs once, eagerly, instead."""
     audit = settings.audit
     device = audit.device.split(":")[0]
-    fake = audit.tensor_mode is TensorMode.FAKE
+    fake = audit.predicted
     return settings.confirm and audit.train and fake and device in HIDDEN_TRAINING_COPIES
 
 
 def _eager_job(ref: ModelRef, settings: SweepSettings) -> Job:
     """An eager job in place of a fake one and its confirmation, with the confirmation's policy
     for large models (by the parameter counts shipped with the package)."""
-    eager = replace(settings, audit=replace(settings.audit, tensor_mode=TensorMode.EAGER))
+    eager_audit = replace(settings.audit, tensor_mode=TensorMode.EAGER)
+    eager = replace(settings, audit=eager_audit, confirm=False)  # nothing left to confirm
     large = known_parameters().get(ref.key, 0) > LARGE_MODEL_PARAMETERS
     return Job(ref, _at_confirmation_side(eager) if large else eager)
 

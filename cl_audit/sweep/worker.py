@@ -11,8 +11,10 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from cl_audit.errors import ModelFailedError, Stage, UsageError
-from cl_audit.report import Mode, ModelRow, Status, TensorMode
+from cl_audit.enums import Mode, Stage, Status, TensorMode
+from cl_audit.errors import ModelFailedError, UsageError
+from cl_audit.plan import plan_run
+from cl_audit.report import ModelRow
 from cl_audit.settings import AuditSettings
 from cl_audit.sources import BuildOptions, ModelRef, load_model
 from cl_audit.sources.audit import audit_loaded
@@ -31,6 +33,12 @@ class SweepSettings:
     timeout: float = 300.0
     max_memory_mb: float | None = 4096.0
     jobs: int = 2
+
+    def __post_init__(self) -> None:
+        if self.confirm and not self.audit.predicted:
+            raise UsageError(
+                "--confirm re-runs what fake mode flagged: use it with --fake (fake=True in Python)"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         """As the sweep report's ``settings`` records them."""
@@ -70,7 +78,7 @@ class Job:
     def mode(self) -> Mode:
         if self.confirming:
             return Mode.CONFIRMED
-        return Mode.FAKE if self.settings.audit.tensor_mode is TensorMode.FAKE else Mode.EAGER
+        return Mode.FAKE if self.settings.audit.predicted else Mode.EAGER
 
 
 def failed_row(
@@ -128,9 +136,10 @@ def _audit(
     settings = job.settings.audit
     if job.confirming:
         settings = replace(settings, tensor_mode=TensorMode.EAGER)
-    fake = settings.tensor_mode is TensorMode.FAKE
+    plan = plan_run(settings)
+    meta = plan.tensors.on_meta
     options = BuildOptions(
-        max_input_size=job.settings.max_input_size, meta=fake, skip_random_init=not fake
+        max_input_size=job.settings.max_input_size, meta=meta, skip_random_init=not meta
     )
     on_stage(Stage.BUILD)
     loaded = load_model(job.ref, options)
@@ -145,7 +154,7 @@ def _audit(
         return failed_row(job, Status.SKIPPED, message, None, _since(start), input_shape=shape)
     on_stage(Stage.FORWARD)
     try:
-        report = audit_loaded(loaded, settings)
+        report = audit_loaded(loaded, plan)
     except ModelFailedError:
         if not loaded.capped or settings.input_size is not None:
             raise
@@ -155,7 +164,7 @@ def _audit(
         loaded = load_model(job.ref, replace(options, max_input_size=None))
         on_files(module_files(loaded.module))
         on_stage(Stage.FORWARD)
-        report = audit_loaded(loaded, settings)
+        report = audit_loaded(loaded, plan)
     return ModelRow.from_report(
         report,
         job.ref.name,

@@ -1,0 +1,129 @@
+"""The audited run: the forward or training step in channels_last under the checker (after a
+warm-up step when training, and untimed rounds first with ``--time``), and what it saw."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from cl_audit.audit import Audit, audit
+from cl_audit.enums import Engine, Strategy
+from cl_audit.errors import ModelFailedError
+from cl_audit.intercept.ledger import Ledger
+from cl_audit.intercept.observer import Observer
+from cl_audit.plan import RunPlan
+from cl_audit.report import Timing
+from cl_audit.report.sections import Observed, Training
+from cl_audit.tensors import Forward, TensorRun
+from cl_audit.timing import Profiler, call_times, copies_by_call, step_timing, timed_ms
+from cl_audit.training import Step
+
+__all__ = ["COMPARED", "Audited", "instrumented", "run_audited"]
+
+COMPARED = (Strategy.CHANNELS_LAST, Strategy.CONV_WEIGHTS)  # strategies run again in NCHW
+
+
+@dataclass(frozen=True)
+class Audited:
+    """The audited run's sections, and its cost ledger for the comparison."""
+
+    observed: Observed
+    training: Training | None
+    timing: Timing | None
+    ledger: Ledger | None
+
+
+def run_audited(
+    plan: RunPlan,
+    run: TensorRun,
+    forward: Forward,
+    model: nn.Module,
+    label: str,
+    loss: Callable[[Any], torch.Tensor] | None,
+) -> Audited:
+    """The converted model's forward or step, audited; ``ModelFailedError`` naming the stage
+    (and a hint where one is known) when the model fails."""
+    settings = plan.settings
+    step = Step(plan, run.trainable(), loss)
+    ledger = _ledger(plan)
+    rounds: tuple[float, ...] = ()
+    profiled = 0.0
+    try:
+        if settings.time:
+            rounds = step.timed(forward, plan.device)
+        else:
+            with run.tensor_mode():
+                for _ in range(plan.workload.warmup_steps):
+                    step.run(forward, None)
+        with run.tensor_mode(), instrumented(plan, model, run, ledger) as (active, prof):
+            if settings.time:
+                profiled = timed_ms(lambda: step.run(forward, active), plan.device)
+            else:
+                step.run(forward, active)
+    except Exception as e:
+        raise ModelFailedError(step.stage, label, e, _hint(plan, run)) from e
+    observed = active.observed(call_times(prof, plan.device) if settings.time else None)
+    training = None
+    if plan.workload.train:
+        training = Training(settings.optimizer.value, step.layouts)
+    timing = step_timing(observed, rounds, profiled, plan.device) if settings.time else None
+    return Audited(observed, training, timing, ledger)
+
+
+def _hint(plan: RunPlan, run: TensorRun) -> str | None:
+    first = run.example.first
+    if plan.workload.train and first is not None and first.shape[0] < 2:
+        return "batch normalisation in train mode needs a batch of at least 2"
+    return None
+
+
+def _ledger(plan: RunPlan) -> Ledger | None:
+    """A cost ledger when the audit compares with NCHW: the dispatch engine, and a strategy
+    that makes the model channels_last (an eager run measures kernel copies)."""
+    settings = plan.settings
+    if not settings.differential or settings.engine is not Engine.DISPATCH:
+        return None
+    if settings.strategy not in COMPARED:
+        return None
+    return Ledger(measured=not plan.tensors.predicted)
+
+
+@contextlib.contextmanager
+def instrumented(
+    plan: RunPlan,
+    model: nn.Module,
+    run: TensorRun,
+    ledger: Ledger | None,
+    also: Observer | None = None,
+) -> Iterator[tuple[Audit, Any]]:
+    """An audit of one run, under the profiler when it times (``--time``) or measures the
+    copies inside kernels (an eager ledger); the measured copies enter the ledger on exit."""
+    settings = plan.settings
+    measure = ledger is not None and ledger.measured
+    label_calls = settings.time or measure
+    profiler: Any = (
+        Profiler(plan.device, shapes=measure, times=settings.time)
+        if label_calls
+        else contextlib.nullcontext()
+    )
+    with (
+        audit(
+            settings.engine,
+            model=model,
+            parameters=run.parameters,
+            timeline=settings.timeline,
+            training=plan.workload.train,
+            label_calls=label_calls,
+            ledger=ledger,
+            also=also,
+        ) as active,
+        profiler,
+    ):
+        yield active, profiler
+    if measure:
+        ledger.add_measured(*copies_by_call(profiler))

@@ -1,0 +1,87 @@
+"""The user's model leaves an audit as it came in: its train/eval modes, parameters, buffers and
+gradients; only the documented in-place memory-format conversion stays."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torchvision
+
+import cl_audit
+from cl_audit.run import audit_module
+from cl_audit.settings import AuditSettings, TensorMode
+
+
+def _resnet18() -> torch.nn.Module:
+    return torchvision.models.resnet18(weights=None, num_classes=10)
+
+
+def _state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {name: t.detach().clone() for name, t in model.state_dict().items()}
+
+
+def _assert_same_values(model: torch.nn.Module, before: dict[str, torch.Tensor]) -> None:
+    after = model.state_dict()
+    assert after.keys() == before.keys()
+    changed = [name for name, t in before.items() if not torch.equal(after[name], t)]
+    assert changed == []
+
+
+def test_a_training_audit_restores_an_eval_models_mode_weights_and_statistics():
+    model = _resnet18().eval()
+    before = _state(model)
+    x = torch.randn(2, 3, 32, 32)
+    report = cl_audit.audit_model(model, x, train=True)
+    assert report.environment.train and report.environment.optimizer == "sgd"
+    assert not any(m.training for m in model.modules())
+    _assert_same_values(model, before)  # weights, batch-norm statistics, num_batches_tracked
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_the_same_step_without_the_restore_changes_the_weights():
+    """Control: the audit's training steps do train, so the test above proves the restore."""
+    model = _resnet18()
+    before = _state(model)
+    plain = copy.deepcopy(model).train()
+    optimizer = torch.optim.SGD(plain.parameters(), lr=1e-3, momentum=0.9)
+    torch.nn.functional.cross_entropy(plain(torch.randn(2, 3, 32, 32)), torch.tensor([1, 2])).backward()
+    optimizer.step()
+    after = plain.state_dict()
+    changed = {name for name, t in before.items() if not torch.equal(after[name], t)}
+    assert "conv1.weight" in changed and "bn1.running_mean" in changed
+
+
+def test_an_inference_audit_keeps_each_modules_own_mode():
+    model = _resnet18().train()
+    model.layer2.eval()  # a mixed model: its modes come back module by module
+    modes = {name: m.training for name, m in model.named_modules()}
+    cl_audit.audit_model(model, torch.randn(2, 3, 32, 32))
+    assert {name: m.training for name, m in model.named_modules()} == modes
+
+
+def test_gradients_the_model_held_are_given_back():
+    model = _resnet18()
+    held = {name: torch.full_like(p, 0.5) for name, p in model.named_parameters()}
+    for name, p in model.named_parameters():
+        p.grad = held[name]
+    cl_audit.audit_model(model, torch.randn(2, 3, 32, 32), train=True)
+    assert all(p.grad is held[name] for name, p in model.named_parameters())
+
+
+def test_the_memory_format_conversion_stays_as_documented():
+    model = _resnet18().eval()
+    before = _state(model)
+    cl_audit.audit_model(model, torch.randn(2, 3, 32, 32), train=True)
+    assert model.conv1.weight.is_contiguous(memory_format=torch.channels_last)
+    _assert_same_values(model, before)
+
+
+def test_a_fake_training_audit_leaves_the_model_untouched():
+    model = _resnet18().eval()
+    before = _state(model)
+    settings = AuditSettings(train=True, tensor_mode=TensorMode.FAKE)
+    report = audit_module(model, (torch.randn(2, 3, 32, 32),), settings)
+    assert report.predicted
+    assert not any(m.training for m in model.modules())
+    _assert_same_values(model, before)
