@@ -23,7 +23,7 @@ from cl_audit.testing import assert_keeps_channels_last
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
-README = (ROOT / "README.md").read_text()
+DOCS = ROOT / "docs"
 
 
 class Flattening(nn.Module):
@@ -291,20 +291,20 @@ def test_lightning_callback_logs_counts_and_survives_a_failing_step(tmp_path):
         assert "cl_audit/losses" in metrics.splitlines()[0]
 
 
-# --- README and CI recipe -----------------------------------------------------------------
+# --- Documentation and CI recipe ----------------------------------------------------------
 
 
 @pytest.mark.parametrize(
-    "example",
+    ("example", "page"),
     [
-        "pytest/test_channels_last.py",
-        "fastai_channels_last.py",
-        "lightning_channels_last.py",
-        "from_libraries.py",
+        ("pytest/test_channels_last.py", "integrations.md"),
+        ("fastai_channels_last.py", "integrations.md"),
+        ("lightning_channels_last.py", "integrations.md"),
+        ("from_libraries.py", "usage.md"),
     ],
 )
-def test_readme_shows_each_example_verbatim(example):
-    assert (EXAMPLES / example).read_text().strip() in README
+def test_docs_show_each_example_verbatim(example, page):
+    assert (EXAMPLES / example).read_text().strip() in (DOCS / page).read_text()
 
 
 def test_ci_recipe_shards_merges_and_gates_for_real(tmp_path):
