@@ -70,11 +70,8 @@ def _opt(*names: str, help: str, **more: Any) -> Any:
     return typer.Option(*names, help=help, show_default=False, **more)
 
 
-def _arg(help: str) -> Any:
-    return typer.Argument(help=help, show_default=False)
-
-
 _MODELS = "torchvision names or globs, or module:factory / path/file.py:factory."
+_CACHE_MAX = "--cache-max-size"
 # Option types: typer needs Optional on Python 3.10.
 Patterns = Optional[list[str]]  # noqa: UP045
 OptionalPath = Optional[Path]  # noqa: UP045
@@ -135,7 +132,7 @@ def _settings(params: dict[str, Any], **more: Any) -> AuditSettings:
 )
 def audit_command(
     ctx: typer.Context,
-    models: Annotated[Patterns, _arg(_MODELS)] = None,
+    models: Annotated[Patterns, typer.Argument(help=_MODELS, show_default=False)] = None,
     timm: Annotated[Patterns, _opt("--timm", help="timm names, globs, 'all'.")] = None,
     torchvision: Annotated[Patterns, _opt(help="torchvision names, globs or 'all'.")] = None,
     exclude: Annotated[Patterns, _opt(help="Drop models matching these globs.")] = None,
@@ -201,11 +198,8 @@ def audit_command(
             show_all=show_all,
             given=frozenset(o for o in ctx.params if _given(ctx, o)),
             console=console,
-            cache=None
-            if cache is None
-            else CacheOptions(
-                cache, cache_failures, parse_memory(cache_max_size, "--cache-max-size")
-            ),
+            cache=cache
+            and CacheOptions(cache, cache_failures, parse_memory(cache_max_size, _CACHE_MAX)),
         )
     raise typer.Exit(_EXIT[outcome])
 
@@ -213,7 +207,7 @@ def audit_command(
 @app.command("bench")
 def bench_command(
     ctx: typer.Context,
-    model: Annotated[OptionalText, _arg(_MODELS)] = None,
+    model: Annotated[OptionalText, typer.Argument(help=_MODELS, show_default=False)] = None,
     timm_model: Annotated[OptionalText, _opt("--timm", help="A timm model name.")] = None,
     input_size: InputSize = None,
     batch_size: BatchSize = None,

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-__all__ = ["format_bytes"]
+from html import escape
+
+__all__ = ["format_bytes", "html_text"]
 
 
 def format_bytes(n: int) -> str:
@@ -14,3 +16,8 @@ def format_bytes(n: int) -> str:
             return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
         size /= 1024
     raise AssertionError("unreachable")
+
+
+def html_text(value: object) -> str:
+    """A value as escaped HTML text (None: empty), quotes too: safe in attributes."""
+    return escape("" if value is None else str(value), quote=True)
