@@ -105,7 +105,7 @@ def bench_module(
         configurations = [
             _configure(model, example, plan, s, amp, loss) for s, amp in _configurations(settings)
         ]
-        rounds = _alternate(configurations, settings, plan.device, name)
+        rounds, warmed = _alternate(configurations, settings, plan.device, name)
         attribution = None
         if settings.attribute and Strategy.CHANNELS_LAST in settings.strategies:
             cl = next(c for c in reversed(configurations) if c.strategy is Strategy.CHANNELS_LAST)
@@ -160,19 +160,40 @@ def _configure(
     return _Configuration(name, strategy, plan, step, lambda: converted.call(copied))
 
 
+WARMUP_LIMIT = 30  # warm-up steps per configuration at most, settled or not
+SETTLED = 0.10  # the last SETTLE_STEPS warm-up steps within 10% of each other
+SETTLE_STEPS = 3
+
+
+def _warm_up(c: _Configuration, least: int, device: torch.device) -> int:
+    """At least ``least`` untimed steps, then more until the last ``SETTLE_STEPS`` step times
+    lie within ``SETTLED`` of each other (caches, allocator and a loaded machine settle), at
+    most ``WARMUP_LIMIT`` in all; how many ran."""
+    times: list[float] = []
+    while len(times) < WARMUP_LIMIT:
+        times.append(timed_ms(lambda: c.step.run(c.forward, None), device))
+        last = times[-SETTLE_STEPS:]
+        if len(times) >= least and len(last) == SETTLE_STEPS and max(last) <= min(last) * (
+            1 + SETTLED
+        ):
+            break
+    return len(times)
+
+
 def _alternate(
     configurations: list[_Configuration],
     settings: BenchSettings,
     device: torch.device,
     label: str,
-) -> dict[str, tuple[float, ...]]:
-    """Warm-up, then rounds that alternate between the configurations (rotating the order)."""
+) -> tuple[dict[str, tuple[float, ...]], dict[str, int]]:
+    """Warm-up until settled, then rounds that alternate between the configurations (rotating
+    the order); the rounds' times and the warm-up steps of each configuration."""
     rounds: dict[str, list[float]] = {c.name: [] for c in configurations}
+    warmed: dict[str, int] = {}
     current = configurations[0]
     try:
         for current in configurations:
-            for _ in range(settings.warmup):
-                current.step.run(current.forward, None)
+            warmed[current.name] = _warm_up(current, settings.warmup, device)
         for index in range(settings.rounds):
             shift = index % len(configurations)
             for current in configurations[shift:] + configurations[:shift]:
@@ -184,7 +205,7 @@ def _alternate(
                 rounds[c.name].append(total / settings.steps_per_round)
     except Exception as e:
         raise ModelFailedError(current.step.stage, f"{label} ({current.name})", e) from e
-    return {name: tuple(values) for name, values in rounds.items()}
+    return {name: tuple(values) for name, values in rounds.items()}, warmed
 
 
 def attribute(report: ModelReport, configuration: str, step_ms: float) -> Attribution:

@@ -37,10 +37,11 @@ class _AuditByDefault(TyperGroup):
         return super().parse_args(ctx, args)
 
 
-app = typer.Typer(cls=_AuditByDefault, rich_markup_mode="rich", add_completion=False)
+# Plain click help: it reads at 80 columns (short help strings; the details are in docs/).
+app = typer.Typer(cls=_AuditByDefault, rich_markup_mode=None, add_completion=False)
 
 _EXIT_CODES = (
-    "[bold]Exit codes[/bold]: 0 clean or minor, 1 offending: channels_last-only copies reach the"
+    "Exit codes: 0 clean or minor, 1 offending: channels_last-only copies reach the"
     " gate (--fail-share and --fail-bytes; with --baseline: new offences, grown costs or"
     " failures), 2 usage error (unknown model, bad option, every model of a sweep skipped; an"
     " installed torch that cannot do what was asked), 3 the model failed to build or run (a"
@@ -49,11 +50,10 @@ _EXIT_CODES = (
 
 
 @app.callback(
-    help="Find where PyTorch models lose the channels_last memory format.\n\n[bold]cl-audit "
-    "MODEL... [OPTIONS][/bold] audits (see [bold]cl-audit audit --help[/bold]); [bold]cl-audit "
-    "bench MODEL[/bold] times it in nchw, channels-last and conv-weights; [bold]cl-audit merge"
-    "[/bold] combines sweep reports; [bold]cl-audit render[/bold] turns a saved report into "
-    f"HTML.\n\n{_EXIT_CODES}"
+    help="Find where PyTorch models lose the channels_last memory format.\n\ncl-audit MODEL... "
+    "[OPTIONS] audits (see cl-audit audit --help); cl-audit bench MODEL times it in nchw, "
+    "channels-last and conv-weights; cl-audit merge combines sweep reports; cl-audit render "
+    f"turns a saved report into HTML.\n\n{_EXIT_CODES}"
 )
 def _help() -> None:
     pass
@@ -66,11 +66,14 @@ class _Convert(str, Enum):
     CONV_WEIGHTS = Strategy.CONV_WEIGHTS.value
 
 
-def _opt(*names: str, help: str, **more: Any) -> Any:
-    return typer.Option(*names, help=help, show_default=False, **more)
+def _o(metavar: str | None, help: str, *names: str, **more: Any) -> Any:
+    """An option shown as ``--name METAVAR`` (None: its choices) with a one-line help; a bool
+    given one name is a switch, off unless given."""
+    return typer.Option(*names, help=help, metavar=metavar, **more)
 
 
 _MODELS = "torchvision names or globs, or module:factory / path/file.py:factory."
+_NAMES = "%s names, globs or 'all' (several times, or a comma list)."
 _CACHE_MAX = "--cache-max-size"
 # Option types: typer needs Optional on Python 3.10.
 Patterns = Optional[list[str]]  # noqa: UP045
@@ -78,10 +81,10 @@ OptionalPath = Optional[Path]  # noqa: UP045
 OptionalText = Optional[str]  # noqa: UP045
 OptionalAmp = Optional[Amp]  # noqa: UP045
 # The options that audit and bench share, declared once.
-InputSize = Annotated[OptionalText, _opt(help="Per-sample CxHxW or CxTxHxW.")]
+InputSize = Annotated[OptionalText, _o("SIZE", "Per-sample CxHxW or CxTxHxW.")]
 OptionalInt = Optional[int]  # noqa: UP045
-BatchSize = Annotated[OptionalInt, _opt(min=1, help="Batch size (default 2; an example's own).")]
-Device = Annotated[str, typer.Option(help="torch device.")]
+BatchSize = Annotated[OptionalInt, _o("N", "Batch size (default 2).", min=1)]
+Device = Annotated[str, _o("DEVICE", "torch device.")]
 DTypeOption = Annotated[DType, typer.Option(help="Model and input dtype.")]
 OptimizerOption = Annotated[Optimizer, typer.Option(help="With --train.")]
 
@@ -132,43 +135,43 @@ def _settings(params: dict[str, Any], **more: Any) -> AuditSettings:
 )
 def audit_command(
     ctx: typer.Context,
-    models: Annotated[Patterns, typer.Argument(help=_MODELS, show_default=False)] = None,
-    timm: Annotated[Patterns, _opt("--timm", help="timm names, globs, 'all'.")] = None,
-    torchvision: Annotated[Patterns, _opt(help="torchvision names, globs or 'all'.")] = None,
-    exclude: Annotated[Patterns, _opt(help="Drop models matching these globs.")] = None,
-    list_only: Annotated[bool, _opt("--list", help="Print the selection and exit.")] = False,
+    models: Annotated[Patterns, typer.Argument(help=_MODELS, metavar="MODEL...")] = None,
+    timm: Annotated[Patterns, _o("NAMES", _NAMES % "timm", "--timm")] = None,
+    torchvision: Annotated[Patterns, _o("NAMES", _NAMES % "torchvision")] = None,
+    exclude: Annotated[Patterns, _o("GLOBS", "Drop models matching these globs.")] = None,
+    list_only: Annotated[bool, _o(None, "Print the selection and exit.", "--list")] = False,
     input_size: InputSize = None,
     batch_size: BatchSize = None,
     device: Device = "cpu",
     dtype: DTypeOption = DType.FLOAT32,
-    amp: Annotated[OptionalAmp, _opt(help="Run under autocast with this dtype.")] = None,
-    engine: Annotated[Engine, _opt(help="dispatch (aten level) or patch.")] = Engine.DISPATCH,
-    fake: Annotated[bool, _opt("--fake", help="Fake tensors: a prediction, fast.")] = False,
+    amp: Annotated[OptionalAmp, _o(None, "Run under autocast with this dtype.")] = None,
+    engine: Annotated[Engine, _o(None, "dispatch (aten level) or patch.")] = Engine.DISPATCH,
+    fake: Annotated[bool, _o(None, "Fake tensors: a prediction, fast.", "--fake")] = False,
     differential: Annotated[bool, typer.Option(help="Weigh the cost against NCHW.")] = True,
-    fail_share: Annotated[float, typer.Option(min=0, help="Offend at this % written...")] = 1.0,
-    fail_bytes: Annotated[str, typer.Option(help="...and this many extra bytes.")] = "1MiB",
-    train: Annotated[bool, _opt("--train", help="Audit a training step, not inference.")] = False,
+    fail_share: Annotated[float, _o("PCT", "Offend at this % of bytes written...", min=0)] = 1.0,
+    fail_bytes: Annotated[str, _o("SIZE", "...and this many extra bytes.")] = "1MiB",
+    train: Annotated[bool, _o(None, "Audit a training step, not inference.", "--train")] = False,
     optimizer: OptimizerOption = Optimizer.SGD,
-    convert: Annotated[_Convert, typer.Option(help="What is converted.")] = _Convert.CHANNELS_LAST,
-    time: Annotated[bool, _opt("--time", help="Time the step and the flagged operations.")] = False,
-    compile_: Annotated[bool, _opt("--compile", help="Also Inductor's layout decisions.")] = False,
-    force_layout_opt: Annotated[bool, _opt(help="With --compile: Inductor forced too.")] = False,
-    show_all: Annotated[bool, _opt(help="List parameter and format-neutral losses too.")] = False,
-    confirm: Annotated[bool, _opt(help="With --fake: eager re-run of what it flagged.")] = False,
-    json_path: Annotated[OptionalPath, _opt("--json", help="JSON report ('-': stdout).")] = None,
-    html: Annotated[OptionalPath, _opt(help="Self-contained HTML report.")] = None,
-    jobs: Annotated[int, typer.Option(min=1, help="Sweep: models audited at once.")] = 2,
-    timeout: Annotated[float, typer.Option(min=1, help="Sweep: seconds per model.")] = 300.0,
-    max_memory: Annotated[str, typer.Option(help="Sweep: memory cap per model.")] = "4GB",
-    max_input_size: Annotated[int, typer.Option(min=1, help="Sweep: cap on input sides.")] = 256,
-    shard_spec: Annotated[OptionalText, _opt("--shard", help="Sweep: shard K/N.")] = None,
-    checkpoint: Annotated[OptionalPath, _opt(help="Sweep: JSON Lines of finished rows.")] = None,
-    resume: Annotated[bool, _opt(help="Sweep: skip models in the checkpoint.")] = False,
-    cache: Annotated[OptionalPath, _opt(help="Sweep: reuse unchanged rows kept in DIR.")] = None,
-    cache_failures: Annotated[bool, _opt(help="With --cache: reuse failed rows too.")] = False,
-    cache_max_size: Annotated[str, typer.Option(help="With --cache: prune past this.")] = "256MB",
-    junit: Annotated[OptionalPath, _opt(help="Sweep: JUnit XML, a case per model.")] = None,
-    baseline: Annotated[OptionalPath, _opt(help="Sweep: gate on an earlier sweep JSON.")] = None,
+    convert: Annotated[_Convert, _o(None, "What is converted.")] = _Convert.CHANNELS_LAST,
+    time: Annotated[bool, _o(None, "Time the step and the flagged ops.", "--time")] = False,
+    compile_: Annotated[bool, _o(None, "Also Inductor's layout decisions.", "--compile")] = False,
+    force_layout_opt: Annotated[bool, _o(None, "Also forced.", "--force-layout-opt")] = False,
+    show_all: Annotated[bool, _o(None, "Parameter and neutral losses too.", "--show-all")] = False,
+    confirm: Annotated[bool, _o(None, "With --fake: eager re-run.", "--confirm")] = False,
+    json_path: Annotated[OptionalPath, _o("FILE", "JSON report ('-': stdout).", "--json")] = None,
+    html: Annotated[OptionalPath, _o("FILE", "Self-contained HTML report.")] = None,
+    jobs: Annotated[int, _o("N", "Sweep: models at once.", min=1)] = 2,
+    timeout: Annotated[float, _o("S", "Sweep: seconds per model.", min=1)] = 300.0,
+    max_memory: Annotated[str, _o("SIZE", "Sweep: memory cap per model.")] = "4GB",
+    max_input_size: Annotated[int, _o("PX", "Sweep: cap on input sides.", min=1)] = 256,
+    shard_spec: Annotated[OptionalText, _o("K/N", "Sweep: this shard.", "--shard")] = None,
+    checkpoint: Annotated[OptionalPath, _o("FILE", "Sweep: rows so far (JSON Lines).")] = None,
+    resume: Annotated[bool, _o(None, "Sweep: skip checkpointed models.", "--resume")] = False,
+    cache: Annotated[OptionalPath, _o("DIR", "Sweep: reuse unchanged rows kept here.")] = None,
+    cache_failures: Annotated[bool, _o(None, "Reuse failed rows too.", "--cache-failures")] = False,
+    cache_max_size: Annotated[str, _o("SIZE", "Prune the cache past this.")] = "256MB",
+    junit: Annotated[OptionalPath, _o("FILE", "Sweep: JUnit XML, a case per model.")] = None,
+    baseline: Annotated[OptionalPath, _o("FILE", "Sweep: gate on an earlier sweep.")] = None,
 ) -> None:
     console = Console(stderr=json_path is not None and str(json_path) == "-")
     with _exit_codes():
@@ -207,28 +210,26 @@ def audit_command(
 @app.command("bench")
 def bench_command(
     ctx: typer.Context,
-    model: Annotated[OptionalText, typer.Argument(help=_MODELS, show_default=False)] = None,
-    timm_model: Annotated[OptionalText, _opt("--timm", help="A timm model name.")] = None,
+    model: Annotated[OptionalText, typer.Argument(help=_MODELS, metavar="MODEL")] = None,
+    timm_model: Annotated[OptionalText, _o("NAME", "A timm model.", "--timm")] = None,
     input_size: InputSize = None,
     batch_size: BatchSize = None,
     device: Device = "cpu",
     dtype: DTypeOption = DType.FLOAT32,
-    amp: Annotated[OptionalAmp, _opt(help="Also time every strategy under autocast.")] = None,
-    train: Annotated[bool, _opt("--train", help="Time training steps, not inference.")] = False,
+    amp: Annotated[OptionalAmp, _o(None, "Also time every strategy under autocast.")] = None,
+    train: Annotated[bool, _o(None, "Time training steps, not inference.", "--train")] = False,
     optimizer: OptimizerOption = Optimizer.SGD,
-    rounds: Annotated[int, typer.Option(min=1, help="Alternating rounds (median).")] = 7,
-    warmup: Annotated[int, typer.Option(min=0, help="Untimed steps per configuration.")] = 3,
-    steps: Annotated[int, typer.Option(min=1, help="Steps timed per round.")] = 3,
-    threads: Annotated[OptionalInt, _opt(min=1, help="torch intra-op threads.")] = None,
+    rounds: Annotated[int, _o("N", "Alternating rounds.", min=1)] = 7,
+    warmup: Annotated[int, _o("N", "Least warm-up steps.", min=0)] = 3,
+    steps: Annotated[int, _o("N", "Steps timed per round.", min=1)] = 3,
+    threads: Annotated[OptionalInt, _o("N", "torch intra-op threads.", min=1)] = None,
     attribute: Annotated[bool, typer.Option(help="Time the channels-last findings.")] = True,
-    json_path: Annotated[OptionalPath, _opt("--json", help="Bench JSON ('-': stdout).")] = None,
-    dashboard_json: Annotated[OptionalPath, _opt(help="PyTorch OSS benchmark records.")] = None,
+    json_path: Annotated[OptionalPath, _o("FILE", "Bench JSON ('-': stdout).", "--json")] = None,
+    dashboard_json: Annotated[OptionalPath, _o("FILE", "PyTorch OSS benchmark records.")] = None,
 ) -> None:
-    """Time a model in NCHW, channels-last and conv-weights, side by side (alternating rounds,
-    the median and its spread), then each channels-last finding under torch.profiler.
+    """Time a model in nchw, channels-last and conv-weights, then its channels-last findings.
 
-    Exit codes: 0 benched, 2 usage error, 3 the model failed to build or run, 130 interrupted.
-    """
+    Exit codes: 0 benched, 2 usage error, 3 the model failed to build or run, 130 interrupted."""
     from cl_audit.bench import BenchSettings
 
     console = Console(stderr=json_path is not None and str(json_path) == "-")
@@ -246,16 +247,15 @@ def bench_command(
 
 @app.command("merge")
 def merge_command(
-    reports: Annotated[list[Path], typer.Argument(help="Sweep JSON reports (shards).")],
-    output: Annotated[Path, typer.Option("-o", "--output", help="Merged report ('-': stdout).")],
-    force: Annotated[bool, typer.Option(help="Mix versions; later duplicates win.")] = False,
-    baseline: Annotated[OptionalPath, _opt(help="Gate on an earlier sweep JSON.")] = None,
+    reports: Annotated[list[Path], typer.Argument(help="Sweep reports.", metavar="REPORT...")],
+    output: Annotated[Path, _o("FILE", "Merged report ('-': stdout).", "-o", "--output")],
+    force: Annotated[bool, _o(None, "Mix versions; later duplicates win.", "--force")] = False,
+    baseline: Annotated[OptionalPath, _o("FILE", "Gate on an earlier sweep JSON.")] = None,
 ) -> None:
-    """Combine sweep reports, e.g. the shards of a CI matrix, into one.
+    """Combine sweep reports (the shards of a CI matrix) into one.
 
     Exit codes: 0 merged (with --baseline: nothing new), 1 with --baseline: new offences or
-    failures, 2 unreadable input, mixed versions or duplicate models.
-    """
+    failures, 2 unreadable input, mixed versions or duplicate models."""
     with _exit_codes():
         outcome = commands.merge_reports(
             reports, output, force=force, baseline=baseline, console=Console(stderr=True)
@@ -265,13 +265,12 @@ def merge_command(
 
 @app.command("render")
 def render_command(
-    report_path: Annotated[Path, typer.Argument(help="A model or sweep JSON report (.gz too).")],
-    html: Annotated[Path, typer.Option("--html", help="Write the HTML report here.")],
+    report_path: Annotated[Path, typer.Argument(help="A JSON report (.gz too).", metavar="REPORT")],
+    html: Annotated[Path, _o("FILE", "Write the HTML report here.", "--html")],
 ) -> None:
-    """Render a saved report (any version) as one self-contained HTML file.
+    """Render a saved model or sweep report (any version) as one self-contained HTML file.
 
-    Exit codes: 0 written, 2 unreadable report or unwritable path.
-    """
+    Exit codes: 0 written, 2 unreadable report or unwritable path."""
     with _exit_codes():
         commands.render(report_path, html)
 

@@ -108,7 +108,7 @@ def _single(
     loaded = load_model(ref, BuildOptions(meta=plan.tensors.on_meta))
     report = audit_loaded(loaded, plan)
     render_report(report, console, show_all)
-    write_outputs(report, outputs.json, outputs.html)
+    _wrote(write_outputs(report, outputs.json, outputs.html))
     return Outcome.OFFENDING if report.verdict is Verdict.OFFENDING else Outcome.CLEAN
 
 
@@ -141,7 +141,10 @@ def _sweep(
     )
     report = outcome.report
     render_sweep(report, console)
-    write_outputs(report, outputs.json, outputs.html, outputs.junit)
+    try:
+        _wrote(write_outputs(report, outputs.json, outputs.html, outputs.junit))
+    except UsageError as e:  # checked before the sweep, so a full disk: every row is kept
+        raise UsageError(f"{e}; every row is in the checkpoint {outcome.checkpoint}") from None
     if outcome.interrupted:
         err.print(
             f"interrupted: {report.summary.models} of {outcome.selected} models done; "
@@ -212,9 +215,11 @@ def bench(
     render_bench(report, console)
     if json_path is not None:
         write_text(json_path, report.to_json() + "\n", "--json")
+        _wrote((json_path,))
     if dashboard_json is not None:
         records = dashboard_records(report, ref.source.value)
         write_text(dashboard_json, json.dumps(records, indent=2) + "\n", "--dashboard-json")
+        _wrote((dashboard_json,))
 
 
 def merge_reports(
@@ -224,6 +229,7 @@ def merge_reports(
     previous = read_sweep(baseline) if baseline is not None else None
     merged = merge([read_sweep(path) for path in paths], force=force)
     write_text(output, merged.to_json() + "\n", "--output")
+    _wrote((output,))
     s = merged.summary
     console.print(
         f"merged {len(paths)} reports: {s.models} models, {s.offending} offending, "
@@ -237,4 +243,11 @@ def render(report_path: Path, html: Path) -> None:
     from cl_audit.render.outputs import write_outputs
 
     check_writable(html, "--html")
-    write_outputs(read_report(report_path), html=html)
+    _wrote(write_outputs(read_report(report_path), html=html))
+
+
+def _wrote(paths: tuple[Path, ...]) -> None:
+    """Say on stderr which files were written (not stdout's '-')."""
+    for path in paths:
+        if str(path) != "-":
+            Console(stderr=True).print(f"wrote {path}", highlight=False, soft_wrap=True)

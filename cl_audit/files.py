@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from cl_audit.errors import UsageError
@@ -17,20 +19,63 @@ from cl_audit.report import (
     encode_document,
 )
 
-__all__ = ["check_writable", "read_report", "read_sweep", "write_text"]
+__all__ = ["check_folder", "check_writable", "read_report", "read_sweep", "write_text"]
 
 
 def check_writable(path: Path | None, option: str) -> None:
-    """Refuse, before any model runs, an output path that cannot be written."""
+    """Refuse, before any model runs, an output file that cannot be written: its folder must
+    exist (nothing is created for it), the path must not be a folder, and a probe write must
+    succeed (a read-only place such as /sys, a full disk, /dev/full)."""
     if path is None or str(path) == "-":
         return
-    folder = path.parent
     if path.is_dir():
         raise UsageError(f"{option} {path}: is a directory")
-    if not folder.is_dir():
+    folder = path.parent
+    if not folder.exists():
         raise UsageError(f"{option} {path}: no such directory {str(folder)!r}")
-    if not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+    if not folder.is_dir():
+        raise UsageError(f"{option} {path}: {str(folder)!r} is not a directory")
+    if path.exists() and not path.is_file():  # a device: written as it is
+        _probe(option, path, lambda: _append_newline(path))
+        return
+    if path.exists() and not os.access(path, os.W_OK):
         raise UsageError(f"{option} {path}: not writable")
+    _probe(option, path, lambda: _temporary_file(folder))
+
+
+def check_folder(path: Path, option: str) -> None:
+    """Refuse, before any model runs, a folder the run cannot create (with its parents) or
+    write in."""
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise UsageError(f"{option} {path}: {str(existing)!r} is not a directory")
+    _probe(option, path, lambda: _temporary_file(existing))
+
+
+def _probe(option: str, path: Path, write: Callable[[], None]) -> None:
+    try:
+        write()
+    except OSError as e:
+        raise UsageError(f"{option} {path}: not writable ({e.strerror})") from None
+
+
+def _temporary_file(folder: Path) -> None:
+    """One byte written to a new file in ``folder``, which is then removed."""
+    with tempfile.NamedTemporaryFile(dir=folder, prefix=".cl-audit-probe-") as probe:
+        probe.write(b"\n")
+        probe.flush()
+        os.fsync(probe.fileno())
+
+
+def _append_newline(path: Path) -> None:
+    """A newline appended to a device that exists (a full one refuses it)."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK)
+    try:
+        os.write(fd, b"\n")
+    finally:
+        os.close(fd)
 
 
 def write_text(path: Path, text: str, option: str) -> None:
@@ -67,7 +112,7 @@ def read_report(path: Path) -> ModelReport | SweepReport:
             return SweepReport.from_dict(data)
         if kind == REPORT_FORMAT:
             return ModelReport.from_dict(data)
-        raise ReportFormatError(f"not a cl-audit report (format {kind!r})")
+        raise ReportFormatError(f"format {kind!r} is not a cl-audit model or sweep report")
     except OSError as e:
         raise UsageError(f"{path}: {e.strerror}") from None
     except ReportFormatError as e:

@@ -91,4 +91,16 @@ def resolve_device(
             raise UsageError(f"--fake --device {text}: no honest prediction here: {problem}")
     elif device.type == "cuda" and not torch.cuda.is_available():
         raise UsageError(f"--device {text!r}: CUDA is not available on this machine")
+    elif not _available(device.type):
+        raise UsageError(f"--device {text!r}: {device.type} is not available on this machine")
     return device
+
+
+def _available(device_type: str) -> bool:
+    """Whether this machine runs ``device_type`` eagerly (its torch module says so)."""
+    if device_type == "cpu":
+        return True
+    if device_type == "mps":
+        return torch.backends.mps.is_available()
+    is_available = getattr(getattr(torch, device_type, None), "is_available", None)
+    return callable(is_available) and bool(is_available())

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from cl_audit.enums import Engine
+from dataclasses import replace
+
+from cl_audit.enums import CostKind, Engine, Evidence, Phase
 from cl_audit.errors import Stage
 from cl_audit.layout import MemoryLayout
 from cl_audit.report import (
@@ -24,6 +26,7 @@ from cl_audit.report import (
     TensorSummary,
     summarise,
 )
+from cl_audit.report.cost import Cost, CostSite, Gate
 
 ENVIRONMENT = Environment(
     tool="0.1.0",
@@ -129,3 +132,56 @@ def row(
 def sweep(*rows: ModelRow, tool: str = "0.1.0") -> SweepReport:
     environment = Environment(**{**ENVIRONMENT.__dict__, "tool": tool})
     return SweepReport.build(environment, {"fake": False}, list(rows))
+
+
+def cost_site(
+    kind: CostKind,
+    op: str = "torch.conv2d",
+    aten_op: str | None = "aten.convolution_backward",
+    phase: Phase = Phase.BACKWARD,
+    module_path: str = "layer1.0.conv1",
+    extra: int = 3 << 20,
+) -> CostSite:
+    return CostSite(
+        kind=kind,
+        phase=phase,
+        op=op,
+        aten_op=aten_op,
+        module_path=module_path,
+        module_class="Conv2d",
+        call_site="models/net.py:40",
+        channels_last_bytes=extra,
+        nchw_bytes=0,
+        channels_last_count=1,
+        nchw_count=0,
+    )
+
+
+def costed_row(name: str, *sites: CostSite, written: int = 100 << 20) -> ModelRow:
+    """A row whose verdict is its cost (``Gate``'s default: 1% and 1 MiB), with no offender
+    finding: a training step whose only costs are copies inside kernels or of parameters."""
+    extra = sum(s.extra for s in sites)
+    gate = Gate()
+    verdict = gate.verdict(extra, written, None)
+    cost = Cost(gate, verdict, written, extra, 0, Evidence.MEASURED, sites)
+    base = row(name)
+    return replace(base, summary=replace(base.summary, verdict=verdict), cost=cost)
+
+
+def training_sweep() -> SweepReport:
+    """Offending only through kernel and parameter cost sites, as a CPU training sweep is."""
+    environment = replace(ENVIRONMENT, train=True, optimizer="sgd")
+    rows = [
+        costed_row("resnet_kernel", cost_site(CostKind.KERNEL)),
+        costed_row("nf_parameter", cost_site(CostKind.PARAMETER, "Tensor.reshape", "aten.clone")),
+        costed_row("tiny_minor", cost_site(CostKind.KERNEL, extra=1 << 10)),
+    ]
+    return SweepReport.build(environment, {"fake": False, "train": True}, rows)
+
+
+def minor_sweep() -> SweepReport:
+    return sweep(costed_row("a", cost_site(CostKind.COPY, extra=1 << 10)), row("b"))
+
+
+def empty_sweep() -> SweepReport:
+    return sweep()

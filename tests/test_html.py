@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 import toy_models
-from literal_reports import finding, row, sweep
+from literal_reports import empty_sweep, finding, minor_sweep, row, sweep, training_sweep
 
 from cl_audit.render.html import model_html, sweep_html
 from cl_audit.report import ModelSource, Status
@@ -174,3 +174,20 @@ def test_model_page_leads_with_the_verdict_the_cost_and_remedies_and_never_break
         ".map(c => c.getClientRects().length)"
     )
     assert lines and set(lines) == {1}  # each name on one line box
+
+
+@pytest.mark.parametrize("shape", [training_sweep, minor_sweep, empty_sweep])
+def test_every_sweep_shape_renders_in_the_browser(browser, tmp_path, shape):
+    """Training sweeps whose offenders have only kernel or parameter cost sites, sweeps of only
+    minor rows, and empty sweeps: each page loads without an error."""
+    report = shape()
+    load(browser, sweep_html(report), tmp_path / f"{shape.__name__}.html")
+    assert console_errors(browser) == []
+    assert len(visible_names(browser)) == report.summary.models
+    if report.summary.offending:
+        cell = browser.find_element("css selector", "#heatmap td.cell[title^='resnet_kernel']")
+        assert cell.text == "3.0 MiB"
+        examples = browser.find_element("css selector", "#operators tbody tr td:last-child")
+        assert "resnet_kernel:layer1.0.conv1" in examples.text
+    else:
+        assert browser.find_elements("id", "heatmap") == []

@@ -45,7 +45,9 @@ def test_the_same_step_without_the_restore_changes_the_weights():
     before = _state(model)
     plain = copy.deepcopy(model).train()
     optimizer = torch.optim.SGD(plain.parameters(), lr=1e-3, momentum=0.9)
-    torch.nn.functional.cross_entropy(plain(torch.randn(2, 3, 32, 32)), torch.tensor([1, 2])).backward()
+    torch.nn.functional.cross_entropy(
+        plain(torch.randn(2, 3, 32, 32)), torch.tensor([1, 2])
+    ).backward()
     optimizer.step()
     after = plain.state_dict()
     changed = {name for name, t in before.items() if not torch.equal(after[name], t)}

@@ -11,7 +11,15 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from literal_reports import finding, model_report, row, sweep
+from literal_reports import (
+    empty_sweep,
+    finding,
+    minor_sweep,
+    model_report,
+    row,
+    sweep,
+    training_sweep,
+)
 from rich.console import Console
 
 from cl_audit.render.terminal import render_comparison, render_report, render_sweep
@@ -94,3 +102,20 @@ def test_a_long_call_site_never_breaks_inside_its_file_and_line(width):
     if len(site) + 30 > width:  # the cell is narrower than the path: shortened from the left
         assert any("…" in line for line in shown)
     assert not any(line.rstrip(" │").endswith("block.py:13") for line in lines)
+
+
+def test_a_training_sweep_whose_offenders_have_only_cost_sites_names_them():
+    """Offending through copies inside kernels and of parameters, with no offender finding:
+    the table gives each operation's cost and the models it was found in."""
+    text = rendered(lambda c: render_sweep(training_sweep(), c))
+    assert "3 models: 2 offending, 1 minor, 0 clean" in text
+    line = next(line for line in text.splitlines() if "aten.convolution_backward" in line)
+    assert "3.0 MiB" in line and "resnet_kernel" in line and "2 / 0" in line
+    assert "nf_parameter" in text  # the parameter copy's model, as its example
+
+
+@pytest.mark.parametrize("shape", [minor_sweep, empty_sweep])
+def test_sweeps_of_only_minor_rows_or_none_render(shape):
+    report = shape()
+    text = rendered(lambda c: render_sweep(report, c))
+    assert f"{report.summary.models} models: 0 offending, {report.summary.minor} minor" in text

@@ -14,7 +14,7 @@ from cl_audit.layout import MemoryLayout
 from cl_audit.render import format_bytes
 from cl_audit.render import html_text as _e
 from cl_audit.render.html_compiled import compiled_section
-from cl_audit.render.terminal import cost_line, timing_line
+from cl_audit.render.terminal import cost_line, operator_examples, timing_line
 from cl_audit.report import (
     Finding,
     ModelReport,
@@ -399,26 +399,35 @@ def _model_row(row: ModelRow) -> str:
 
 
 def _heatmap(report: SweepReport) -> str:
+    """Offending models by operator: the channels_last-only bytes of each model's cost sites at
+    each op where the sweep weighed a cost, else its offender events (reports before costs)."""
     offending = [row for row in report.models if row.offending]
-    ops = [cov.op for cov in report.operators if cov.models]
-    if not offending:
-        return '<p class="dim">No model offends.</p>'
-    events: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    values: dict[str, dict[str, int]] = {row.key: defaultdict(int) for row in offending}
     for row in offending:
-        for finding in row.offenders:
-            events[row.key][finding.op_id] += finding.count
-    peak = max(n for per_op in events.values() for n in per_op.values())
+        if row.cost is not None:
+            for site in row.cost.sites:
+                values[row.key][site.aten_op or site.op] += site.extra
+        else:
+            for finding in row.offenders:
+                values[row.key][finding.op_id] += finding.count
+    ops = [cov.op for cov in report.operators if any(v.get(cov.op) for v in values.values())]
+    if not ops:
+        return '<p class="dim">No model offends at a located operation.</p>'
+    peak = max(n for per_op in values.values() for n in per_op.values())
+    weighed = any(row.cost is not None for row in offending)
     head = "".join(f'<th class="rot" title="{_e(op)}">{_e(op)}</th>' for op in ops)
     rows = []
     for row in offending:
         cells = []
         for op in ops:
-            n = events[row.key].get(op, 0)
-            alpha = 0.15 + 0.85 * n / peak if n else 0
-            style = f' style="background:rgba(214,45,32,{alpha:.2f})"' if n else ""
+            n = values[row.key].get(op, 0)
+            alpha = 0.15 + 0.85 * n / peak if n > 0 else 0
+            style = f' style="background:rgba(214,45,32,{alpha:.2f})"' if n > 0 else ""
+            shown = (format_bytes(n) if weighed else str(n)) if n else ""
+            unit = "channels_last-only" if weighed else "events"
             cells.append(
-                f'<td class="cell"{style} title="{_e(row.name)} / {_e(op)}: {n} events" '
-                f'data-jump="model-{_e(row.key)}">{n or ""}</td>'
+                f'<td class="cell"{style} title="{_e(row.name)} / {_e(op)}: {_e(shown)} {unit}" '
+                f'data-jump="model-{_e(row.key)}">{_e(shown)}</td>'
             )
         rows.append(
             f'<tr><th data-jump="model-{_e(row.key)}">{_e(row.name)}</th>{"".join(cells)}</tr>'
@@ -458,6 +467,7 @@ def sweep_html(report: SweepReport) -> str:
         )
     )
     statuses = "".join(f'<option value="{st.value}">{st.value}</option>' for st in Status)
+    examples = operator_examples(report)
     operators = "".join(
         f'<tr><td><code class="op">{_e(c.op)}</code></td>'
         f'<td class="num" data-value="{c.extra_bytes}">{format_bytes(c.extra_bytes)}</td>'
@@ -465,7 +475,7 @@ def sweep_html(report: SweepReport) -> str:
         f'<td class="num">{c.models}</td><td class="num">{c.events}</td>'
         f'<td class="num" data-value="{c.bytes_converted}">{format_bytes(c.bytes_converted)}</td>'
         f'<td class="num">{c.parameter_models}</td><td class="num">{c.neutral_models}</td>'
-        f"<td>{_e(', '.join(c.examples[:3]))}</td></tr>"
+        f"<td>{_e(', '.join(examples.get(c.op, ())[:3]))}</td></tr>"
         for c in report.operators
     )
     body = (
@@ -488,7 +498,7 @@ def sweep_html(report: SweepReport) -> str:
         '<th class="num">converted'
         '</th><th class="num">parameter models</th><th class="num">neutral models</th>'
         f"<th>for example</th></tr></thead><tbody>{operators}</tbody></table>"
-        "<h2>Offending models by operator (events)</h2>"
+        "<h2>Offending models by operator</h2>"
         + _heatmap(report)
         + "<h2>Findings of each offending model</h2>"
         + _findings_by_model(report)

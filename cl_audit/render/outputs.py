@@ -15,16 +15,22 @@ def write_outputs(
     json_path: Path | None = None,
     html: Path | None = None,
     junit: Path | None = None,
-) -> None:
-    """Each asked-for file ('-' for JSON on stdout; a .gz name is compressed)."""
+) -> tuple[Path, ...]:
+    """Each asked-for file ('-' for JSON on stdout; a .gz name is compressed); the files
+    written."""
+    written = []
     if json_path is not None:
         write_text(json_path, report.to_json() + "\n", "--json")
+        written.append(json_path)
     if html is not None:
         from cl_audit.render.html import model_html, sweep_html
 
         page = sweep_html(report) if isinstance(report, SweepReport) else model_html(report)
         write_text(html, page, "--html")
+        written.append(html)
     if junit is not None and isinstance(report, SweepReport):
         from cl_audit.render.junit import junit_xml
 
         write_text(junit, junit_xml(report), "--junit")
+        written.append(junit)
+    return tuple(path for path in written if str(path) != "-")

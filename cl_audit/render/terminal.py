@@ -35,6 +35,7 @@ __all__ = [
     "cost_table",
     "format_bytes",
     "offenders_table",
+    "operator_examples",
     "render_comparison",
     "render_report",
     "render_sweep",
@@ -93,7 +94,10 @@ def cost_line(cost: Cost, train: bool) -> str:
         f"{format_bytes(cost.bytes_written)} written) at {sites} site{'s' * (sites != 1)}; "
         f"saves {format_bytes(cost.saved_bytes)}"
         + (f" at {saving} site{'s' * (saving != 1)}" if saving else "")
-        + f"; net {format_bytes(cost.net_bytes)}\n"
+        + f"; net {format_bytes(cost.net_bytes)}"
+        + (" (the gate weighs what channels_last adds: a saving elsewhere removes no copy)"
+           if cost.saved_bytes else "")
+        + "\n"
         f"gate: {gate.share:.0%} and {format_bytes(gate.bytes)}; copies inside kernels "
         + ("measured by the profiler" if cost.kernel_copies is Evidence.MEASURED
            else "predicted from strides")
@@ -386,6 +390,23 @@ def _sites_text(text: Text, sites: tuple[CompiledSite, ...], top: int) -> None:
         )
 
 
+def operator_examples(report: SweepReport, per_op: int = 5) -> dict[str, tuple[str, ...]]:
+    """Places ("model:module.path") for each operator of the coverage: its offender examples,
+    then its cost sites (a training sweep's kernel copies are cost sites with no offender)."""
+    places = {cov.op: list(cov.examples) for cov in report.operators}
+    for row in report.models:
+        costliest: dict[str, CostSite] = {}  # one place per model: its costliest site at the op
+        for site in row.cost.sites if row.cost is not None and row.offending else ():
+            op = site.aten_op or site.op
+            if site.extra > (costliest[op].extra if op in costliest else 0):
+                costliest[op] = site
+        for op, site in costliest.items():
+            known = places.setdefault(op, [])
+            if len(known) < per_op and not any(p.startswith(f"{row.name}:") for p in known):
+                known.append(f"{row.name}:{site.module_path}")
+    return {op: tuple(found) for op, found in places.items()}
+
+
 def render_sweep(report: SweepReport, console: Console, top: int = 10) -> None:
     """The sweep summary, the worst operators, and the models that failed."""
     s = report.summary
@@ -409,10 +430,11 @@ def render_sweep(report: SweepReport, console: Console, top: int = 10) -> None:
         table.add_column("models\ncost/offender", justify="right", no_wrap=True)
         table.add_column("offender\nevents", justify="right", no_wrap=True)
         table.add_column("for example", overflow="fold")
+        examples = operator_examples(report)
         for cov in costly[:top]:
             more = len(cov.python_ops) - 2
             name = "\n".join((cov.op, *cov.python_ops[:2], *[f"+{more} more"] * (more > 0)))
-            models = list(dict.fromkeys(e.split(":", 1)[0] for e in cov.examples))
+            models = list(dict.fromkeys(e.split(":", 1)[0] for e in examples.get(cov.op, ())))
             table.add_row(
                 name,
                 format_bytes(cov.extra_bytes),

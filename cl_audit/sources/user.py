@@ -69,6 +69,10 @@ def build(spec: str, options: BuildOptions) -> LoadedModel:
         raise UsageError(f"{spec}: {target!r} has no callable {attribute!r}")
     try:
         made = factory()
+    except ModuleNotFoundError as e:
+        hint = f"the factory needs {e.name!r}: install it"
+        hint += " (cl-audit's examples/libraries.py: pip install -e '.[libraries]')"
+        raise ModelFailedError(Stage.BUILD, spec, e, hint) from e
     except Exception as e:
         raise ModelFailedError(Stage.BUILD, spec, e) from e
     loss = None

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from cl_audit.enums import Amp, Optimizer, TensorMode
 from cl_audit.errors import UsageError
+from cl_audit.files import check_folder, check_writable
 from cl_audit.plan import plan_run
 from cl_audit.report import ModelRow, SweepReport
 from cl_audit.report.cost import Gate
@@ -62,13 +63,22 @@ def sweep(
     """The one front door of sweeps, for the CLI and ``audit_models`` alike: ``refs`` (of
     ``selection``) audited in workers, the checkpoint at ``checkpoint`` or next to
     ``json_path``, rows reused from ``cache``. The caller has planned the settings (the
-    device resolved, before any model runs)."""
+    device resolved); the checkpoint and the cache are checked here, before any model runs
+    (``UsageError``)."""
     chosen = selection.to_dict()
+    if checkpoint is None and (json_path is None or str(json_path) == "-"):
+        checkpoint = default_checkpoint(json_path, chosen, settings)
+        check_folder(checkpoint.parent, "the default checkpoint")  # cl-audit's own folder
+    else:
+        checkpoint = checkpoint or default_checkpoint(json_path, chosen, settings)
+        check_writable(checkpoint, "--checkpoint")
+    if cache is not None:
+        check_folder(cache.root, "--cache")
     return run_sweep(
         refs,
         settings,
         chosen,
-        checkpoint or default_checkpoint(json_path, chosen, settings),
+        checkpoint,
         resume,
         progress,
         notify,

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from cl_audit.environment import distribution_version
+from cl_audit.errors import UsageError
 from cl_audit.report import ModelRow, ReportFormatError
 from cl_audit.report.envelope import SWEEP_VERSION
 from cl_audit.sources import ModelRef
@@ -148,12 +149,18 @@ class SweepCache:
             "row": row.to_dict(),
         }
         path = self._entry(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=".", suffix=".tmp")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=".", suffix=".tmp")
+        except OSError as e:
+            raise UsageError(f"--cache {self.root}: {e.strerror}") from None
         try:
             with os.fdopen(fd, "w") as handle:
                 json.dump(entry, handle, allow_nan=False, sort_keys=True)
             os.replace(temporary, path)
+        except OSError as e:
+            Path(temporary).unlink(missing_ok=True)
+            raise UsageError(f"--cache {self.root}: {e.strerror}") from None
         except BaseException:
             Path(temporary).unlink(missing_ok=True)
             raise

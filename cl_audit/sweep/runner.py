@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from cl_audit.enums import Stage, Status
+from cl_audit.errors import UsageError
 from cl_audit.report import ModelRow, ReportFormatError
 from cl_audit.sweep.plan import estimated_cost
 from cl_audit.sweep.worker import Job, audit_job, failed_row
@@ -53,18 +54,27 @@ class Checkpoint:
         return rows
 
     def start(self, keep: bool) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        if not keep:
-            self.path.write_text("")
+        """Begin (``keep``: go on with) the file; only the default folder is made here, the
+        folder of a path the user gave was checked to exist."""
+        try:
+            self.path.parent.mkdir(exist_ok=True)
+            if not keep:
+                self.path.write_text("")
+        except OSError as e:
+            raise UsageError(f"checkpoint {self.path}: {e.strerror}") from None
 
     def append(self, row: ModelRow) -> None:
+        """One finished row; a failed write (a full disk) ends the sweep (``UsageError``)."""
         line = (json.dumps(row.to_dict(), allow_nan=False) + "\n").encode()
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
-            os.write(fd, line)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                os.write(fd, line)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError as e:
+            raise UsageError(f"checkpoint {self.path}: {e.strerror}") from None
 
 
 def private_memory_mb(pid: int) -> float | None:

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 from cl_audit.assemble import environment_of
 from cl_audit.divergences import HIDDEN_TRAINING_COPIES, DivergenceTable, divergence_table
 from cl_audit.enums import Mode, ModelSource, Status, TensorMode
+from cl_audit.errors import UsageError
 from cl_audit.report import AppliedOverride, ModelRow, SweepReport
 from cl_audit.report.sections import Conditions, Training
 from cl_audit.sources import ModelRef, library
@@ -133,6 +134,9 @@ def run_sweep(
             _confirm(rows, settings, checkpoint, progress, notify, store)
     except KeyboardInterrupt:
         interrupted = True  # every finished row is already in ``rows`` and the checkpoint
+    except UsageError as e:  # a write failed (a full disk): what is kept, and where
+        kept = f"{len(rows)} finished rows are in the checkpoint {checkpoint.path}"
+        raise UsageError(f"{e}; {kept} (--resume continues it)") from None
     finally:
         if cache is not None:
             cache.prune()
