@@ -18,17 +18,10 @@ from typing import Any
 import torch
 
 from cl_audit.attribution import ModuleNames, locate
+from cl_audit.enums import Differential, DifferentialStatus
 from cl_audit.intercept.naming import aten_op_name, python_op_name
 from cl_audit.intercept.tracking import tensor_arguments
-from cl_audit.report import (
-    Differential,
-    DifferentialRun,
-    DifferentialStatus,
-    Finding,
-    ModelReport,
-    TensorSummary,
-    summarise,
-)
+from cl_audit.report import DifferentialRun, Finding, ModelReport, TensorSummary, summarise
 
 __all__ = ["CounterpartWatcher", "apply_differential", "needs_differential"]
 

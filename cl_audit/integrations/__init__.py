@@ -12,8 +12,9 @@ from rich.console import Console
 from torch import nn
 
 from cl_audit.audit import Audit, audit
+from cl_audit.enums import Phase
 from cl_audit.environment import autocast_in_effect
-from cl_audit.report import ModelReport, Phase
+from cl_audit.report import ModelReport
 from cl_audit.training import gradient_layouts, training_report
 
 __all__ = ["StepAudit", "show"]

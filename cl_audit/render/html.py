@@ -11,6 +11,7 @@ import json
 from collections import defaultdict
 from html import escape
 
+from cl_audit.enums import Phase, Status, Verdict
 from cl_audit.layout import MemoryLayout
 from cl_audit.render import format_bytes
 from cl_audit.render.terminal import cost_line, timing_line
@@ -20,12 +21,9 @@ from cl_audit.report import (
     Finding,
     ModelReport,
     ModelRow,
-    Phase,
     Producer,
     SiteGroup,
-    Status,
     SweepReport,
-    Verdict,
     by_call_site,
 )
 
