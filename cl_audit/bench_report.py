@@ -6,21 +6,18 @@ from __future__ import annotations
 import json
 import platform
 import statistics
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
+from cl_audit.enums import Conversion, Phase, Strategy
 from cl_audit.report import (
     BENCH_FORMAT,
     BENCH_VERSION,
-    Conversion,
     Environment,
-    Phase,
     ReportFormatError,
     check_envelope,
-    environment_from_dict,
-    plain_json,
 )
-from cl_audit.settings import Strategy
+from cl_audit.report.codec import JsonForm, decode, encode
 
 __all__ = [
     "BENCH_FORMAT",
@@ -87,6 +84,8 @@ class Attribution:
     findings: tuple[FindingTime, ...]
     offenders: int  # offender count of the audit
 
+    json_form: ClassVar[JsonForm] = JsonForm(derived=("share",))
+
     @property
     def share(self) -> float:
         return self.losses_ms / self.step_ms if self.step_ms > 0 else 0.0
@@ -102,6 +101,8 @@ class BenchReport:
     steps_per_round: int
     timings: tuple[StrategyTiming, ...]
     attribution: Attribution | None
+
+    json_form: ClassVar[JsonForm] = JsonForm(derived=("verdict",))
 
     def timing(self, name: str) -> StrategyTiming | None:
         return next((t for t in self.timings if t.name == name), None)
@@ -140,20 +141,18 @@ class BenchReport:
         return line
 
     def to_dict(self) -> dict[str, Any]:
-        body = plain_json(asdict(self))
+        """Each timing's figures added here: its speedup and throughput need the whole report."""
+        body = encode(self)
         for plain, timing in zip(body["timings"], self.timings, strict=True):
-            speedup = self.speedup(timing)
             plain.update(
                 median_ms=timing.median_ms,
                 min_ms=min(timing.rounds_ms),
                 max_ms=max(timing.rounds_ms),
                 spread=timing.spread,
                 throughput=self.throughput(timing),
-                speedup_vs_nchw=speedup,
+                speedup_vs_nchw=self.speedup(timing),
             )
-        if self.attribution is not None:
-            body["attribution"]["share"] = self.attribution.share
-        return {"format": BENCH_FORMAT, "version": BENCH_VERSION, **body, "verdict": self.verdict}
+        return {"format": BENCH_FORMAT, "version": BENCH_VERSION, **body}
 
     def to_json(self, indent: int | None = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
@@ -162,39 +161,9 @@ class BenchReport:
     def from_dict(cls, data: dict[str, Any]) -> BenchReport:
         check_envelope(data, BENCH_FORMAT, (BENCH_VERSION,))
         try:
-            attribution = data["attribution"]
-            return cls(
-                model=data["model"],
-                input_shape=tuple(data["input_shape"]),
-                environment=environment_from_dict(data["environment"]),
-                threads=data["threads"],
-                warmup=data["warmup"],
-                steps_per_round=data["steps_per_round"],
-                timings=tuple(
-                    StrategyTiming(
-                        t["name"], Strategy(t["strategy"]), t["amp"], tuple(t["rounds_ms"])
-                    )
-                    for t in data["timings"]
-                ),
-                attribution=None if attribution is None else _attribution(attribution),
-            )
+            return decode(cls, data)
         except (KeyError, TypeError, ValueError) as e:
             raise ReportFormatError(f"malformed {BENCH_FORMAT} document: {e!r}") from None
-
-
-def _attribution(data: dict[str, Any]) -> Attribution:
-    return Attribution(
-        configuration=data["configuration"],
-        step_ms=data["step_ms"],
-        clock=data["clock"],
-        losses_ms=data["losses_ms"],
-        regains_ms=data["regains_ms"],
-        findings=tuple(
-            FindingTime(**{**f, "kind": Conversion(f["kind"]), "phase": Phase(f["phase"])})
-            for f in data["findings"]
-        ),
-        offenders=data["offenders"],
-    )
 
 
 def dashboard_records(report: BenchReport, source: str) -> list[dict[str, Any]]:

@@ -16,7 +16,7 @@ from torch import nn
 from torch.nn.utils import convert_conv2d_weight_memory_format, convert_conv3d_weight_memory_format
 
 from cl_audit.compat import module_apply
-from cl_audit.settings import Strategy
+from cl_audit.enums import Strategy
 
 __all__ = [
     "apply_strategy",

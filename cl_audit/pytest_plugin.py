@@ -108,7 +108,8 @@ class _Session:
     def check(self, key: str, report: Any, allow: Iterable[Any], label: str) -> None:
         """Record ``report`` under ``key``; raise ``AssertionError`` on offenders that neither
         ``allow`` nor the baseline (unless updating it) accounts for."""
-        from cl_audit.report import Mode, ModelRow, ModelSource
+        from cl_audit.enums import Mode, ModelSource
+        from cl_audit.report import ModelRow
         from cl_audit.testing import offender_table, unexpected
 
         self.rows[key] = ModelRow.from_report(report, key, ModelSource.USER, Mode.EAGER)

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import torch
 
+from cl_audit.enums import Provenance, RegainSource
 from cl_audit.layout import MemoryLayout, layout_of
-from cl_audit.report import Provenance, RegainSource
 
 __all__ = [
     "COPY_ATEN_OPS",

@@ -23,10 +23,9 @@ import torch
 from rich.console import Console
 from torch import nn
 
-from cl_audit.enums import Verdict
+from cl_audit.enums import Amp, Engine, Verdict
 from cl_audit.report import CostSite, Finding, ModelReport
 from cl_audit.run import audit_model
-from cl_audit.settings import Amp, Engine
 
 __all__ = ["Allowed", "allowed", "assert_keeps_channels_last", "offender_table", "unexpected"]
 

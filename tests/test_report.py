@@ -21,7 +21,7 @@ def report() -> ModelReport:
     return cl_audit.audit_model(toy_models.MixedConcat(), torch.randn(2, 3, 16, 16), name="mixed")
 
 
-def test_real_report_validates_against_the_shipped_schema(report, engine):
+def test_real_report_validates_against_the_shipped_schema(engine):
     for model in (toy_models.MixedConcat(), toy_models.ChannelShuffle(), toy_models.CleanNet()):
         data = cl_audit.audit_model(model, torch.randn(2, 3, 16, 16), engine=engine).to_dict()
         jsonschema.validate(data, load_schema())

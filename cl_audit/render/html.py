@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 
+from cl_audit.enums import Phase, Status, Verdict
 from cl_audit.layout import MemoryLayout
 from cl_audit.render import format_bytes
 from cl_audit.render import html_text as _e
@@ -19,12 +20,9 @@ from cl_audit.report import (
     Finding,
     ModelReport,
     ModelRow,
-    Phase,
     Producer,
     SiteGroup,
-    Status,
     SweepReport,
-    Verdict,
     by_call_site,
 )
 

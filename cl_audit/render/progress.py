@@ -12,8 +12,9 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from cl_audit.enums import Status
 from cl_audit.render import format_bytes
-from cl_audit.report import ModelRow, Status
+from cl_audit.report import ModelRow
 from cl_audit.sources import ModelRef
 
 __all__ = ["SweepProgress"]

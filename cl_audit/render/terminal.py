@@ -8,7 +8,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from cl_audit.enums import Evidence, Fate, Verdict
+from cl_audit.enums import DifferentialStatus, Evidence, Fate, Verdict
 from cl_audit.render import format_bytes
 from cl_audit.report import (
     Comparison,
@@ -18,7 +18,6 @@ from cl_audit.report import (
     CompiledSite,
     Cost,
     CostSite,
-    DifferentialStatus,
     Finding,
     ModelReport,
     Producer,

@@ -8,12 +8,13 @@ channels_last-only bytes over the bytes its channels_last run wrote.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
+from typing import ClassVar
 
 from cl_audit.enums import CostKind, Evidence, Phase, Verdict
+from cl_audit.report.codec import JsonForm
 
-__all__ = ["Cost", "CostSite", "Gate", "MixedSite", "Producer", "Remedy", "cost_from_dict"]
+__all__ = ["Cost", "CostSite", "Gate", "MixedSite", "Producer", "Remedy"]
 
 MIB = 1 << 20
 
@@ -78,6 +79,8 @@ class CostSite:
     fix_site: Producer | None = None
     remedy: Remedy | None = None
 
+    json_form: ClassVar[JsonForm] = JsonForm(derived=("extra", "saved"))
+
     @property
     def extra(self) -> int:
         """Bytes only channels_last copies here."""
@@ -116,6 +119,8 @@ class Cost:
     mixed: tuple[MixedSite, ...] = ()
     unlocated_bytes: int = 0  # measured kernel copies where no conversion was predicted
 
+    json_form: ClassVar[JsonForm] = JsonForm(derived=("net_bytes", "share"))
+
     @property
     def net_bytes(self) -> int:
         return self.extra_bytes - self.saved_bytes
@@ -123,46 +128,3 @@ class Cost:
     @property
     def share(self) -> float:
         return self.extra_bytes / self.bytes_written if self.bytes_written else 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        """Derived figures (net, share, each site's extra and saved) written out for readers."""
-        body = asdict(self)
-        body.update(net_bytes=self.net_bytes, share=self.share)
-        for site, data in zip(self.sites, body["sites"], strict=True):
-            data.update(extra=site.extra, saved=site.saved)
-        return body
-
-
-def cost_from_dict(data: dict[str, Any] | None) -> Cost | None:
-    if data is None:
-        return None
-    sites = tuple(
-        CostSite(
-            kind=CostKind(s["kind"]),
-            phase=Phase(s["phase"]),
-            op=s["op"],
-            aten_op=s["aten_op"],
-            module_path=s["module_path"],
-            module_class=s["module_class"],
-            call_site=s["call_site"],
-            channels_last_bytes=s["channels_last_bytes"],
-            nchw_bytes=s["nchw_bytes"],
-            channels_last_count=s["channels_last_count"],
-            nchw_count=s["nchw_count"],
-            fix_site=None if s["fix_site"] is None else Producer(**s["fix_site"]),
-            remedy=None if s["remedy"] is None else Remedy(**s["remedy"]),
-        )
-        for s in data["sites"]
-    )
-    mixed = tuple(MixedSite(**{**m, "phase": Phase(m["phase"])}) for m in data.get("mixed", ()))
-    return Cost(
-        gate=Gate(**data["gate"]),
-        verdict=Verdict(data["verdict"]),
-        bytes_written=data["bytes_written"],
-        extra_bytes=data["extra_bytes"],
-        saved_bytes=data["saved_bytes"],
-        kernel_copies=Evidence(data["kernel_copies"]),
-        sites=sites,
-        mixed=mixed,
-        unlocated_bytes=data.get("unlocated_bytes", 0),
-    )

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import gzip
 import json
-from enum import Enum
 from importlib import resources
 from typing import Any
+
+from cl_audit.report.codec import plain_json as plain_json  # public here before the codec
 
 REPORT_FORMAT = "cl-audit.report"
 
@@ -87,16 +88,6 @@ def load_schema(name: str = "report", version: int | None = None) -> dict[str, A
     version = current if version is None else version
     file = f"{name}.schema.json" if version == current else f"{name}-v{version}.schema.json"
     return json.loads(resources.files("cl_audit.schema").joinpath(file).read_text())
-
-
-def plain_json(value: Any) -> Any:
-    if isinstance(value, Enum):
-        return value.value
-    if isinstance(value, dict):
-        return {k: plain_json(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [plain_json(v) for v in value]
-    return value
 
 
 SWEEP_FORMAT = "cl-audit.sweep"

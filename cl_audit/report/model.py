@@ -4,8 +4,8 @@ frozen dataclasses, with their JSON (the current version written; every readable
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 from cl_audit.enums import (
     Conversion,
@@ -19,8 +19,9 @@ from cl_audit.enums import (
     Verdict,
 )
 from cl_audit.layout import MemoryLayout
-from cl_audit.report.compiled import Compiled, compiled_from_dict
-from cl_audit.report.cost import Cost, Producer, cost_from_dict
+from cl_audit.report.codec import JsonForm, decode, encode
+from cl_audit.report.compiled import Compiled
+from cl_audit.report.cost import Cost, Producer
 from cl_audit.report.envelope import (
     REPORT_FORMAT,
     REPORT_READABLE,
@@ -28,7 +29,6 @@ from cl_audit.report.envelope import (
     ReportFormatError,
     check_envelope,
     parse_json,
-    plain_json,
 )
 
 
@@ -195,13 +195,14 @@ def summarise(
     )
 
 
-def summary_from_dict(data: dict[str, Any], offenders: tuple[Finding, ...]) -> Summary:
-    """A summary as written; one written before verdicts (versions 1 and 2) gets the verdict of
-    its findings."""
-    verdict = data.get("verdict")
-    if verdict is None:
-        verdict = Verdict.OFFENDING if offenders else Verdict.CLEAN
-    return Summary(**{**data, "verdict": Verdict(verdict)})
+def with_verdict(data: dict[str, Any]) -> dict[str, Any]:
+    """A report or sweep row as written, its summary with a verdict: one written before verdicts
+    (versions 1 and 2) gets that of its findings (offending when there are offenders)."""
+    summary = data.get("summary")
+    if summary is None or summary.get("verdict") is not None:
+        return data
+    verdict = Verdict.OFFENDING if data["offenders"] else Verdict.CLEAN
+    return {**data, "summary": {**summary, "verdict": verdict.value}}
 
 
 @dataclass(frozen=True)
@@ -264,6 +265,8 @@ class Timing:
     regains_ms: float
     parameter_ms: float
 
+    json_form: ClassVar[JsonForm] = JsonForm(derived=("losses_ms", "share", "regain_share"))
+
     @property
     def losses_ms(self) -> float:
         """The losses' time: offenders and parameter conversions."""
@@ -317,17 +320,7 @@ class ModelReport:
         return self.environment.mode is TensorMode.FAKE
 
     def to_dict(self) -> dict[str, Any]:
-        body = asdict(self)
-        if self.timing is not None:
-            timing = self.timing
-            body["timing"].update(
-                losses_ms=timing.losses_ms, share=timing.share, regain_share=timing.regain_share
-            )
-        if self.cost is not None:
-            body["cost"] = self.cost.to_dict()
-        if self.compiled is not None:
-            body["compiled"] = self.compiled.to_dict()
-        return {"format": REPORT_FORMAT, "version": REPORT_VERSION, **plain_json(body)}
+        return {"format": REPORT_FORMAT, "version": REPORT_VERSION, **encode(self)}
 
     def to_json(self, indent: int | None = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
@@ -336,33 +329,7 @@ class ModelReport:
     def from_dict(cls, data: dict[str, Any]) -> ModelReport:
         version = check_envelope(data, REPORT_FORMAT, REPORT_READABLE)
         try:
-            differential = data.get("differential")
-            offenders = findings_from_dicts(data["offenders"])
-            return cls(
-                model=data["model"],
-                input_shape=tuple_or_none(data["input_shape"]),
-                environment=environment_from_dict(data["environment"]),
-                summary=summary_from_dict(data["summary"], offenders),
-                offenders=offenders,
-                regains=findings_from_dicts(data["regains"]),
-                parameter_conversions=findings_from_dicts(data.get("parameter_conversions", ())),
-                format_neutral=findings_from_dicts(data.get("format_neutral", ())),
-                differential=_differential(differential, version),
-                unwrapped=tuple(data.get("unwrapped", ())),
-                timeline=tuple(_event(e) for e in data.get("timeline", ())),
-                gradient_layouts=tuple(
-                    GradientLayout(
-                        g["parameter"],
-                        tuple(g["shape"]),
-                        tuple(g["parameter_strides"]),
-                        tuple(g["gradient_strides"]),
-                    )
-                    for g in data.get("gradient_layouts", ())
-                ),
-                timing=_timing(data.get("timing")),
-                cost=cost_from_dict(data.get("cost")),
-                compiled=compiled_from_dict(data.get("compiled")),
-            )
+            return decode(cls, _upgraded(data, version))
         except (KeyError, TypeError, ValueError) as e:
             raise ReportFormatError(f"malformed {REPORT_FORMAT} document: {e!r}") from None
 
@@ -371,83 +338,27 @@ class ModelReport:
         return cls.from_dict(parse_json(text))
 
 
+def _upgraded(data: dict[str, Any], version: int) -> dict[str, Any]:
+    """The document with what older versions left out filled in; explicit, as it depends on the
+    version and on other fields: versions 1 and 2 wrote no verdict, version 1 no differential run
+    (read as skipped, saying why)."""
+    data = with_verdict(data)
+    if data.get("differential") is None:
+        message = "version 1 report: made before differential audits" if version == 1 else None
+        data = {
+            **data,
+            "differential": {"status": DifferentialStatus.SKIPPED.value, "message": message},
+        }
+    return data
+
+
 def tuple_or_none(value: list[int] | None) -> tuple[int, ...] | None:
     return None if value is None else tuple(value)
 
 
 def environment_from_dict(data: dict[str, Any]) -> Environment:
-    overrides = tuple(AppliedOverride(**o) for o in data.get("kernel_overrides", ()))
-    mode = TensorMode(data.get("mode", "eager"))
-    engine = Engine(data["engine"])
-    return Environment(**{**data, "engine": engine, "mode": mode, "kernel_overrides": overrides})
-
-
-def _differential(data: dict[str, Any] | None, version: int) -> DifferentialRun:
-    if data is None:
-        message = "version 1 report: made before differential audits" if version == 1 else None
-        return DifferentialRun(DifferentialStatus.SKIPPED, message)
-    return DifferentialRun(DifferentialStatus(data["status"]), data["message"], data["unaligned"])
-
-
-def _timing(data: dict[str, Any] | None) -> Timing | None:
-    if data is None:
-        return None
-    derived = ("losses_ms", "share", "regain_share")
-    fields = {k: v for k, v in data.items() if k not in derived}
-    return Timing(**{**fields, "rounds_ms": tuple(data["rounds_ms"])})
-
-
-def _tensor(data: dict[str, Any]) -> TensorSummary:
-    return TensorSummary(
-        shape=tuple(data["shape"]),
-        strides=tuple(data["strides"]),
-        dtype=data["dtype"],
-        device=data["device"],
-        layout=MemoryLayout(data["layout"]),
-    )
-
-
-def _event(data: dict[str, Any]) -> TimelineEvent:
-    mark = data["mark"]
-    return TimelineEvent(
-        op=data["op"],
-        module_path=data["module_path"],
-        shape=tuple(data["shape"]),
-        strides=tuple(data["strides"]),
-        layout=MemoryLayout(data["layout"]),
-        mark=None if mark is None else Conversion(mark),
-    )
-
-
-def _finding(data: dict[str, Any]) -> Finding:
-    root = data["root_cause"]
-    source = data.get("regain_source")
-    differential = data.get("differential")
-    return Finding(
-        kind=Conversion(data["kind"]),
-        python_op=data["python_op"],
-        aten_op=data["aten_op"],
-        module_path=data["module_path"],
-        module_class=data["module_class"],
-        call_site=data["call_site"],
-        inputs=tuple(_tensor(t) for t in data["inputs"]),
-        outputs=tuple(_tensor(t) for t in data["outputs"]),
-        count=data["count"],
-        bytes_converted=data["bytes_converted"],
-        round_trips=data["round_trips"],
-        terminal=data["terminal"],
-        mixed_formats=data["mixed_formats"],
-        root_cause=None if root is None else Producer(**root),
-        provenance=Provenance(data.get("provenance", "batch")),
-        regain_source=None if source is None else RegainSource(source),
-        differential=None if differential is None else Differential(differential),
-        phase=Phase(data.get("phase", "forward")),
-        time_ms=data.get("time_ms"),
-    )
+    return decode(Environment, data)
 
 
 def findings_from_dicts(items: Any) -> tuple[Finding, ...]:
-    return tuple(_finding(f) for f in items)
-
-
-# --- Sweeps -------------------------------------------------------------------------------
+    return tuple(decode(Finding, f) for f in items)

@@ -4,8 +4,8 @@ pure operations on sweep reports (merging shards, comparing with a baseline)."""
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from cl_audit.enums import (
     Mode,
@@ -15,7 +15,8 @@ from cl_audit.enums import (
     Verdict,
 )
 from cl_audit.errors import UsageError
-from cl_audit.report.cost import Cost, cost_from_dict
+from cl_audit.report.codec import JsonForm, decode, encode
+from cl_audit.report.cost import Cost
 from cl_audit.report.envelope import (
     SWEEP_FORMAT,
     SWEEP_READABLE,
@@ -24,7 +25,6 @@ from cl_audit.report.envelope import (
     check_envelope,
     decode_document,
     parse_json,
-    plain_json,
 )
 from cl_audit.report.model import (
     AppliedOverride,
@@ -32,10 +32,7 @@ from cl_audit.report.model import (
     Finding,
     ModelReport,
     Summary,
-    environment_from_dict,
-    findings_from_dicts,
-    summary_from_dict,
-    tuple_or_none,
+    with_verdict,
 )
 
 
@@ -62,6 +59,8 @@ class ModelRow:
     cost: Cost | None = None  # channels_last against NCHW, when weighed
     cached: bool = False  # an earlier run's row, reused from the sweep cache
 
+    json_form: ClassVar[JsonForm] = JsonForm(derived=("predicted",))
+
     @property
     def key(self) -> str:
         return f"{self.source.value}:{self.name}"
@@ -82,10 +81,7 @@ class ModelRow:
         return self.verdict is Verdict.OFFENDING
 
     def to_dict(self) -> dict[str, Any]:
-        body = plain_json(asdict(self))
-        if self.cost is not None:
-            body["cost"] = plain_json(self.cost.to_dict())
-        return {**body, "predicted": self.predicted}
+        return encode(self)
 
     @classmethod
     def from_report(
@@ -121,29 +117,7 @@ class ModelRow:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ModelRow:
-        summary = data["summary"]
-        stage = data["stage"]
-        offenders = findings_from_dicts(data["offenders"])
-        return cls(
-            name=data["name"],
-            source=ModelSource(data["source"]),
-            status=Status(data["status"]),
-            mode=Mode(data["mode"]),
-            input_shape=tuple_or_none(data["input_shape"]),
-            parameters=data["parameters"],
-            summary=None if summary is None else summary_from_dict(summary, offenders),
-            offenders=offenders,
-            message=data["message"],
-            stage=None if stage is None else Stage(stage),
-            seconds=data["seconds"],
-            peak_memory_mb=data["peak_memory_mb"],
-            parameter_conversions=findings_from_dicts(data.get("parameter_conversions", ())),
-            format_neutral=findings_from_dicts(data.get("format_neutral", ())),
-            regains=findings_from_dicts(data.get("regains", ())),
-            kernel_overrides=tuple(AppliedOverride(**o) for o in data.get("kernel_overrides", ())),
-            cost=cost_from_dict(data.get("cost")),
-            cached=data.get("cached", False),
-        )
+        return decode(cls, with_verdict(data))
 
 
 @dataclass(frozen=True)
@@ -209,20 +183,18 @@ class SweepReport:
         return cls(environment, settings, summary, ordered, operator_coverage(ordered))
 
     def to_dict(self) -> dict[str, Any]:
-        body = {**plain_json(asdict(self)), "models": [row.to_dict() for row in self.models]}
-        return {"format": SWEEP_FORMAT, "version": SWEEP_VERSION, **body}
+        return {"format": SWEEP_FORMAT, "version": SWEEP_VERSION, **encode(self)}
 
     def to_json(self, indent: int | None = 1) -> str:
         return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SweepReport:
+        """Explicit, not decoded: the summary and the operator coverage are derived again."""
         check_envelope(data, SWEEP_FORMAT, SWEEP_READABLE)
         try:
             rows = [ModelRow.from_dict(r) for r in data["models"]]
-            return cls.build(
-                environment_from_dict(data["environment"]), dict(data["settings"]), rows
-            )
+            return cls.build(decode(Environment, data["environment"]), dict(data["settings"]), rows)
         except (KeyError, TypeError, ValueError) as e:
             raise ReportFormatError(f"malformed {SWEEP_FORMAT} document: {e!r}") from None
 

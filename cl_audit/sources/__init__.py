@@ -13,9 +13,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from cl_audit.enums import ModelSource
 from cl_audit.errors import UsageError
 from cl_audit.inputs import Example
-from cl_audit.report import ModelSource
 
 __all__ = [
     "BuildOptions",

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import inspect
 
-from cl_audit.errors import ModelFailedError, Stage, UsageError
+from cl_audit.enums import Stage
+from cl_audit.errors import ModelFailedError, UsageError
 from cl_audit.sources import (
     BuildOptions,
     LoadedModel,

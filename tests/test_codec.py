@@ -1,0 +1,194 @@
+"""The report codec: nested frozen dataclasses written and read back by their type hints, and
+reports of old and current versions written again exactly as they were read."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from enum import Enum, unique
+from pathlib import Path
+from typing import ClassVar
+
+import jsonschema
+import pytest
+from literal_reports import model_report
+
+from cl_audit.enums import (
+    ConvClass,
+    CopyKind,
+    CostKind,
+    Differential,
+    Evidence,
+    Fate,
+    LayoutBranch,
+    Phase,
+    Verdict,
+)
+from cl_audit.report import (
+    Compiled,
+    CompiledConv,
+    CompiledCopy,
+    CompiledGraph,
+    CompiledSite,
+    Cost,
+    CostSite,
+    Gate,
+    ModelReport,
+    SweepReport,
+    Timing,
+    load_schema,
+)
+from cl_audit.report.codec import JsonForm, decode, encode
+
+DATA = Path(__file__).with_name("data")
+
+
+@unique
+class Colour(str, Enum):
+    RED = "red"
+    BLUE = "blue"
+
+
+@dataclass(frozen=True)
+class Leaf:
+    colour: Colour
+    size: tuple[int, ...]
+    ratio: float = 1.0
+
+    json_form: ClassVar[JsonForm] = JsonForm(
+        keys={"colour": "class"}, written={"ratio": lambda r: round(r, 2)}, derived=("area",)
+    )
+
+    @property
+    def area(self) -> int:
+        return self.size[0] * self.size[1]
+
+
+@dataclass(frozen=True)
+class Tree:
+    name: str
+    leaves: tuple[Leaf, ...]
+    best: Leaf | None
+    pair: tuple[str, int]
+    by_name: dict[str, Colour]
+    parent: Tree | None = None
+
+
+TREE = Tree(
+    name="oak",
+    leaves=(Leaf(Colour.RED, (2, 3)), Leaf(Colour.BLUE, (1, 4), 0.5)),
+    best=None,
+    pair=("a", 1),
+    by_name={"x": Colour.BLUE},
+    parent=Tree("root", (), Leaf(Colour.RED, (1, 1)), ("b", 2), {}),
+)
+
+
+def test_nested_dataclasses_round_trip_by_their_type_hints():
+    data = encode(TREE)
+    assert data == {
+        "name": "oak",
+        "leaves": [
+            {"class": "red", "size": [2, 3], "ratio": 1.0, "area": 6},
+            {"class": "blue", "size": [1, 4], "ratio": 0.5, "area": 4},
+        ],
+        "best": None,
+        "pair": ["a", 1],
+        "by_name": {"x": "blue"},
+        "parent": {
+            "name": "root",
+            "leaves": [],
+            "best": {"class": "red", "size": [1, 1], "ratio": 1.0, "area": 1},
+            "pair": ["b", 2],
+            "by_name": {},
+            "parent": None,
+        },
+    }
+    again = decode(Tree, json.loads(json.dumps(data)))
+    assert again == TREE and type(again.leaves[0].colour) is Colour
+    assert type(again.pair) is tuple and type(again.leaves[0].size) is tuple
+
+
+def test_written_values_defaults_and_unknown_keys():
+    assert encode(Leaf(Colour.RED, (1, 1), 1 / 3))["ratio"] == 0.33  # changed on writing only
+    leaf = decode(Leaf, {"class": "blue", "size": [2, 2], "area": 99, "other": 1})
+    assert leaf == Leaf(Colour.BLUE, (2, 2))  # a missing key takes its default; unknown skipped
+    with pytest.raises(KeyError, match="size"):
+        decode(Leaf, {"class": "blue"})
+    with pytest.raises(ValueError):
+        decode(Leaf, {"class": "green", "size": []})
+
+
+def test_a_version_1_report_is_written_again_as_it_was_read():
+    old = ModelReport.from_dict(json.loads((DATA / "report-v1.json").read_text()))
+    data = old.to_dict()
+    jsonschema.validate(data, load_schema())
+    again = ModelReport.from_dict(json.loads(json.dumps(data)))
+    assert again == old and json.dumps(again.to_dict()) == json.dumps(data)
+
+
+def test_a_version_1_sweep_is_written_again_as_it_was_read():
+    old = SweepReport.from_dict(json.loads((DATA / "sweep-v1.json").read_text()))
+    data = old.to_dict()
+    jsonschema.validate(data, load_schema("sweep"))
+    again = SweepReport.from_dict(json.loads(json.dumps(data)))
+    assert again == old and json.dumps(again.to_dict()) == json.dumps(data)
+
+
+def _full_report() -> ModelReport:
+    """The literal report with timing, cost and compiled graphs: every class of the model."""
+    site = CostSite(
+        CostKind.COPY, Phase.FORWARD, "torch.flatten", "aten.clone", "", None, "net.py:120",
+        4096, 0, 1, 0,
+    )  # fmt: skip
+    conv = CompiledConv(
+        "net.py:10", "conv", "Conv2d", ConvClass.GROUPED, 16, 8, 128, (3, 3), 0.5, True
+    )
+    copy = CompiledCopy(
+        "net.py:95", "stage2.1", "aten.cat", "aten.view", "net.py:96", CopyKind.TO_CONTIGUOUS,
+        (2, 8, 4, 4), (128, 1, 32, 8), (128, 16, 4, 1), 1024,
+    )  # fmt: skip
+    graph = CompiledGraph(
+        index=0, phase=Phase.FORWARD, inference=True, layout_optimization=True,
+        branch=LayoutBranch.VOTE, reason="the vote", nodes=12, forced=False,
+        convolutions=(conv,), conversions=(copy,), forced_conversions=None,
+    )  # fmt: skip
+    base = model_report()
+    neutral = tuple(replace(f, differential=Differential.NEUTRAL) for f in base.format_neutral)
+    return replace(
+        base,
+        format_neutral=neutral,
+        timing=Timing("cpu", 2, 3.0, (3.0, 2.5, 3.5), 9.0, 0.25, 0.5, 0.125),
+        cost=Cost(Gate(), Verdict.MINOR, 1 << 20, 4096, 0, Evidence.MEASURED, (site,)),
+        compiled=Compiled(
+            "cpu", "cpu", False, "2.14.1", True, True, 1.25, (graph,),
+            (CompiledSite("net.py:95", "stage2.1", Fate.KEPT, 3, 3072, 1, 1024),),
+        ),
+    )  # fmt: skip
+
+
+def test_a_version_5_report_is_written_again_exactly():
+    report = _full_report()
+    data = report.to_dict()
+    jsonschema.validate(data, load_schema())
+    text = json.dumps(data, indent=2)
+    again = ModelReport.from_dict(json.loads(text))
+    assert again == report and json.dumps(again.to_dict(), indent=2) == text
+    assert data["compiled"]["graphs"][0]["convolutions"][0]["class"] == "grouped"
+    assert data["timing"]["share"] == (0.25 + 0.125) / 3.0 and data["cost"]["net_bytes"] == 4096
+
+
+def test_a_version_4_report_reads_as_the_version_5_one_without_lowering():
+    """Version 5 added each graph's copies and the side-by-side sites; version 4 lacks them."""
+    data = _full_report().to_dict() | {"version": 4}
+    compiled = data["compiled"] = {k: v for k, v in data["compiled"].items() if k != "sites"}
+    lowering = ("conversions", "forced_conversions", "lowering_error")
+    compiled["graphs"] = [
+        {k: v for k, v in g.items() if k not in lowering} for g in compiled["graphs"]
+    ]
+    jsonschema.validate(data, load_schema("report", 4))
+    old = ModelReport.from_dict(data)
+    assert old.compiled.sites is None and old.compiled.graphs[0].conversions is None
+    written = old.to_dict()
+    assert written["version"] == 5 and written["compiled"]["graphs"][0]["conversions"] is None
+    assert ModelReport.from_dict(json.loads(json.dumps(written))) == old
