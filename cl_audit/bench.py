@@ -121,7 +121,7 @@ def bench_module(
         plan.conditions(str(plan.device), dtype_name(first.dtype)), training
     )
     timings = tuple(
-        StrategyTiming(c.name, c.strategy, c.amp and c.amp.value, rounds[c.name])
+        StrategyTiming(c.name, c.strategy, c.amp and c.amp.value, rounds[c.name], warmed[c.name])
         for c in configurations
     )
     return BenchReport(
@@ -173,8 +173,10 @@ def _warm_up(c: _Configuration, least: int, device: torch.device) -> int:
     while len(times) < WARMUP_LIMIT:
         times.append(timed_ms(lambda: c.step.run(c.forward, None), device))
         last = times[-SETTLE_STEPS:]
-        if len(times) >= least and len(last) == SETTLE_STEPS and max(last) <= min(last) * (
-            1 + SETTLED
+        if (
+            len(times) >= least
+            and len(last) == SETTLE_STEPS
+            and max(last) <= min(last) * (1 + SETTLED)
         ):
             break
     return len(times)

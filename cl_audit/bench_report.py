@@ -9,9 +9,10 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from cl_audit.enums import Conversion, Phase, Strategy
+from cl_audit.enums import BenchVerdict, Conversion, Phase, Strategy
 from cl_audit.report import (
     BENCH_FORMAT,
+    BENCH_READABLE,
     BENCH_VERSION,
     Environment,
     ReportFormatError,
@@ -24,6 +25,7 @@ __all__ = [
     "BENCH_VERSION",
     "Attribution",
     "BenchReport",
+    "Comparison",
     "FindingTime",
     "StrategyTiming",
     "configuration_name",
@@ -45,6 +47,7 @@ class StrategyTiming:
     strategy: Strategy
     amp: str | None  # autocast dtype ("bf16", "fp16") or None
     rounds_ms: tuple[float, ...]
+    warmup_steps: int | None = None  # untimed steps run until settled (None: version 1)
 
     @property
     def median_ms(self) -> float:
@@ -54,6 +57,31 @@ class StrategyTiming:
     def spread(self) -> float:
         """(slowest - fastest round) / median."""
         return (max(self.rounds_ms) - min(self.rounds_ms)) / self.median_ms
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """channels-last (``configuration``) timed against nchw (``baseline``): ``speedup`` the
+    ratio of their medians (>1: faster), ``spread`` the larger of their rounds' spreads. The
+    verdict says faster or slower only when the spread is smaller than the difference."""
+
+    configuration: str
+    baseline: str
+    speedup: float
+    spread: float
+
+    json_form: ClassVar[JsonForm] = JsonForm(derived=("difference", "verdict"))
+
+    @property
+    def difference(self) -> float:
+        """How far apart the two medians are, as a share (0.25: one is 1.25x the other)."""
+        return max(self.speedup, 1 / self.speedup) - 1
+
+    @property
+    def verdict(self) -> BenchVerdict:
+        if self.spread >= self.difference:
+            return BenchVerdict.INCONCLUSIVE
+        return BenchVerdict.FASTER if self.speedup >= 1 else BenchVerdict.SLOWER
 
 
 @dataclass(frozen=True)
@@ -102,7 +130,7 @@ class BenchReport:
     timings: tuple[StrategyTiming, ...]
     attribution: Attribution | None
 
-    json_form: ClassVar[JsonForm] = JsonForm(derived=("verdict",))
+    json_form: ClassVar[JsonForm] = JsonForm(derived=("verdict", "verdict_text", "comparison"))
 
     def timing(self, name: str) -> StrategyTiming | None:
         return next((t for t in self.timings if t.name == name), None)
@@ -119,8 +147,8 @@ class BenchReport:
         return self.input_shape[0] / (timing.median_ms / 1e3)
 
     @property
-    def verdict(self) -> str:
-        """One line: how channels-last compares with nchw, and what its conversions take."""
+    def comparison(self) -> Comparison | None:
+        """channels-last against nchw at the report's autocast, or None when one is missing."""
         amp = self.environment.autocast is not None
         cl = next(
             (
@@ -130,13 +158,39 @@ class BenchReport:
             ),
             None,
         )
-        speedup = None if cl is None else self.speedup(cl)
-        if cl is None or speedup is None:
+        base = next(
+            (t for t in self.timings if t.strategy is Strategy.NCHW and cl and t.amp == cl.amp),
+            None,
+        )
+        if cl is None or base is None:
+            return None
+        return Comparison(
+            cl.name, base.name, base.median_ms / cl.median_ms, max(cl.spread, base.spread)
+        )
+
+    @property
+    def verdict(self) -> BenchVerdict:
+        comparison = self.comparison
+        return BenchVerdict.NOT_COMPARED if comparison is None else comparison.verdict
+
+    @property
+    def verdict_text(self) -> str:
+        """One line: how channels-last compares with nchw (when the rounds can tell), and what
+        its conversions take."""
+        c = self.comparison
+        if c is None:
             return "channels-last was not compared with nchw"
-        how = f"{speedup:.2f}x faster" if speedup >= 1 else f"{1 / speedup:.2f}x slower"
-        line = f"{cl.name} is {how} than {configuration_name(Strategy.NCHW, cl.amp)}"
+        if c.verdict is BenchVerdict.INCONCLUSIVE:
+            line = (
+                f"inconclusive: the rounds spread {c.spread:.0%}, more than {c.configuration} and "
+                f"{c.baseline} differ ({c.difference:.0%}); run again on a quieter machine or "
+                "with more --rounds"
+            )
+        else:
+            how = f"{c.speedup:.2f}x faster" if c.speedup >= 1 else f"{1 / c.speedup:.2f}x slower"
+            line = f"{c.configuration} is {how} than {c.baseline}"
         a = self.attribution
-        if a is not None and a.configuration == cl.name:
+        if a is not None and a.configuration == c.configuration:
             line += f"; conversions take {a.share:.0%} of its step"
         return line
 
@@ -159,7 +213,7 @@ class BenchReport:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> BenchReport:
-        check_envelope(data, BENCH_FORMAT, (BENCH_VERSION,))
+        check_envelope(data, BENCH_FORMAT, BENCH_READABLE)
         try:
             return decode(cls, data)
         except (KeyError, TypeError, ValueError) as e:

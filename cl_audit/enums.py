@@ -9,6 +9,7 @@ import torch
 
 __all__ = [
     "Amp",
+    "BenchVerdict",
     "ConvClass",
     "Conversion",
     "CostKind",
@@ -83,6 +84,16 @@ class TensorMode(str, Enum):
 
     EAGER = "eager"  # kernels ran on real data
     FAKE = "fake"  # FakeTensors: layouts from the operators' meta functions, a prediction
+
+
+@unique
+class BenchVerdict(str, Enum):
+    """How channels-last compares with nchw in a bench, when the rounds can tell."""
+
+    FASTER = "faster"
+    SLOWER = "slower"
+    INCONCLUSIVE = "inconclusive"  # the rounds spread more than the strategies differ
+    NOT_COMPARED = "not-compared"
 
 
 @unique

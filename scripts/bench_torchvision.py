@@ -69,7 +69,7 @@ def main() -> None:
         module = loaded.module.to(args.device)
         report = bench_module(module, (x.to(args.device),), settings, name=name, source="tv")
         reports.append(report.to_dict())
-        print(f"{name:22s} {time.perf_counter() - start:6.1f}s  {report.verdict}", flush=True)
+        print(f"{name:22s} {time.perf_counter() - start:6.1f}s  {report.verdict_text}", flush=True)
         del module, loaded
     with open(args.out, "w") as f:
         json.dump({"format": "cl-audit.bench-reports", "version": 1, "reports": reports}, f)

@@ -8,6 +8,7 @@ import inspect
 import json
 import subprocess
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -18,8 +19,8 @@ import torchvision
 from bench_models import RoundTrip, StrategyProbe, TwoCopies
 from typer.testing import CliRunner
 
-from cl_audit.bench import BenchSettings, bench_module
-from cl_audit.bench_report import BenchReport, dashboard_records
+from cl_audit.bench import WARMUP_LIMIT, BenchSettings, bench_module
+from cl_audit.bench_report import BenchReport, StrategyTiming, dashboard_records
 from cl_audit.cli import app
 from cl_audit.convert import apply_strategy, strategy_input
 from cl_audit.render.html import model_html
@@ -70,7 +71,9 @@ def test_rounds_alternate_between_configurations_rotating_the_order():
         StrategyProbe(), (torch.randn(2, 3, 8, 8),), _settings(), name="probe", source="user"
     )
     nchw, cl, cw = (False, False), (True, True), (False, True)
-    warmup = [nchw, cl, cw]
+    steps = [t.warmup_steps for t in report.timings]  # each until its step times settled
+    assert all(1 <= n <= WARMUP_LIMIT for n in steps)
+    warmup = [nchw] * steps[0] + [cl] * steps[1] + [cw] * steps[2]
     rounds = [nchw, cl, cw, cl, cw, nchw, cw, nchw, cl]
     assert StrategyProbe.LOG == warmup + rounds
     assert [t.name for t in report.timings] == ["nchw", "channels-last", "conv-weights"]
@@ -124,7 +127,7 @@ def test_attribution_puts_the_round_trip_copy_time_on_the_copy():
     assert 0 < a.share == pytest.approx(a.losses_ms / a.step_ms)
     (regain,) = [f for f in a.findings if f.kind is Conversion.REGAIN]
     assert regain.aten_op == "aten.convolution" and regain.ms > 0
-    assert "conversions take" in report.verdict
+    assert "conversions take" in report.verdict_text
 
 
 def test_each_finding_gets_the_time_of_its_own_calls():
@@ -242,3 +245,85 @@ def test_cli_bench_of_a_model_that_fails_exits_3_naming_the_stage():
     )
     assert result.returncode == 3, result.stderr
     assert "forward failed" in result.stderr and "Traceback" not in result.stderr
+
+
+class SlowStart(torch.nn.Module):
+    """Its first forwards take uneven long times (a machine that has not settled), then 5 ms
+    each."""
+
+    UNEVEN = (0.05, 0.01, 0.04, 0.02, 0.05, 0.01)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 1)
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        uneven = self.UNEVEN
+        time.sleep(uneven[self.calls] if self.calls < len(uneven) else 0.005)
+        self.calls += 1
+        return self.conv(x)
+
+
+def test_warm_up_goes_on_until_the_step_times_settle():
+    settings = _settings(strategies=(Strategy.NCHW,), warmup=1)
+    report = bench_module(SlowStart(), (torch.randn(2, 3, 8, 8),), settings, name="s", source="u")
+    (timing,) = report.timings
+    assert timing.warmup_steps is not None
+    assert len(SlowStart.UNEVEN) < timing.warmup_steps < WARMUP_LIMIT
+    assert max(timing.rounds_ms) < 9  # no uneven step was timed
+
+
+def _bench(nchw: tuple[float, ...], cl: tuple[float, ...]) -> BenchReport:
+    report = BenchReport.from_dict(json.loads(_BENCH_V1))
+    timings = (
+        StrategyTiming("nchw", Strategy.NCHW, None, nchw, 3),
+        StrategyTiming("channels-last", Strategy.CHANNELS_LAST, None, cl, 3),
+    )
+    return replace(report, timings=timings, attribution=None)
+
+
+def test_a_spread_wider_than_the_difference_is_inconclusive_in_words_and_json():
+    noisy = _bench((27.0, 58.0, 1642.0, 30.0, 31.0), (30.0, 28.0, 29.0, 60.0, 31.0))
+    assert noisy.verdict.value == "inconclusive"
+    assert "faster" not in noisy.verdict_text and "slower" not in noisy.verdict_text
+    assert "spread" in noisy.verdict_text
+    data = noisy.to_dict()
+    jsonschema.validate(data, load_schema("bench"))
+    assert data["verdict"] == "inconclusive" and data["comparison"]["spread"] > 1
+
+
+def test_a_difference_wider_than_the_spread_is_decided():
+    clear = _bench((30.0, 31.0, 30.5), (20.0, 20.5, 20.2))
+    assert clear.verdict.value == "faster" and "1.51x faster than nchw" in clear.verdict_text
+    slower = _bench((20.0, 20.5, 20.2), (30.0, 31.0, 30.5))
+    assert slower.verdict.value == "slower"
+
+
+def test_a_version_1_bench_report_still_reads():
+    report = BenchReport.from_dict(json.loads(_BENCH_V1))
+    assert report.timings[0].warmup_steps is None
+    assert report.to_dict()["version"] == 2
+
+
+_BENCH_V1 = json.dumps(
+    {
+        "format": "cl-audit.bench",
+        "version": 1,
+        "model": "m",
+        "input_shape": [2, 3, 8, 8],
+        "environment": {
+            "tool": "0.1.0", "python": "3.11.7", "torch": "2.14.1", "torchvision": "0.29.1",
+            "timm": None, "device": "cpu", "dtype": "float32", "autocast": None,
+            "engine": "dispatch", "mode": "eager",
+        },
+        "threads": 2,
+        "warmup": 3,
+        "steps_per_round": 3,
+        "timings": [
+            {"name": "nchw", "strategy": "nchw", "amp": None, "rounds_ms": [1.0, 1.1]},
+        ],
+        "attribution": None,
+        "verdict": "channels-last was not compared with nchw",
+    }
+)  # fmt: skip

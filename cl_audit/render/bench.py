@@ -20,7 +20,7 @@ def render_bench(report: BenchReport, console: Console, top: int = 10) -> None:
     rounds = len(report.timings[0].rounds_ms) if report.timings else 0
     head = (
         f"{report.model}  input {'x'.join(map(str, report.input_shape))}  {env.device} "
-        f"{env.dtype}{amp}  {step}\n{report.threads} threads; {report.warmup} warm-up steps, "
+        f"{env.dtype}{amp}  {step}\n{report.threads} threads; {_warm_up(report)}, "
         f"then {rounds} alternating rounds of {report.steps_per_round} steps (median, spread)"
     )
     console.print(Panel(Text(head), title="cl-audit bench", expand=False))
@@ -40,7 +40,7 @@ def render_bench(report: BenchReport, console: Console, top: int = 10) -> None:
             "" if speedup is None else f"{speedup:.2f}x",
         )
     console.print(table)
-    console.print(Text(report.verdict, style="bold"))
+    console.print(Text(report.verdict_text, style="bold"))
     a = report.attribution
     if a is None:
         return
@@ -64,3 +64,12 @@ def render_bench(report: BenchReport, console: Console, top: int = 10) -> None:
         share = f.ms / a.step_ms if a.step_ms > 0 else 0.0
         table.add_row(f.op, kind, f.call_site or "?", str(f.count), f"{f.ms:.2f}", f"{share:.1%}")
     console.print(table)
+
+
+def _warm_up(report: BenchReport) -> str:
+    """The warm-up each configuration got: until its step times settled (version 2)."""
+    steps = [t.warmup_steps for t in report.timings if t.warmup_steps is not None]
+    if not steps:
+        return f"{report.warmup} warm-up steps"
+    ran = "/".join(map(str, steps))
+    return f"warm-up until settled, at least {report.warmup} steps ({ran})"

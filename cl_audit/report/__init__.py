@@ -25,6 +25,7 @@ from cl_audit.report.compiled import (
 from cl_audit.report.cost import Cost, CostSite, Gate, MixedSite, Remedy
 from cl_audit.report.envelope import (
     BENCH_FORMAT,
+    BENCH_READABLE,
     BENCH_VERSION,
     REPORT_FORMAT,
     REPORT_VERSION,
@@ -70,6 +71,7 @@ from cl_audit.report.sweep import (
 
 __all__ = [
     "BENCH_FORMAT",
+    "BENCH_READABLE",
     "BENCH_VERSION",
     "REPORT_FORMAT",
     "REPORT_VERSION",

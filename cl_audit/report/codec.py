@@ -68,7 +68,7 @@ def encode(obj: Any) -> dict[str, Any]:
     plan = _plan(type(obj))
     body = {key: write(getattr(obj, name)) for name, key, write in plan.writes}
     for name in plan.derived:
-        body[name] = getattr(obj, name)
+        body[name] = plain_json(getattr(obj, name))
     return body
 
 

@@ -27,7 +27,8 @@ REPORT_VERSION = 5
 BENCH_FORMAT = "cl-audit.bench"  # cl_audit.bench_report
 
 
-BENCH_VERSION = 1
+BENCH_VERSION = 2  # 2: verdict a word (faster/slower/inconclusive), verdict_text, warm-up
+BENCH_READABLE = (1, BENCH_VERSION)
 
 
 REPORT_READABLE = (1, 2, 3, 4, REPORT_VERSION)
