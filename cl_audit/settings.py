@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from cl_audit.compat import compile_problem, fake_cuda_problem
+from cl_audit.compat import fake_cuda_problem
+from cl_audit.compat.inductor import compile_problem
 from cl_audit.enums import Amp, DType, Engine, Optimizer, Strategy, TensorMode
 from cl_audit.environment import autocast_name
 from cl_audit.errors import UsageError
