@@ -33,21 +33,20 @@ from torch import nn
 from torch.func import functional_call
 
 from cl_audit.attribution import frames_call_site
-from cl_audit.compat import (
+from cl_audit.compat import fake_tensor, new_fake_mode
+from cl_audit.compat.inductor import (
     CapturedGraph,
     GraphConv,
     GraphCopy,
     backward_convolutions_decide,
     capture_graphs,
     compile_problem,
-    fake_tensor,
     graph_convolutions,
     graph_nodes,
     layout_decision,
     layout_optimization_enabled,
     layout_optimization_forced,
     lowered_copies,
-    new_fake_mode,
 )
 from cl_audit.convert import strategy_input
 from cl_audit.enums import Amp, ConvClass, CopyKind, Fate, LayoutBranch, Phase, Strategy

@@ -302,7 +302,7 @@ def test_html_of_a_sweep_and_of_one_model_from_the_cli(tmp_path):
 def test_compile_exits_2_naming_what_this_torch_lacks_or_runs():
     """Where this torch lacks what --compile uses or its probe fails (torch 2.4), --compile is
     refused with the reason."""
-    from cl_audit.compat import compile_problem
+    from cl_audit.compat.inductor import compile_problem
 
     result = run_cli(f"{TOYS}:clean_net", "--compile")
     if compile_problem() is None:

@@ -27,7 +27,7 @@ from test_cli import invoke, run_cli
 from torch._dynamo.utils import counters
 
 from cl_audit import audit_model, compiled_layouts
-from cl_audit.compat import backward_convolutions_decide, compile_problem
+from cl_audit.compat.inductor import backward_convolutions_decide, compile_problem
 from cl_audit.enums import ConvClass, CopyKind, Fate, LayoutBranch, Phase
 from cl_audit.report import ModelReport, load_schema
 

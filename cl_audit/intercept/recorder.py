@@ -19,7 +19,7 @@ import torch
 from cl_audit.attribution import Location, ModuleNames, locate
 from cl_audit.compat import current_autograd_node, view_base
 from cl_audit.compat import storage_key as _storage_key
-from cl_audit.intercept.ledger import Ledger
+from cl_audit.intercept.ledger import Ledger, OpRecord
 from cl_audit.intercept.naming import aten_op_name, python_op_name
 from cl_audit.intercept.tracking import (
     Occurrence,
@@ -111,7 +111,10 @@ class Recorder:
     def observe(
         self, aten_op: object, python_op: object, args: Any, kwargs: Any, result: Any
     ) -> None:
-        """Check one finished operation. ``python_op`` is a callable or a name, or None."""
+        """Check one finished operation. ``python_op`` is a callable or a name, or None.
+
+        Runs on every operation, so its steps are handed locals, and the common case (no
+        contiguous data appeared, none is tracked) returns before the rule is applied."""
         self.calls_checked += 1
         self._ops_seen.add(aten_op if aten_op is not None else python_op)
         inputs = tensor_arguments(args)
@@ -123,88 +126,30 @@ class Recorder:
             outputs = tensor_arguments(result)
         else:
             return
-
         # Provenance and storage reuse, on every operation (a storage key costs ~0.2 us).
-        parameters = self._parameters
-        from_parameters = True
-        for tensor in inputs:
-            if _storage_key(tensor) not in parameters:
-                from_parameters = False
-                break
-        if not inputs:
-            # Made from no data: a constant when the model's own code makes it (an index, a
-            # grid), the batch when the caller does (an input made inside ``with audit():``).
-            # Empty outputs hold no data (batch norm's inner ``empty``): no stack walk for them.
-            from_parameters = (
-                not any(t.numel() for t in outputs) or self._locate().module_class is not None
-            )
         out_keys = [_storage_key(t) for t in outputs]
-        origins = self._origins
-        cl_ordered = self._cl_ordered
-        # While contiguous data is tracked, it flows on through whatever reads it.
-        in_keys = [_storage_key(t) for t in inputs] if origins else None
-        for key in out_keys:
-            if key in origins or key in cl_ordered or (not from_parameters and key in parameters):
-                if in_keys is None:
-                    in_keys = [_storage_key(t) for t in inputs]
-                if key not in in_keys:  # a storage identity reused: forget its past
-                    origins.pop(key, None)
-                    cl_ordered.discard(key)
-                    parameters.discard(key)
-        if from_parameters:
-            parameters.update(out_keys)
-
+        from_parameters = self._outputs_from_parameters(inputs, outputs)
+        in_keys = self._forget_reused_storages(inputs, out_keys, from_parameters)
         sources: list[torch.Tensor] = []  # channels_last-ordered inputs
         reshaped: list[torch.Tensor] = []  # channels_last storage read in another shape
         contiguous: list[torch.Tensor] = []  # contiguous-ordered 4D/5D inputs
-        for tensor in inputs:
-            layout = layout_of(tensor)
-            if layout is _CL:
-                sources.append(tensor)
-            elif layout is _CONTIGUOUS:
-                if tensor.dim() in _SPATIAL_RANKS:
-                    base = view_base(tensor)
-                    if base is None or layout_of(base) is not _CL:  # not a map permuted to NHWC
-                        contiguous.append(tensor)
-            elif layout is _OTHER:
-                base = view_base(tensor)
-                if (base is not None and layout_of(base) is _CL) or (
-                    cl_ordered and _storage_key(tensor) in cl_ordered
-                ):
-                    reshaped.append(tensor)
+        self._sort_inputs(inputs, sources, reshaped, contiguous)
         if self.first_spatial is None and (sources or contiguous):
             first = (sources or contiguous)[0]
             self.first_spatial = (str(first.device), str(first.dtype).removeprefix("torch."))
-
-        interesting = False
-        for tensor in outputs:
-            layout = layout_of(tensor)
-            if layout is _CONTIGUOUS:
-                interesting |= bool(sources or reshaped) or tensor.dim() in _SPATIAL_RANKS
-            elif layout is _CL:
-                interesting |= bool(contiguous)
-            elif layout is _OTHER:
-                interesting |= bool(sources or reshaped)  # maybe a stack of channels_last maps
-        found: list[Origin] = []  # origins of the tracked contiguous data read, first first
-        if in_keys is not None and origins:
-            for tensor, key in zip(inputs, in_keys, strict=True):
-                origin = origins.get(key)
-                if (
-                    origin is not None
-                    and all(origin is not f for f in found)
-                    and layout_of(tensor) is not _CL  # read as channels_last: not contiguous data
-                ):
-                    found.append(origin)
+        # Origins of the tracked contiguous data read, first first.
+        found = self._origins_read(inputs, in_keys) if in_keys is not None and self._origins else []
         ledger = self.ledger
         if ledger is not None and aten_op is not None:
             if in_keys is None:
                 in_keys = [_storage_key(t) for t in inputs]
+            cause = found[0].producer if found and not found[0].view else None
+            # By position, in OpRecord's order: keywords cost 0.3 us an operation.
             ledger.observe(
-                self.calls_checked, self.phase, aten_op, python_op, inputs, outputs, in_keys,
-                out_keys, parameters, self._locate,
-                found[0].producer if found and not found[0].view else None,
+                OpRecord(self.calls_checked, self.phase, aten_op, python_op, inputs, outputs,
+                         in_keys, out_keys, self._parameters, self._locate, cause)
             )  # fmt: skip
-        if not (interesting or found):
+        if not (found or self._outputs_may_convert(outputs, sources, reshaped, contiguous)):
             return  # the common case: no contiguous data appeared, none is tracked
         if in_keys is None:
             in_keys = [_storage_key(t) for t in inputs]
@@ -213,10 +158,7 @@ class Recorder:
             for t, key in zip(outputs, out_keys, strict=True)
             if key not in in_keys and t.numel()
         ]
-
-        copy = self._copy_ops.get(aten_op if aten_op is not None else python_op)
-        if copy is None:
-            copy = self._is_copy(aten_op, python_op)
+        copy = self._is_copy(aten_op, python_op)
         lost = [(t, key) for t, key in new if is_loss(t, sources, reshaped, copy)]
         if lost:
             self._record_loss(
@@ -228,17 +170,137 @@ class Recorder:
             self._record_regain(aten_op, python_op, inputs, outputs, regained, contiguous)
             return
         if sources or reshaped:  # channels_last data written in another order (torch.stack)
-            cl_ordered.update(key for t, key in new if layout_of(t) is _OTHER)
-        if found:  # data derived from tracked data: new outputs, unless channels_last
-            origin = merge_origins(found)
-            for t, key in new:
-                if layout_of(t) is not _CL:
-                    origins[key] = origin
-            return
-        # Contiguous 4D/5D data appears from untracked data: a new tensor, or a view giving data
-        # that was not contiguous 4D/5D (tokens, windows) that shape. A view of channels_last
-        # data (a map permuted to NHWC, as LayerNorm2d does) is the channels_last order itself,
-        # never NCHW-ordered data: no producer, so no root cause or fix site is a permute.
+            self._cl_ordered.update(key for t, key in new if layout_of(t) is _OTHER)
+        if found:
+            self._carry_origins(found, new)
+        elif not contiguous:  # else derived from data from outside the audit: untracked (OUTSIDE)
+            self._start_tracking(aten_op, python_op, outputs, out_keys, new, sources)
+
+    def _outputs_from_parameters(
+        self, inputs: list[torch.Tensor], outputs: list[torch.Tensor]
+    ) -> bool:
+        """Whether the outputs are parameter-derived: every input is. Made from no data, they
+        are a constant when the model's own code makes them (an index, a grid), the batch when
+        the caller does (an input made inside ``with audit():``); empty outputs hold no data
+        (batch norm's inner ``empty``): no stack walk for them."""
+        if not inputs:
+            return not any(t.numel() for t in outputs) or self._locate().module_class is not None
+        parameters = self._parameters
+        for tensor in inputs:
+            if _storage_key(tensor) not in parameters:
+                return False
+        return True
+
+    def _forget_reused_storages(
+        self, inputs: list[torch.Tensor], out_keys: list[int], from_parameters: bool
+    ) -> list[int] | None:
+        """Forget what is tracked of an output's storage that no input holds (its identity
+        reused by an unrelated tensor), and mark the outputs parameter-derived when they are.
+        Returns the inputs' storage keys where they were needed (always while contiguous data
+        is tracked: it flows on through whatever reads it), else None."""
+        origins = self._origins
+        cl_ordered = self._cl_ordered
+        parameters = self._parameters
+        in_keys = [_storage_key(t) for t in inputs] if origins else None
+        for key in out_keys:
+            if key in origins or key in cl_ordered or (not from_parameters and key in parameters):
+                if in_keys is None:
+                    in_keys = [_storage_key(t) for t in inputs]
+                if key not in in_keys:  # a storage identity reused: forget its past
+                    origins.pop(key, None)
+                    cl_ordered.discard(key)
+                    parameters.discard(key)
+        if from_parameters:
+            parameters.update(out_keys)
+        return in_keys
+
+    def _sort_inputs(
+        self,
+        inputs: list[torch.Tensor],
+        sources: list[torch.Tensor],
+        reshaped: list[torch.Tensor],
+        contiguous: list[torch.Tensor],
+    ) -> None:
+        """Sort the inputs by the order of their data into the lists given (empty): channels_last
+        ``sources``, channels_last storage ``reshaped`` (a view of it in another shape, or data
+        written in another order), and ``contiguous`` 4D/5D data (not a map permuted to NHWC)."""
+        cl_ordered = self._cl_ordered
+        for tensor in inputs:
+            layout = layout_of(tensor)
+            if layout is _CL:
+                sources.append(tensor)
+            elif layout is _CONTIGUOUS:
+                if tensor.dim() in _SPATIAL_RANKS:
+                    base = view_base(tensor)
+                    if base is None or layout_of(base) is not _CL:
+                        contiguous.append(tensor)
+            elif layout is _OTHER:
+                base = view_base(tensor)
+                if (base is not None and layout_of(base) is _CL) or (
+                    cl_ordered and _storage_key(tensor) in cl_ordered
+                ):
+                    reshaped.append(tensor)
+
+    def _origins_read(self, inputs: list[torch.Tensor], in_keys: list[int]) -> list[Origin]:
+        """The origins of the tracked contiguous data among the inputs, each once, first first;
+        an input read as channels_last is not contiguous data."""
+        origins = self._origins
+        found: list[Origin] = []
+        for tensor, key in zip(inputs, in_keys, strict=True):
+            origin = origins.get(key)
+            if (
+                origin is not None
+                and all(origin is not f for f in found)
+                and layout_of(tensor) is not _CL
+            ):
+                found.append(origin)
+        return found
+
+    def _outputs_may_convert(
+        self,
+        outputs: list[torch.Tensor],
+        sources: list[torch.Tensor],
+        reshaped: list[torch.Tensor],
+        contiguous: list[torch.Tensor],
+    ) -> bool:
+        """Whether the rule has anything to look at among the outputs (tracked data read aside):
+        one may be a loss, a regain, channels_last data written in another order, or contiguous
+        4D/5D data to track."""
+        for tensor in outputs:
+            layout = layout_of(tensor)
+            if layout is _CONTIGUOUS:
+                if sources or reshaped or tensor.dim() in _SPATIAL_RANKS:
+                    return True
+            elif layout is _CL:
+                if contiguous:
+                    return True
+            elif layout is _OTHER and (sources or reshaped):  # maybe a stack of channels_last maps
+                return True
+        return False
+
+    def _carry_origins(self, found: list[Origin], new: list[tuple[torch.Tensor, int]]) -> None:
+        """Data derived from tracked data: its new outputs, unless channels_last, carry on the
+        origins it read, merged."""
+        origin = merge_origins(found)
+        origins = self._origins
+        for t, key in new:
+            if layout_of(t) is not _CL:
+                origins[key] = origin
+
+    def _start_tracking(
+        self,
+        aten_op: object,
+        python_op: object,
+        outputs: list[torch.Tensor],
+        out_keys: list[int],
+        new: list[tuple[torch.Tensor, int]],
+        sources: list[torch.Tensor],
+    ) -> None:
+        """Track contiguous 4D/5D data that appears from untracked data, this operation its
+        producer: a new tensor, or a view giving data that was not contiguous 4D/5D (tokens,
+        windows) that shape. A view of channels_last data (a map permuted to NHWC, as
+        LayerNorm2d does) is the channels_last order itself, never NCHW-ordered data: no
+        producer, so no root cause or fix site is a permute."""
         new_keys = {key for _, key in new}
         spatial_contiguous = [
             key
@@ -246,16 +308,14 @@ class Recorder:
             if t.dim() in _SPATIAL_RANKS
             and layout_of(t) is _CONTIGUOUS
             and t.numel()
-            and (key in new_keys or not (contiguous or sources))
+            and (key in new_keys or not sources)
         ]
         if not spatial_contiguous:
             return
-        if contiguous:
-            return  # derived from data from outside the audit: stays untracked (OUTSIDE)
         view = not any(key in new_keys for key in spatial_contiguous)
         origin = Origin(self._producer(aten_op, python_op, self._locate()), (), view)
         for key in spatial_contiguous:
-            origins[key] = origin
+            self._origins[key] = origin
 
     def _observe_more(
         self, aten_op: object, python_op: object, args: Any, kwargs: Any, result: Any
@@ -309,11 +369,14 @@ class Recorder:
             stack.extend(next_node for next_node, _ in node.next_functions)
 
     def _is_copy(self, aten_op: object, python_op: object) -> bool:
-        copy = is_copy_op(
-            None if aten_op is None else aten_op_name(aten_op),
-            None if python_op is None else python_op_name(python_op),
-        )
-        self._copy_ops[aten_op if aten_op is not None else python_op] = copy
+        """Whether the operation is a copy (``rule.is_copy_op``), once per operator."""
+        op = aten_op if aten_op is not None else python_op
+        copy = self._copy_ops.get(op)
+        if copy is None:
+            copy = self._copy_ops[op] = is_copy_op(
+                None if aten_op is None else aten_op_name(aten_op),
+                None if python_op is None else python_op_name(python_op),
+            )
         return copy
 
     def _add_parameters(self, tensors: Iterable[torch.Tensor]) -> None:

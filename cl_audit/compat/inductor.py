@@ -1,13 +1,9 @@
-"""The one module that touches torch internals, each use behind a feature test.
+"""The torch internals of ``--compile``: Dynamo's capture of the graphs Inductor would be
+given, Inductor's layout decision and its config switches, and the copies its lowering inserts.
 
-cl-audit needs a few things torch has no public API for: the identity of a tensor's storage, a
-view's base, the autograd node running in a backward, fake tensors on a device of our choosing,
-the gradient scaler's kernels (for fake tensors), ``Module._apply``, the dispatch-mode base
-class, the profiler's raw events, and Inductor's layout decision. They live here and nowhere
-else. A torch that lacks one raises ``UsageError`` naming the feature when it is used (never an
-``AttributeError`` from deep inside an audit; the profiler's raw events fall back to its parsed
-ones), and fake CUDA checks itself with a probe of known answer before it predicts anything
-(``fake_cuda_problem``).
+Part of the compat package, the one place torch internals are touched; ``torch._inductor`` is
+imported only by the functions that use it, and ``compile_problem`` names what a torch lacks
+before ``--compile`` uses any of it.
 """
 
 from __future__ import annotations
@@ -21,246 +17,26 @@ import types
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import nn
-from torch._subclasses import fake_tensor as _fake
-from torch.utils._python_dispatch import TorchDispatchMode
 
-from cl_audit.errors import UsageError
+from cl_audit.compat import FakeTensorMode, fake_tensor, new_fake_mode
 
 __all__ = [
-    "TORCH_VERSION",
     "CapturedGraph",
-    "FakeTensorMode",
     "GraphConv",
     "GraphCopy",
-    "ProfiledOp",
-    "TorchDispatchMode",
-    "amp_unscale_",
-    "amp_update_scale_",
     "backward_convolutions_decide",
     "capture_graphs",
     "compile_problem",
-    "current_autograd_node",
-    "fake_cuda_problem",
-    "fake_tensor",
     "graph_convolutions",
     "graph_nodes",
-    "is_fake",
     "layout_decision",
     "layout_optimization_enabled",
     "layout_optimization_forced",
     "lowered_copies",
-    "module_apply",
-    "new_fake_mode",
-    "op_traits",
-    "profiled_ops",
-    "storage_key",
-    "torch_version",
-    "view_base",
 ]
-
-FakeTensorMode = _fake.FakeTensorMode
-
-
-def torch_version(text: str) -> tuple[int, int]:
-    """``(major, minor)`` of a torch version string such as ``2.15.0+cu132``."""
-    match = re.match(r"(\d+)\.(\d+)", text)
-    if match is None:
-        raise ValueError(f"not a torch version: {text!r}")
-    return int(match[1]), int(match[2])
-
-
-TORCH_VERSION = torch_version(torch.__version__)
-
-
-def _missing(feature: str, needed_for: str) -> UsageError:
-    return UsageError(
-        f"torch {torch.__version__} lacks {feature}, which {needed_for} needs; "
-        "see the README's compatibility table"
-    )
-
-
-# --- storage identity and views (the recorder, on every operation) -------------------------
-
-if not hasattr(torch.UntypedStorage, "_cdata"):  # pragma: no cover - no tested torch lacks it
-    raise _missing("UntypedStorage._cdata", "tracking storage identity")
-
-
-def storage_key(tensor: torch.Tensor) -> int:
-    """Identity of the storage (its StorageImpl address); also works for fake tensors."""
-    return tensor.untyped_storage()._cdata
-
-
-def view_base(tensor: torch.Tensor) -> torch.Tensor | None:
-    """The tensor a view was taken of, or None for a tensor that owns its data."""
-    return tensor._base
-
-
-# --- operator traits (the cost ledger, once per distinct operator) ---------------------------
-
-_POINTWISE = getattr(torch.Tag, "pointwise", None)
-_REDUCTION = getattr(torch.Tag, "reduction", None)
-
-
-def op_traits(op: object) -> tuple[bool, bool, bool, bool]:
-    """``(pointwise, reduction, view, in_place)`` of an aten operator overload, from its tags,
-    ``is_view`` and the trailing underscore of in-place names; all False for anything else."""
-    tags = getattr(op, "tags", ())
-    packet = getattr(op, "overloadpacket", None)
-    name = getattr(packet, "__name__", "")
-    return (
-        _POINTWISE is not None and _POINTWISE in tags,
-        _REDUCTION is not None and _REDUCTION in tags,
-        bool(getattr(op, "is_view", False)),
-        name.endswith("_") and not name.endswith("__"),
-    )
-
-
-# --- training --------------------------------------------------------------------------------
-
-_current_node: Callable[[], object] | None = getattr(torch._C, "_current_autograd_node", None)
-
-
-def current_autograd_node() -> object | None:
-    """The autograd node whose backward is running (it names backward events)."""
-    if _current_node is None:
-        raise _missing("torch._C._current_autograd_node", "a training audit")
-    return _current_node()
-
-
-_unscale = getattr(torch, "_amp_foreach_non_finite_check_and_unscale_", None)
-_update_scale = getattr(torch, "_amp_update_scale_", None)
-
-
-def amp_unscale_(
-    grads: list[torch.Tensor], found_inf: torch.Tensor, inverse_scale: torch.Tensor
-) -> None:
-    """GradScaler's unscale kernel, in place."""
-    if _unscale is None:
-        raise _missing("torch._amp_foreach_non_finite_check_and_unscale_", "fake fp16 training")
-    _unscale(grads, found_inf, inverse_scale)
-
-
-def amp_update_scale_(scale: torch.Tensor, growth: torch.Tensor, found_inf: torch.Tensor) -> None:
-    """GradScaler's scale update with its default factors (x2 after 2000 steps, /2 on inf)."""
-    if _update_scale is None:
-        raise _missing("torch._amp_update_scale_", "fake fp16 training")
-    _update_scale(scale, growth, found_inf, 2.0, 0.5, 2000)
-
-
-def module_apply(module: nn.Module, convert: Callable[[torch.Tensor], torch.Tensor]) -> nn.Module:
-    """``Module._apply``: every parameter and buffer through ``convert``, in place, as
-    ``Module.to`` does (the only way to give each tensor its own memory format)."""
-    return module._apply(convert)
-
-
-# --- fake tensors ----------------------------------------------------------------------------
-
-
-class _FakeMode(FakeTensorMode):
-    """A fake mode that computes with real tensors as eager does: an operation whose tensors are
-    all real (data the model holds itself as plain tensor attributes: parameters, buffers and
-    inputs are fake here) and that neither writes to them nor moves them to a device runs for
-    real, so their values stay known (``for s in self.stride: x.new_full(..., s)``); torch's
-    own mode turns them into fake tensors whose values nothing can read."""
-
-    def dispatch(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        kwargs = kwargs or {}
-        if _real_only(func, args, kwargs):
-            with torch.utils._mode_utils.no_dispatch():
-                return func(*args, **kwargs)
-        return super().dispatch(func, types, args, kwargs)
-
-
-_LIFTS = (torch.ops.aten.lift_fresh.default, torch.ops.aten.lift_fresh_copy.default)
-
-
-def _real_only(func: Any, args: Any, kwargs: dict[str, Any]) -> bool:
-    """Whether ``func`` runs for real: every tensor real, on the CPU, none written or moved.
-    Runs on every fake operation: the usual answer (a fake first argument) comes first."""
-    if args and is_fake(args[0]):
-        return False
-    if func in _LIFTS or func._schema.is_mutable or "device" in kwargs:
-        return False
-    tensors = [
-        a for a in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)
-    ]
-    return bool(tensors) and all(
-        not is_fake(t) and t.device.type == "cpu" and not t.is_meta for t in tensors
-    )
-
-
-def new_fake_mode() -> FakeTensorMode:
-    return _FakeMode(allow_non_fake_inputs=True)
-
-
-def fake_tensor(mode: FakeTensorMode, tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A fake copy of ``tensor`` (real or meta) on ``device``, with the same strides; the
-    device need not exist on this machine."""
-    meta = tensor if tensor.is_meta else tensor.to("meta")
-    return _fake.FakeTensor(mode, meta, device)
-
-
-_is_fake: Callable[[object], bool] = getattr(
-    _fake, "is_fake", lambda t: isinstance(t, _fake.FakeTensor)
-)
-
-
-def is_fake(tensor: object) -> bool:
-    return _is_fake(tensor)
-
-
-@functools.cache
-def fake_cuda_problem(bfloat16: bool = False) -> str | None:
-    """Why fake CUDA tensors cannot give an honest prediction with this torch, or None.
-
-    A probe of known answer: a float32 convolution of channels_last data must come back
-    channels_last (a CPU-only build has no cuDNN to choose that, and predicts NCHW), and an
-    indexing step, a float16 softmax and a bfloat16 convolution must run without reaching the
-    CUDA runtime (torch 2.9 and earlier do, and fail on a machine without a GPU). With
-    ``bfloat16`` the bfloat16 convolution must come back channels_last too: without a GPU,
-    torch 2.10 and later pick the slow NCHW convolution for bfloat16 (cuDNN's bfloat16 check
-    needs a device), where a GPU with bfloat16 cuDNN keeps channels_last.
-    """
-    mode = new_fake_mode()
-    device = torch.device("cuda")
-    cl = torch.channels_last
-    step = "making fake CUDA tensors"
-    try:
-        x = fake_tensor(mode, torch.empty(2, 16, 6, 6, device="meta").to(memory_format=cl), device)
-        w = fake_tensor(mode, torch.empty(16, 16, 3, 3, device="meta").to(memory_format=cl), device)
-        with mode:
-            step = "a float32 convolution"
-            y = F.conv2d(x, w, padding=1)
-            step = "an indexing step (x[:, :4])"
-            F.relu(x[:, :4])
-            step = "a float16 softmax"
-            F.softmax(x.half(), dim=1)
-            step = "a bfloat16 convolution"
-            z = F.conv2d(x.bfloat16(), w.bfloat16(), padding=1)
-    except Exception as e:  # the probe's answer: the reason is given to the user
-        cause = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        return f"on torch {torch.__version__}, {step} on fake CUDA tensors fails ({cause})"
-    build = " (a CPU-only build)" if torch.version.cuda is None else ""
-    if not y.is_contiguous(memory_format=cl):
-        return (
-            f"torch {torch.__version__}{build} gives a channels_last CUDA convolution an NCHW "
-            "output in fake mode, where CUDA keeps channels_last: its predictions would be wrong"
-        )
-    if bfloat16 and not z.is_contiguous(memory_format=cl):
-        return (
-            f"without a GPU, torch {torch.__version__} predicts an NCHW bfloat16 CUDA "
-            "convolution (cuDNN's bfloat16 support is checked on a device), where a GPU with "
-            "bfloat16 cuDNN keeps channels_last; predict with float16, or run on a GPU"
-        )
-    return None
-
-
-# --- Inductor's layout decision (``--compile``) ----------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -625,56 +401,3 @@ def backward_convolutions_decide() -> bool:
         return layout_decision(gm, inference=False, generic=True)
     with _mkldnn(enabled=True):
         return layout_decision(gm, inference=False, generic=False)
-
-
-@dataclass(frozen=True)
-class ProfiledOp:
-    """One CPU-side profiler event: an operation or a ``record_function`` range, with its
-    interval (ns) on its thread, its inputs' shapes and dtype names (empty where unrecorded)."""
-
-    name: str
-    start: int
-    end: int
-    thread: int
-    shapes: tuple[tuple[int, ...], ...]
-    dtypes: tuple[str, ...]
-
-
-def profiled_ops(profile: torch.profiler.profile) -> tuple[ProfiledOp, ...]:
-    """The CPU events of a finished profile. Read from libkineto's raw events, which cost ~2% of
-    ``profile.events()``: that builds a Python object per event and their tree, seconds per
-    audited training step (measured: scripts/profile_training_confirm.py). A torch whose raw
-    events lack what is read gets the parsed events instead, without dtypes where they lack
-    them (torch 2.4's parsed events: its raw ones have them)."""
-    results = getattr(getattr(profile, "profiler", None), "kineto_results", None)
-    try:
-        raw = results.events()  # type: ignore[union-attr]
-        return tuple(
-            ProfiledOp(
-                e.name(),
-                e.start_ns(),
-                e.start_ns() + e.duration_ns(),
-                e.start_thread_id(),
-                tuple(tuple(s) for s in e.shapes()),
-                tuple(e.dtypes()),
-            )
-            for e in raw
-            if e.device_type() == torch.autograd.DeviceType.CPU
-        )
-    except AttributeError:
-        return _parsed_ops(profile)
-
-
-def _parsed_ops(profile: torch.profiler.profile) -> tuple[ProfiledOp, ...]:
-    return tuple(
-        ProfiledOp(
-            e.name,
-            round(e.time_range.start * 1e3),
-            round(e.time_range.end * 1e3),
-            e.thread,
-            tuple(tuple(s) for s in e.input_shapes or ()),
-            tuple(getattr(e, "input_dtypes", None) or ()),
-        )
-        for e in profile.events()
-        if e.device_type == torch.autograd.DeviceType.CPU
-    )
