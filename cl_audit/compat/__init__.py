@@ -63,7 +63,7 @@ TORCH_VERSION = torch_version(torch.__version__)
 def _missing(feature: str, needed_for: str) -> UsageError:
     return UsageError(
         f"torch {torch.__version__} lacks {feature}, which {needed_for} needs; "
-        "see the README's compatibility table"
+        "see docs/torch-versions.md for the releases tested"
     )
 
 

@@ -93,7 +93,8 @@ def compile_problem() -> str | None:
         cause = " ".join(lines)[:200] if lines else type(e).__name__
         return (
             f"torch {torch.__version__} cannot capture and lower a compiled graph of fake "
-            f"tensors, which --compile does ({cause}); see the README for the releases that can"
+            f"tensors, which --compile does ({cause}); see docs/torch-versions.md for the "
+            "releases that can"
         )
     return None
 

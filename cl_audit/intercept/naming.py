@@ -7,7 +7,9 @@ import functools
 import torch
 import torch.nn.functional as F
 
-__all__ = ["aten_op_name", "python_op_name"]
+from cl_audit.rule import is_copy_op
+
+__all__ = ["aten_op_name", "is_copy", "python_op_name"]
 
 
 @functools.cache
@@ -39,3 +41,12 @@ def aten_op_name(op: object) -> str:
     """``aten.clone`` for the OpOverload ``aten.clone.default``."""
     packet = getattr(op, "overloadpacket", None)
     return str(packet if packet is not None else op)
+
+
+@functools.cache
+def is_copy(aten_op: object, python_op: object) -> bool:
+    """Whether the operation is a pure copy (``rule.is_copy_op``), judged once per operator."""
+    return is_copy_op(
+        None if aten_op is None else aten_op_name(aten_op),
+        None if python_op is None else python_op_name(python_op),
+    )

@@ -16,33 +16,25 @@ from typing import Any
 
 import torch
 
-from cl_audit.attribution import Location, ModuleNames, locate
+from cl_audit.attribution import Location, ModuleNames, Traced, locate
 from cl_audit.compat import current_autograd_node, view_base
 from cl_audit.compat import storage_key as _storage_key
+from cl_audit.enums import Conversion, Phase
 from cl_audit.intercept.ledger import Ledger, OpRecord
-from cl_audit.intercept.naming import aten_op_name, python_op_name
+from cl_audit.intercept.naming import aten_op_name, is_copy, python_op_name
 from cl_audit.intercept.tracking import (
     Occurrence,
     Origin,
-    Tally,
+    Tallies,
     merge_origins,
     nbytes,
-    summary_of,
+    producer_of,
     tensor_arguments,
 )
 from cl_audit.layout import MemoryLayout, layout_of
-from cl_audit.report import (
-    Conversion,
-    Finding,
-    Phase,
-    Producer,
-    Provenance,
-    RegainSource,
-    TimelineEvent,
-)
+from cl_audit.report import Finding, TimelineEvent
 from cl_audit.rule import (
     SPATIAL_RANKS,
-    is_copy_op,
     is_loss,
     is_regain,
     provenance,
@@ -60,7 +52,6 @@ _OTHER = MemoryLayout.OTHER
 _SPATIAL_RANKS = SPATIAL_RANKS
 _Tensor = torch.Tensor
 _SEQUENCES = (list, tuple)
-_SCALARS = (int, float, bool)
 
 
 class Recorder:
@@ -88,18 +79,16 @@ class Recorder:
         # on their autograd node, where the backward finds it (the module whose forward made it).
         self.phase = Phase.FORWARD
         self.training = training
+        self._replayed: Traced | None = None
         if timeline or training:
             self.observe = self._observe_more  # type: ignore[method-assign]
         self.calls_checked = 0
-        self.first_spatial: tuple[str, str] | None = (
-            None  # (device, dtype) of the first 4D/5D input
-        )
+        self.first_spatial: tuple[str, str] | None = None  # (device, dtype), first 4D/5D input
         self._ops_seen: set[object] = set()
-        self._tallies: dict[tuple, Tally] = {}
+        self._tallies = Tallies()
         self._origins: dict[int, Origin] = {}  # storage -> origin of its contiguous data
         self._cl_ordered: set[int] = set()  # new storages of channels_last data in another shape
         self._parameters: set[int] = set()  # parameter-derived storages
-        self._copy_ops: dict[object, bool] = {}
         self._roots_seen = 0
         self._add_parameters(parameters)
         self._learn_roots()
@@ -147,7 +136,7 @@ class Recorder:
             # By position, in OpRecord's order: keywords cost 0.3 us an operation.
             ledger.observe(
                 OpRecord(self.calls_checked, self.phase, aten_op, python_op, inputs, outputs,
-                         in_keys, out_keys, self._parameters, self._locate, cause)
+                         in_keys, out_keys, self._parameters, self.locate, cause)
             )  # fmt: skip
         if not (found or self._outputs_may_convert(outputs, sources, reshaped, contiguous)):
             return  # the common case: no contiguous data appeared, none is tracked
@@ -158,7 +147,7 @@ class Recorder:
             for t, key in zip(outputs, out_keys, strict=True)
             if key not in in_keys and t.numel()
         ]
-        copy = self._is_copy(aten_op, python_op)
+        copy = is_copy(aten_op, python_op)
         lost = [(t, key) for t, key in new if is_loss(t, sources, reshaped, copy)]
         if lost:
             self._record_loss(
@@ -184,7 +173,7 @@ class Recorder:
         the caller does (an input made inside ``with audit():``); empty outputs hold no data
         (batch norm's inner ``empty``): no stack walk for them."""
         if not inputs:
-            return not any(t.numel() for t in outputs) or self._locate().module_class is not None
+            return not any(t.numel() for t in outputs) or self.locate().module_class is not None
         parameters = self._parameters
         for tensor in inputs:
             if _storage_key(tensor) not in parameters:
@@ -313,7 +302,7 @@ class Recorder:
         if not spatial_contiguous:
             return
         view = not any(key in new_keys for key in spatial_contiguous)
-        origin = Origin(self._producer(aten_op, python_op, self._locate()), (), view)
+        origin = Origin(producer_of(aten_op, python_op, self.locate()), (), view)
         for key in spatial_contiguous:
             self._origins[key] = origin
 
@@ -322,9 +311,7 @@ class Recorder:
     ) -> None:
         """``observe``, plus the timeline and the attribution of a training step's phases."""
         self._mark = None
-        if self.phase is Phase.BACKWARD:  # name backward events by their autograd node
-            node = current_autograd_node()
-            python_op = None if node is None else node.name()
+        python_op = self.python_op(python_op)
         Recorder.observe(self, aten_op, python_op, args, kwargs, result)
         timeline = self.timeline
         if timeline is None or len(timeline) >= TIMELINE_LIMIT:
@@ -339,7 +326,7 @@ class Recorder:
         name = python_op_name(python_op) if python_op is not None else aten_op_name(aten_op)
         event = TimelineEvent(
             op=name,
-            module_path=self._locate().module_path,
+            module_path=self.locate().module_path,
             shape=tuple(spatial.shape),
             strides=tuple(spatial.stride()),
             layout=layout_of(spatial),
@@ -364,20 +351,9 @@ class Recorder:
             node = stack.pop()
             if node is None or _NODE_KEY in node.metadata:
                 continue
-            location = location or self._locate()
+            location = location or self.locate()
             node.metadata[_NODE_KEY] = location
             stack.extend(next_node for next_node, _ in node.next_functions)
-
-    def _is_copy(self, aten_op: object, python_op: object) -> bool:
-        """Whether the operation is a copy (``rule.is_copy_op``), once per operator."""
-        op = aten_op if aten_op is not None else python_op
-        copy = self._copy_ops.get(op)
-        if copy is None:
-            copy = self._copy_ops[op] = is_copy_op(
-                None if aten_op is None else aten_op_name(aten_op),
-                None if python_op is None else python_op_name(python_op),
-            )
-        return copy
 
     def _add_parameters(self, tensors: Iterable[torch.Tensor]) -> None:
         for tensor in tensors:
@@ -394,7 +370,27 @@ class Recorder:
             self._roots_seen += 1
             self._add_parameters(chain(root.parameters(), root.buffers()))
 
-    def _locate(self) -> Location:
+    def replaying(self, traced: Traced | None) -> None:
+        """The operations from now on are a replayed trace's: named, placed and phased as
+        ``traced`` (None: as they run)."""
+        self._replayed = traced
+        if traced is not None:
+            self.phase = traced.phase
+
+    def python_op(self, python_op: object) -> object:
+        """What names an operation: its Python-level call, in a backward the autograd node
+        running (the backward of the call that made it), in a replay what the trace saw."""
+        if self._replayed is not None:
+            return self._replayed.python_op
+        if self.phase is Phase.BACKWARD:
+            node = current_autograd_node()
+            return None if node is None else node.name()
+        return python_op
+
+    def locate(self) -> Location:
+        """Where an operation belongs (see ``python_op``): module, class and call site."""
+        if self._replayed is not None:
+            return self._replayed.location
         if self.phase is Phase.BACKWARD:
             node = current_autograd_node()
             left = None if node is None else node.metadata.get(_NODE_KEY)
@@ -404,10 +400,6 @@ class Recorder:
         self._learn_roots()  # an audit without a model learns it from the stack
         return location
 
-    def _from_parameters(self, tensors: list[torch.Tensor]) -> bool:
-        parameters = self._parameters
-        return all(_storage_key(t) in parameters for t in tensors)
-
     def _origins_of(self, tensors: list[torch.Tensor]) -> list[Origin]:
         found: list[Origin] = []
         for tensor in tensors:
@@ -415,42 +407,6 @@ class Recorder:
             if origin is not None and all(origin is not f for f in found):
                 found.append(origin)
         return found
-
-    def _producer(self, aten_op: object, python_op: object, location: Location) -> Producer:
-        return Producer(
-            python_op=None if python_op is None else python_op_name(python_op),
-            aten_op=None if aten_op is None else aten_op_name(aten_op),
-            module_path=location.module_path,
-            module_class=location.module_class,
-            call_site=location.call_site,
-        )
-
-    def _tally(
-        self,
-        kind: Conversion,
-        producer: Producer,
-        inputs: list[torch.Tensor],
-        outputs: list[torch.Tensor],
-        mixed: bool,
-        root_cause: Producer | None,
-        provenance: Provenance,
-        source: RegainSource | None,
-    ) -> Tally:
-        key = (
-            kind,
-            producer,
-            tuple(summary_of(t) for t in inputs),
-            tuple(summary_of(t) for t in outputs),
-            mixed,
-            root_cause,
-            provenance,
-            source,
-            self.phase,
-        )
-        tally = self._tallies.get(key)
-        if tally is None:
-            tally = self._tallies[key] = Tally()
-        return tally
 
     def _record_loss(
         self,
@@ -464,18 +420,19 @@ class Recorder:
         contiguous: list[torch.Tensor],
         found: list[Origin],
     ) -> None:
-        location = self._locate()
-        producer = self._producer(aten_op, python_op, location)
+        location = self.locate()
+        producer = producer_of(aten_op, python_op, location)
         mixed = bool(sources and contiguous)
         root = next(iter(self._origins_of(contiguous)), None) if mixed else None
-        tally = self._tally(
+        tally = self._tallies.of(
+            self.phase,
             Conversion.LOSS,
             producer,
             inputs,
             outputs,
             mixed,
             None if root is None else root.producer,
-            provenance(self._from_parameters(sources + reshaped)),
+            provenance(all(_storage_key(t) in self._parameters for t in sources + reshaped)),
             None,
         )
         tally.count += 1
@@ -500,19 +457,20 @@ class Recorder:
         regained: list[torch.Tensor],
         contiguous: list[torch.Tensor],
     ) -> None:
-        location = self._locate()
-        producer = self._producer(aten_op, python_op, location)
+        location = self.locate()
+        producer = producer_of(aten_op, python_op, location)
         found = self._origins_of(contiguous)
         from_loss = next((o for o in found if o.occurrences), None)
         cause = from_loss or (found[0] if found else None)
-        tally = self._tally(
+        tally = self._tallies.of(
+            self.phase,
             Conversion.REGAIN,
             producer,
             inputs,
             outputs,
             False,
             None if cause is None else cause.producer,
-            provenance(self._from_parameters(contiguous)),
+            provenance(all(_storage_key(t) in self._parameters for t in contiguous)),
             regain_source(from_loss is not None, cause is not None),
         )
         tally.count += 1
@@ -531,36 +489,7 @@ class Recorder:
         """(losses, regains), most bytes first; losses of either provenance. ``call_times``
         (milliseconds by call number, ``calls_checked`` when the call was observed) gives each
         finding the time of its calls."""
-        losses: list[Finding] = []
-        regains: list[Finding] = []
-        for key, tally in self._tallies.items():
-            kind, producer, inputs, outputs, mixed, root, origin, source, phase = key
-            is_loss = kind is Conversion.LOSS
-            finding = Finding(
-                kind=kind,
-                python_op=producer.python_op,
-                aten_op=producer.aten_op,
-                module_path=producer.module_path,
-                module_class=producer.module_class,
-                call_site=producer.call_site,
-                inputs=inputs,
-                outputs=outputs,
-                count=tally.count,
-                bytes_converted=tally.bytes_converted,
-                round_trips=tally.round_trips if is_loss else 0,
-                terminal=tally.count - tally.round_trips if is_loss else 0,
-                mixed_formats=mixed,
-                root_cause=root,
-                provenance=origin,
-                regain_source=source,
-                phase=phase,
-                time_ms=None
-                if call_times is None
-                else sum(call_times.get(call, 0.0) for call in tally.calls),
-            )
-            (losses if is_loss else regains).append(finding)
-        order = lambda f: (-f.bytes_converted, -f.count)  # noqa: E731
-        return sorted(losses, key=order), sorted(regains, key=order)
+        return self._tallies.findings(call_times)
 
     def _op_names(self) -> set[str]:
         return {

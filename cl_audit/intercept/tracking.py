@@ -9,15 +9,20 @@ from typing import Any
 
 import torch
 
+from cl_audit.attribution import Location
+from cl_audit.enums import Conversion, Phase, Provenance, RegainSource
+from cl_audit.intercept.naming import aten_op_name, python_op_name
 from cl_audit.layout import layout_of
-from cl_audit.report import Producer, TensorSummary
+from cl_audit.report import Finding, Producer, TensorSummary
 
 __all__ = [
     "Occurrence",
     "Origin",
+    "Tallies",
     "Tally",
     "merge_origins",
     "nbytes",
+    "producer_of",
     "summary_of",
     "tensor_arguments",
 ]
@@ -91,3 +96,86 @@ def merge_origins(origins: list[Origin]) -> Origin:
             occurrences.setdefault(id(occurrence), occurrence)
     lead = next((o for o in origins if o.occurrences), origins[0])
     return Origin(lead.producer, tuple(occurrences.values()), lead.view)
+
+
+class Tallies:
+    """The findings so far, one tally per distinct kind, producer, tensors, root cause,
+    provenance, regain source and phase."""
+
+    def __init__(self) -> None:
+        self._tallies: dict[tuple, Tally] = {}
+
+    def of(
+        self,
+        phase: Phase,
+        kind: Conversion,
+        producer: Producer,
+        inputs: list[torch.Tensor],
+        outputs: list[torch.Tensor],
+        mixed: bool,
+        root_cause: Producer | None,
+        provenance: Provenance,
+        source: RegainSource | None,
+    ) -> Tally:
+        """The tally of this finding, new or counted before."""
+        key = (
+            kind,
+            producer,
+            tuple(summary_of(t) for t in inputs),
+            tuple(summary_of(t) for t in outputs),
+            mixed,
+            root_cause,
+            provenance,
+            source,
+            phase,
+        )
+        tally = self._tallies.get(key)
+        if tally is None:
+            tally = self._tallies[key] = Tally()
+        return tally
+
+    def findings(
+        self, call_times: dict[int, float] | None = None
+    ) -> tuple[list[Finding], list[Finding]]:
+        """(losses, regains), most bytes first (see ``Recorder.findings``)."""
+        losses: list[Finding] = []
+        regains: list[Finding] = []
+        for key, tally in self._tallies.items():
+            kind, producer, inputs, outputs, mixed, root, origin, source, phase = key
+            is_loss = kind is Conversion.LOSS
+            finding = Finding(
+                kind=kind,
+                python_op=producer.python_op,
+                aten_op=producer.aten_op,
+                module_path=producer.module_path,
+                module_class=producer.module_class,
+                call_site=producer.call_site,
+                inputs=inputs,
+                outputs=outputs,
+                count=tally.count,
+                bytes_converted=tally.bytes_converted,
+                round_trips=tally.round_trips if is_loss else 0,
+                terminal=tally.count - tally.round_trips if is_loss else 0,
+                mixed_formats=mixed,
+                root_cause=root,
+                provenance=origin,
+                regain_source=source,
+                phase=phase,
+                time_ms=None
+                if call_times is None
+                else sum(call_times.get(call, 0.0) for call in tally.calls),
+            )
+            (losses if is_loss else regains).append(finding)
+        order = lambda f: (-f.bytes_converted, -f.count)  # noqa: E731
+        return sorted(losses, key=order), sorted(regains, key=order)
+
+
+def producer_of(aten_op: object, python_op: object, location: Location) -> Producer:
+    """The operation that made some data, named and placed as reports name it."""
+    return Producer(
+        python_op=None if python_op is None else python_op_name(python_op),
+        aten_op=None if aten_op is None else aten_op_name(aten_op),
+        module_path=location.module_path,
+        module_class=location.module_class,
+        call_site=location.call_site,
+    )

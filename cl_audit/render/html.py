@@ -402,12 +402,10 @@ def _heatmap(report: SweepReport) -> str:
     offending = [row for row in report.models if row.offending]
     values: dict[str, dict[str, int]] = {row.key: defaultdict(int) for row in offending}
     for row in offending:
-        if row.cost is not None:
-            for site in row.cost.sites:
-                values[row.key][site.aten_op or site.op] += site.extra
-        else:
-            for finding in row.offenders:
-                values[row.key][finding.op_id] += finding.count
+        for site in row.cost.sites if row.cost is not None else ():
+            values[row.key][site.aten_op or site.op] += site.extra
+        for finding in row.offenders if row.cost is None else ():
+            values[row.key][finding.op_id] += finding.count
     ops = [cov.op for cov in report.operators if any(v.get(cov.op) for v in values.values())]
     if not ops:
         return '<p class="dim">No model offends at a located operation.</p>'
@@ -419,12 +417,10 @@ def _heatmap(report: SweepReport) -> str:
         cells = []
         for op in ops:
             n = values[row.key].get(op, 0)
-            alpha = 0.15 + 0.85 * n / peak if n > 0 else 0
-            style = f' style="background:rgba(214,45,32,{alpha:.2f})"' if n > 0 else ""
+            style = f' style="background:rgba(214,45,32,{0.15 + 0.85 * n / peak:.2f})"' if n else ""
             shown = (format_bytes(n) if weighed else str(n)) if n else ""
-            unit = "channels_last-only" if weighed else "events"
             cells.append(
-                f'<td class="cell"{style} title="{_e(row.name)} / {_e(op)}: {_e(shown)} {unit}" '
+                f'<td class="cell"{style} title="{_e(row.name)} / {_e(op)}: {_e(shown)}" '
                 f'data-jump="model-{_e(row.key)}">{_e(shown)}</td>'
             )
         rows.append(
