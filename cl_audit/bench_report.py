@@ -61,27 +61,57 @@ class StrategyTiming:
 
 @dataclass(frozen=True)
 class Comparison:
-    """channels-last (``configuration``) timed against nchw (``baseline``): ``speedup`` the
-    ratio of their medians (>1: faster), ``spread`` the larger of their rounds' spreads. The
-    verdict says faster or slower only when the spread is smaller than the difference."""
+    """channels-last (``configuration``) against nchw (``baseline``) round by round: ``ratios``
+    holds nchw's time over channels-last's in each round (>1: faster; the rounds alternate, so
+    each pair ran side by side). The verdict is faster or slower only when the middle half of
+    the ratios lies on one side of 1: the rounds' spread is smaller than the difference."""
 
     configuration: str
     baseline: str
-    speedup: float
-    spread: float
+    ratios: tuple[float, ...]
 
-    json_form: ClassVar[JsonForm] = JsonForm(derived=("difference", "verdict"))
+    json_form: ClassVar[JsonForm] = JsonForm(
+        derived=("speedup", "low", "high", "spread", "difference", "verdict")
+    )
+
+    @property
+    def speedup(self) -> float:
+        """The median round's ratio."""
+        return statistics.median(self.ratios)
+
+    @property
+    def low(self) -> float:
+        """The lower quartile of the ratios (the upper: ``high``)."""
+        return self._quartiles[0]
+
+    @property
+    def high(self) -> float:
+        return self._quartiles[1]
+
+    @property
+    def _quartiles(self) -> tuple[float, float]:
+        if len(self.ratios) < 2:
+            return self.ratios[0], self.ratios[0]
+        q1, _, q3 = statistics.quantiles(self.ratios, n=4, method="inclusive")
+        return q1, q3
+
+    @property
+    def spread(self) -> float:
+        """The middle half of the ratios' width, as a share of the median."""
+        return (self.high - self.low) / self.speedup
 
     @property
     def difference(self) -> float:
-        """How far apart the two medians are, as a share (0.25: one is 1.25x the other)."""
+        """How far the median ratio is from even, as a share (0.25: 1.25x either way)."""
         return max(self.speedup, 1 / self.speedup) - 1
 
     @property
     def verdict(self) -> BenchVerdict:
-        if self.spread >= self.difference:
-            return BenchVerdict.INCONCLUSIVE
-        return BenchVerdict.FASTER if self.speedup >= 1 else BenchVerdict.SLOWER
+        if self.low > 1:
+            return BenchVerdict.FASTER
+        if self.high < 1:
+            return BenchVerdict.SLOWER
+        return BenchVerdict.INCONCLUSIVE
 
 
 @dataclass(frozen=True)
@@ -164,9 +194,8 @@ class BenchReport:
         )
         if cl is None or base is None:
             return None
-        return Comparison(
-            cl.name, base.name, base.median_ms / cl.median_ms, max(cl.spread, base.spread)
-        )
+        paired = zip(base.rounds_ms, cl.rounds_ms, strict=False)
+        return Comparison(cl.name, base.name, tuple(b / c for b, c in paired if c > 0))
 
     @property
     def verdict(self) -> BenchVerdict:
@@ -182,9 +211,10 @@ class BenchReport:
             return "channels-last was not compared with nchw"
         if c.verdict is BenchVerdict.INCONCLUSIVE:
             line = (
-                f"inconclusive: the rounds spread {c.spread:.0%}, more than {c.configuration} and "
-                f"{c.baseline} differ ({c.difference:.0%}); run again on a quieter machine or "
-                "with more --rounds"
+                f"inconclusive: round by round, {c.configuration} ran {c.low:.2f}x-{c.high:.2f}x "
+                f"the speed of {c.baseline} (middle half of {len(c.ratios)} rounds, a "
+                f"{c.spread:.0%} spread against a {c.difference:.0%} difference); run again on "
+                "a quieter machine or with more --rounds"
             )
         else:
             how = f"{c.speedup:.2f}x faster" if c.speedup >= 1 else f"{1 / c.speedup:.2f}x slower"

@@ -287,7 +287,7 @@ def test_a_spread_wider_than_the_difference_is_inconclusive_in_words_and_json():
     noisy = _bench((27.0, 58.0, 1642.0, 30.0, 31.0), (30.0, 28.0, 29.0, 60.0, 31.0))
     assert noisy.verdict.value == "inconclusive"
     assert "faster" not in noisy.verdict_text and "slower" not in noisy.verdict_text
-    assert "spread" in noisy.verdict_text
+    assert "spread" in noisy.verdict_text and "middle half of 5 rounds" in noisy.verdict_text
     data = noisy.to_dict()
     jsonschema.validate(data, load_schema("bench"))
     assert data["verdict"] == "inconclusive" and data["comparison"]["spread"] > 1
