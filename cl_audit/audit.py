@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from cl_audit.assemble import assemble
-from cl_audit.attribution import ModuleNames
+from cl_audit.attribution import ModuleNames, Traced
 from cl_audit.enums import DifferentialStatus, Engine, Phase, Provenance
 from cl_audit.environment import autocast_in_effect, dtype_name
 from cl_audit.errors import AuditError
@@ -154,6 +154,11 @@ class Audit:
             device=device,
             dtype=dtype,
         )
+
+    def replaying(self, traced: Traced | None) -> None:
+        """The operations from now on are a replayed trace's: named, placed and phased as the
+        trace found them (``cl_audit.replay``)."""
+        self._recorder.replaying(traced)
 
     def report(
         self,

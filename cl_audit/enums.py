@@ -84,6 +84,7 @@ class TensorMode(str, Enum):
 
     EAGER = "eager"  # kernels ran on real data
     FAKE = "fake"  # FakeTensors: layouts from the operators' meta functions, a prediction
+    REPLAYED = "replayed"  # a training step traced on fake CPU tensors, replayed on the device's
 
 
 @unique

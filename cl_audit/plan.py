@@ -14,14 +14,18 @@ from typing import Any
 import torch
 
 from cl_audit.compat import fake_cuda_problem
+from cl_audit.compat.tracing import replay_problem
 from cl_audit.enums import Engine, TensorMode, Workload
 from cl_audit.errors import UsageError
+from cl_audit.replay import ReplayedTensors
 from cl_audit.report import AppliedOverride
 from cl_audit.report.sections import Conditions
 from cl_audit.settings import AuditSettings, autocast_for
 from cl_audit.tensors import TENSORS, Tensors
 
 __all__ = ["RunPlan", "plan_run", "resolve_device"]
+
+REPLAYED = ReplayedTensors()
 
 
 @dataclass(frozen=True)
@@ -70,7 +74,13 @@ def plan_run(settings: AuditSettings) -> RunPlan:
     """The plan of ``settings``; ``UsageError`` for a device that cannot run them."""
     device = resolve_device(settings.device, settings.tensor_mode, settings.bfloat16)
     workload = Workload.TRAINING_STEP if settings.train else Workload.INFERENCE
-    return RunPlan(settings, device, TENSORS[settings.tensor_mode], workload)
+    tensors = TENSORS[settings.tensor_mode]
+    if tensors.predicted and workload.train:
+        problem = replay_problem()
+        if problem is not None:
+            raise UsageError(f"--train --fake: {problem}")
+        tensors = REPLAYED  # fake training steps are traced and replayed (cl_audit.replay)
+    return RunPlan(settings, device, tensors, workload)
 
 
 def resolve_device(

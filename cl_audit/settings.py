@@ -76,19 +76,6 @@ class AuditSettings:
             raise UsageError(problem)
         if self.time and self.predicted:
             raise UsageError("--time measures kernels, and fake tensors run none: drop --fake")
-        if self.train and self.predicted and _device_type(self.device) == "cuda":
-            if not torch.cuda.is_available():
-                alone = (
-                    "; the compiled training graphs alone are predicted by "
-                    "cl_audit.compiled_layouts(model, x, device='cuda', train=True)"
-                    if self.compile
-                    else ""
-                )
-                raise UsageError(
-                    "--train --fake --device cuda: autograd's engine needs a CUDA device for the "
-                    "backward even on fake tensors (no kernel runs); use a machine with a GPU, "
-                    f"or --device cpu{alone}"
-                )
 
     @property
     def bfloat16(self) -> bool:

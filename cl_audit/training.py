@@ -8,9 +8,10 @@ the loss when the model gives none, the gradients' layouts and the fake scaler.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -18,11 +19,14 @@ import torch.nn.functional as F
 from cl_audit.audit import Audit
 from cl_audit.compat import amp_unscale_, amp_update_scale_
 from cl_audit.enums import Amp, Optimizer, Phase, Stage
-from cl_audit.plan import RunPlan
 from cl_audit.report import GradientLayout
 from cl_audit.timing import TIMED_STEPS, WARMUP_STEPS, timed_ms
 
+if TYPE_CHECKING:  # the plan is handed in; a run-time import would cycle through tensors
+    from cl_audit.plan import RunPlan
+
 __all__ = [
+    "BoundStep",
     "FakeScaler",
     "Step",
     "gradient_layouts",
@@ -43,14 +47,30 @@ class Step:
         plan: RunPlan,
         parameters: dict[str, torch.Tensor],
         loss: Callable[[Any], torch.Tensor] | None = None,
+        autocast: bool = True,
+        foreach: bool | None = None,
     ) -> None:
         self.plan = plan
+        self._autocast = autocast  # False: the forward casts itself (a traced forward)
+        self._foreach = foreach  # the optimizer's implementation, None: torch's default
         self.parameters = parameters
         self._loss = loss or (lambda output: training_loss(output, plan.settings.seed))
         self.stage = Stage.FORWARD
         self.layouts: tuple[GradientLayout, ...] = ()
         self._optimizer: torch.optim.Optimizer | None = None
         self._scaler: torch.amp.GradScaler | FakeScaler | None = None
+
+    def loss(self, output: object) -> torch.Tensor:
+        """The training loss of a forward's output."""
+        return self._loss(output)
+
+    def state_tensors(self) -> list[torch.Tensor]:
+        """The tensors of the optimizer's and the gradient scaler's state (after a step)."""
+        states = () if self._optimizer is None else self._optimizer.state.values()
+        found = [v for state in states for v in state.values() if isinstance(v, torch.Tensor)]
+        if isinstance(self._scaler, FakeScaler):
+            found += [self._scaler._scale, self._scaler._growth, self._scaler._found_inf]
+        return found
 
     def timed(self, forward: _Forward, device: torch.device) -> tuple[float, ...]:
         """Milliseconds of ``TIMED_STEPS`` steps after ``WARMUP_STEPS``, no audit running."""
@@ -64,7 +84,8 @@ class Step:
         self.stage = Stage.FORWARD
         if active is not None:
             active.enter_phase(Phase.FORWARD)
-        with torch.enable_grad() if train else torch.no_grad(), plan.autocast():
+        autocast = plan.autocast() if self._autocast else contextlib.nullcontext()
+        with torch.enable_grad() if train else torch.no_grad(), autocast:
             output = forward()
             loss = self._loss(output) if train else None
         if loss is None:
@@ -87,12 +108,35 @@ class Step:
         if active is not None:
             active.enter_phase(Phase.OPTIMIZER)
         if self._optimizer is None:
-            self._optimizer = make_optimizer(plan.settings.optimizer, self.parameters.values())
+            self._optimizer = make_optimizer(
+                plan.settings.optimizer, self.parameters.values(), self._foreach
+            )
         if self._scaler is None:
             self._optimizer.step()
         else:
             self._scaler.step(self._optimizer)
             self._scaler.update()
+
+
+class BoundStep:
+    """A ``Step`` with its forward: what an audit's phases run (``run(active)``)."""
+
+    def __init__(self, step: Step, forward: _Forward) -> None:
+        self.step, self.forward = step, forward
+
+    @property
+    def stage(self) -> Stage:
+        return self.step.stage
+
+    @property
+    def layouts(self) -> tuple[GradientLayout, ...]:
+        return self.step.layouts
+
+    def run(self, active: Audit | None) -> None:
+        self.step.run(self.forward, active)
+
+    def timed(self, device: torch.device) -> tuple[float, ...]:
+        return self.step.timed(self.forward, device)
 
 
 class FakeScaler:
@@ -127,14 +171,19 @@ class FakeScaler:
 
 
 _OPTIMIZERS = {
-    Optimizer.SGD: lambda params: torch.optim.SGD(params, lr=1e-3, momentum=0.9),
-    Optimizer.ADAMW: lambda params: torch.optim.AdamW(params, lr=1e-3),
+    Optimizer.SGD: lambda params, foreach: torch.optim.SGD(
+        params, lr=1e-3, momentum=0.9, foreach=foreach
+    ),
+    Optimizer.ADAMW: lambda params, foreach: torch.optim.AdamW(params, lr=1e-3, foreach=foreach),
 }
 
 
-def make_optimizer(kind: Optimizer, parameters: Iterable[torch.Tensor]) -> torch.optim.Optimizer:
-    """The optimizer a training audit steps: SGD (lr 1e-3, momentum 0.9) or AdamW (lr 1e-3)."""
-    return _OPTIMIZERS[kind](list(parameters))
+def make_optimizer(
+    kind: Optimizer, parameters: Iterable[torch.Tensor], foreach: bool | None = None
+) -> torch.optim.Optimizer:
+    """The optimizer a training audit steps: SGD (lr 1e-3, momentum 0.9) or AdamW (lr 1e-3);
+    ``foreach`` as torch takes it (None: torch's default for the parameters' device)."""
+    return _OPTIMIZERS[kind](list(parameters), foreach)
 
 
 def training_loss(output: object, seed: int) -> torch.Tensor:

@@ -9,11 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 import training_models as tm
+from torch_checks import needs_fake_cuda
 from typer.testing import CliRunner
 
 from cl_audit.cli import app
+from cl_audit.compat import fake_cuda_problem
 from cl_audit.errors import ModelFailedError, Stage, UsageError
-from cl_audit.report import Phase, RegainSource
+from cl_audit.report import Phase, RegainSource, Verdict
 from cl_audit.run import audit_module
 from cl_audit.settings import Amp, AuditSettings, Engine, Optimizer, Strategy, TensorMode
 
@@ -95,10 +97,61 @@ def test_fake_fp16_training_runs_under_autocast_with_the_scalers_arithmetic():
     assert backward and any(t.dtype == "float16" for f in backward for t in f.inputs)
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
-def test_fake_cuda_training_without_a_gpu_is_refused_with_the_reason():
-    with pytest.raises(UsageError, match="autograd's engine needs a CUDA device"):
-        train(tm.ActivationBeforePool(), tensor_mode=TensorMode.FAKE, device="cuda")
+def _site(model: type, text: str) -> str:
+    lines, first = inspect.getsourcelines(model.forward)
+    return f"training_models.py:{first + next(i for i, t in enumerate(lines) if text in t)}"
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_fake_cuda)])
+def test_a_replayed_step_finds_the_backward_only_loss_at_its_forward_line(device):
+    """Fake training is traced on fake CPU tensors and replayed on the device's: the loss that
+    only the backward makes is found and placed as the eager audit places it."""
+    eager = train(tm.BackwardOnlyLoss())
+    report = train(tm.BackwardOnlyLoss(), tensor_mode=TensorMode.FAKE, device=device)
+    assert report.environment.mode is TensorMode.REPLAYED and report.predicted
+    assert report.environment.device == device
+    (loss,) = report.offenders
+    assert loss.phase is Phase.BACKWARD
+    assert (loss.python_op, loss.aten_op) == ("_ContiguousGradientBackward", "aten.clone")
+    assert (loss.module_path, loss.call_site) == ("head", _site(tm.BackwardOnlyLoss, "self.head("))
+    assert loss.inputs[0].device.startswith(device)
+    (regain,) = [f for f in report.regains if f.phase is Phase.BACKWARD]
+    assert regain.aten_op == "aten.convolution_backward" and regain.module_path == "conv"
+    same = ("phase", "python_op", "aten_op", "module_path", "call_site", "count")
+    assert [[getattr(f, k) for k in same] for f in eager.offenders + eager.regains] == [
+        [getattr(f, k) for k in same] for f in report.offenders + report.regains
+    ]
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_fake_cuda)])
+def test_a_replayed_step_of_a_model_that_keeps_the_format_is_clean(device):
+    """The control: a replay adds no loss of its own."""
+    report = train(tm.KeepsFormat(), tensor_mode=TensorMode.FAKE, device=device)
+    assert report.environment.mode is TensorMode.REPLAYED
+    assert report.offenders == () and report.verdict is Verdict.CLEAN
+
+
+@needs_fake_cuda
+@pytest.mark.parametrize(("amp", "dtype"), [(Amp.FP16, "float16"), (Amp.BF16, "bfloat16")])
+def test_a_replayed_cuda_step_runs_in_the_dtypes_cuda_autocast_chooses(amp, dtype):
+    """CUDA's autocast policy, taken from a forward traced on fake CUDA tensors: the backward of
+    the activation after the convolution runs in the low dtype, as on a GPU."""
+    problem = fake_cuda_problem(bfloat16=True) if amp is Amp.BF16 else None
+    if problem is not None:
+        pytest.skip(f"this torch refuses fake CUDA bfloat16: {problem}")
+    report = train(tm.ActivationBeforePool(), tensor_mode=TensorMode.FAKE, device="cuda", amp=amp)
+    assert report.environment.autocast == f"cuda:{dtype}"
+    (activation,) = [f for f in report.regains if f.python_op == "HardtanhBackward0"]
+    assert {t.dtype for t in activation.inputs} == {dtype} and activation.module_path == "act"
+    fp32 = train(tm.ActivationBeforePool(), tensor_mode=TensorMode.FAKE, device="cuda")
+    (control,) = [f for f in fp32.regains if f.python_op == "HardtanhBackward0"]
+    assert {t.dtype for t in control.inputs} == {"float32"}
+
+
+@needs_fake_cuda
+def test_a_custom_autograd_function_under_cuda_autocast_is_refused_naming_it():
+    with pytest.raises(UsageError, match="_ContiguousGradientBackward belongs to a custom"):
+        train(tm.BackwardOnlyLoss(), tensor_mode=TensorMode.FAKE, device="cuda", amp=Amp.FP16)
 
 
 def test_fake_scaler_does_what_grad_scaler_does_when_no_gradient_overflows():

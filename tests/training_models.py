@@ -39,6 +39,45 @@ class NonDenseWeight(nn.Module):
         return F.conv2d(self.conv(x), self.weight)
 
 
+class _ContiguousGradient(torch.autograd.Function):
+    """Identity forward; the backward hands on an NCHW copy of its gradient."""
+
+    @staticmethod
+    def forward(ctx: object, x: torch.Tensor) -> torch.Tensor:
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx: object, grad: torch.Tensor) -> torch.Tensor:
+        return grad.contiguous()
+
+
+class BackwardOnlyLoss(nn.Module):
+    """A custom autograd Function whose backward makes its channels_last gradient NCHW: the
+    forward keeps channels_last, the backward loses it (attributed to the module whose forward
+    made the Function's node, ``head``) and the first convolution's backward converts back."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.head = nn.Conv2d(8, 4, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(_ContiguousGradient.apply(self.conv(x))).sum(dim=(2, 3))
+
+
+class KeepsFormat(nn.Module):
+    """Two convolutions and a ReLU, pooled by a flatten of 1x1 maps: channels_last throughout,
+    forward and backward (the control of the training audits)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.conv2 = nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv2(torch.relu(self.conv1(x))).sum(dim=(2, 3))
+
+
 def activation_before_pool() -> tuple[nn.Module, tuple[int, ...]]:
     return ActivationBeforePool(), (3, 16, 16)
 

@@ -13,7 +13,7 @@ from torch import nn
 
 from cl_audit.audit import Audit, audit
 from cl_audit.enums import Engine, Strategy
-from cl_audit.errors import ModelFailedError
+from cl_audit.errors import ModelFailedError, UsageError
 from cl_audit.intercept.ledger import Ledger
 from cl_audit.intercept.observer import Observer
 from cl_audit.plan import RunPlan
@@ -21,7 +21,6 @@ from cl_audit.report import Timing
 from cl_audit.report.sections import Observed, Training
 from cl_audit.tensors import Forward, TensorRun
 from cl_audit.timing import Profiler, call_times, copies_by_call, step_timing, timed_ms
-from cl_audit.training import Step
 
 __all__ = ["COMPARED", "Audited", "instrumented", "run_audited"]
 
@@ -49,22 +48,24 @@ def run_audited(
     """The converted model's forward or step, audited; ``ModelFailedError`` naming the stage
     (and a hint where one is known) when the model fails."""
     settings = plan.settings
-    step = Step(plan, run.trainable(), loss)
+    step = run.stepper(plan, forward, loss)
     ledger = _ledger(plan)
     rounds: tuple[float, ...] = ()
     profiled = 0.0
     try:
         if settings.time:
-            rounds = step.timed(forward, plan.device)
+            rounds = step.timed(plan.device)
         else:
             with run.tensor_mode():
                 for _ in range(plan.workload.warmup_steps):
-                    step.run(forward, None)
+                    step.run(None)
         with run.tensor_mode(), instrumented(plan, model, run, ledger) as (active, prof):
             if settings.time:
-                profiled = timed_ms(lambda: step.run(forward, active), plan.device)
+                profiled = timed_ms(lambda: step.run(active), plan.device)
             else:
-                step.run(forward, active)
+                step.run(active)
+    except UsageError:
+        raise  # what the settings cannot do for this model (a replay names why)
     except Exception as e:
         raise ModelFailedError(step.stage, label, e, _hint(plan, run)) from e
     observed = active.observed(call_times(prof, plan.device) if settings.time else None)

@@ -21,7 +21,6 @@ from cl_audit.plan import RunPlan
 from cl_audit.report import DifferentialRun, Finding
 from cl_audit.report.sections import Comparison
 from cl_audit.tensors import TensorRun
-from cl_audit.training import Step
 
 __all__ = ["compare"]
 
@@ -57,12 +56,12 @@ def compare(
                     forward()
         else:
             quiet = plan.changed(timeline=False, time=False)
-            step = Step(quiet, run.trainable(), loss)
+            step = run.stepper(quiet, forward, loss)
             with run.tensor_mode():
                 for _ in range(plan.workload.warmup_steps):  # warmed up as the audited run was
-                    step.run(forward, None)
+                    step.run(None)
             with run.tensor_mode(), instrumented(quiet, model, run, nchw, watcher) as (active, _):
-                step.run(forward, active)
+                step.run(active)
     except Exception as e:
         message = f"the NCHW run failed ({type(e).__name__}: {e}"[:300] + "); no cost weighed"
         unaligned = sum(f.terminal for f in terminal)

@@ -15,7 +15,7 @@ from cl_audit.layout import MemoryLayout
 from cl_audit.render import format_bytes
 from cl_audit.render import html_text as _e
 from cl_audit.render.html_compiled import compiled_section
-from cl_audit.render.terminal import cost_line, operator_examples, timing_line
+from cl_audit.render.terminal import cost_line, operator_examples, predicted_note, timing_line
 from cl_audit.report import (
     Finding,
     ModelReport,
@@ -334,7 +334,7 @@ def model_html(report: ModelReport) -> str:
         f"<td>{_producer(f.root_cause, anchors)}</td></tr>"
         for f in report.regains
     )
-    predicted = " (predicted: fake tensors, nothing ran)" if report.predicted else ""
+    predicted = predicted_note(report)
     if env.train:
         predicted += f"; a training step (optimizer {env.optimizer})"
     body = (

@@ -8,7 +8,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from cl_audit.enums import DifferentialStatus, Evidence, Fate, Verdict
+from cl_audit.enums import DifferentialStatus, Evidence, Fate, TensorMode, Verdict
 from cl_audit.render import format_bytes
 from cl_audit.report import (
     Comparison,
@@ -35,6 +35,7 @@ __all__ = [
     "format_bytes",
     "offenders_table",
     "operator_examples",
+    "predicted_note",
     "render_comparison",
     "render_report",
     "render_sweep",
@@ -103,10 +104,22 @@ def cost_line(cost: Cost, train: bool) -> str:
     )  # fmt: skip
 
 
+_PREDICTED = {
+    TensorMode.FAKE: ", fake tensors (predicted)",
+    TensorMode.REPLAYED: ", predicted for {device} from a traced step (replayed on fake tensors)",
+}
+
+
+def predicted_note(report: ModelReport) -> str:
+    """How a predicted report was made (empty for an eager one)."""
+    env = report.environment
+    return _PREDICTED.get(env.mode, "").format(device=env.device)
+
+
 def summary_text(report: ModelReport) -> Text:
     s, env = report.summary, report.environment
     amp = f", autocast {env.autocast}" if env.autocast else ""
-    mode = ", fake tensors (predicted)" if report.predicted else ""
+    mode = predicted_note(report)
     lines = [
         f"model {report.model or '(unnamed)'}  input {'x'.join(map(str, report.input_shape or ()))}"
         f"  {env.device} {env.dtype}{amp}  engine {env.engine.value}{mode}",

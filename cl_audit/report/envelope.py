@@ -21,7 +21,7 @@ from cl_audit.report.codec import plain_json as plain_json  # public here before
 REPORT_FORMAT = "cl-audit.report"
 
 
-REPORT_VERSION = 5
+REPORT_VERSION = 6  # 6: environment.mode "replayed" (a traced training step replayed)
 
 
 BENCH_FORMAT = "cl-audit.bench"  # cl_audit.bench_report
@@ -31,7 +31,7 @@ BENCH_VERSION = 2  # 2: verdict a word (faster/slower/inconclusive), verdict_tex
 BENCH_READABLE = (1, BENCH_VERSION)
 
 
-REPORT_READABLE = (1, 2, 3, 4, REPORT_VERSION)
+REPORT_READABLE = (1, 2, 3, 4, 5, REPORT_VERSION)
 
 
 class ReportFormatError(ValueError):

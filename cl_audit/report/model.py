@@ -317,7 +317,7 @@ class ModelReport:
 
     @property
     def predicted(self) -> bool:
-        return self.environment.mode is TensorMode.FAKE
+        return self.environment.mode is not TensorMode.EAGER
 
     def to_dict(self) -> dict[str, Any]:
         return {"format": REPORT_FORMAT, "version": REPORT_VERSION, **encode(self)}

@@ -1,0 +1,54 @@
+"""make_fx and the graph it is building: how a training step is traced into an aten graph for
+replay (``cl_audit.replay``), each behind a feature test."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch import fx
+
+from cl_audit.compat import _missing
+
+try:
+    from torch.fx.experimental import proxy_tensor as _proxy
+except ImportError:  # pragma: no cover - every supported torch has it
+    _proxy = None  # type: ignore[assignment]
+
+__all__ = ["building_graph", "new_nodes", "replay_problem", "trace_graph"]
+
+_make_fx = getattr(_proxy, "make_fx", None)
+_get_proxy_mode = getattr(_proxy, "get_proxy_mode", None)
+
+
+def replay_problem() -> str | None:
+    """Why this torch cannot trace a step for replay (``--train --fake``), or None."""
+    for name, found in (("make_fx", _make_fx), ("get_proxy_mode", _get_proxy_mode)):
+        if found is None:
+            return f"torch {torch.__version__} lacks proxy_tensor.{name}, which a replay needs"
+    return None
+
+
+def trace_graph(fn: Callable[..., Any], inputs: list[torch.Tensor]) -> fx.GraphModule:
+    """``fn(*inputs)`` traced into an aten graph: its inputs are the graph's placeholders (the
+    tensors ``fn`` reaches that are not among them become its constants)."""
+    if _make_fx is None:
+        raise _missing("proxy_tensor.make_fx", "a replayed training step")
+    return _make_fx(fn, tracing_mode="real")(*inputs)
+
+
+def building_graph() -> fx.Graph:
+    """The graph that the trace in progress is adding nodes to."""
+    mode = None if _get_proxy_mode is None else _get_proxy_mode()
+    if mode is None:
+        raise _missing("proxy_tensor.get_proxy_mode", "a replayed training step")
+    return mode.tracer.graph
+
+
+def new_nodes(graph: fx.Graph, last: fx.Node | None) -> Iterator[fx.Node]:
+    """The nodes added after ``last`` (all of them for None), newest first."""
+    for node in reversed(graph.nodes):
+        if node is last:
+            return
+        yield node
