@@ -129,18 +129,18 @@ class _Session:
     def write(self) -> None:
         if not (self.update and self.path is not None and self.rows):
             return
-        from cl_audit.enums import Engine, TensorMode
-        from cl_audit.environment import probe
+        from cl_audit.assemble import environment_of
+        from cl_audit.enums import Engine
+        from cl_audit.files import write_text
         from cl_audit.report import SweepReport
+        from cl_audit.report.sections import Conditions
 
         self._load()  # the old rows: those of tests that did not run are kept
         rows = {row.name: row for row in self._old_rows}
         rows.update(self.rows)
-        environment = probe(
-            device=None, dtype=None, autocast=None, engine=Engine.DISPATCH, mode=TensorMode.EAGER
-        )
+        environment = environment_of(Conditions(engine=Engine.DISPATCH))
         report = SweepReport.build(environment, {"pytest": True}, list(rows.values()))
-        self.path.write_text(report.to_json() + "\n")
+        write_text(self.path, report.to_json() + "\n", "--cl-audit-baseline")
 
 
 class ClAudit:

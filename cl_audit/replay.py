@@ -28,7 +28,7 @@ from torch.func import functional_call
 
 from cl_audit.attribution import ModuleNames, Traced
 from cl_audit.compat import TORCH_VERSION, fake_tensor, new_fake_mode
-from cl_audit.compat.tracing import building_graph, new_nodes, trace_graph
+from cl_audit.compat.tracing import building_graph, new_nodes, node_note, note_node, trace_graph
 from cl_audit.convert import apply_strategy, input_to_nchw, strategy_input
 from cl_audit.divergences import CUDA_KERNEL_OVERRIDES, divergence_table
 from cl_audit.enums import Phase, Stage, Strategy, TensorMode
@@ -48,7 +48,6 @@ if TYPE_CHECKING:  # the plan holds a Tensors; a run-time import would cycle
 
 __all__ = ["ReplayedTensors"]
 
-_TRACED = "cl_audit.traced"  # a node's Traced
 _CPU = torch.device("cpu")
 
 
@@ -78,7 +77,7 @@ class _Annotator:
             self._last = nodes[0]
         for node in nodes:
             if node.op == "call_function":
-                node.meta[_TRACED] = traced
+                note_node(node, traced)
 
     @contextlib.contextmanager
     def watching(self) -> Iterator[None]:
@@ -99,7 +98,7 @@ class _Interpreter(fx.Interpreter):
         self._places = places
 
     def run_node(self, n: fx.Node) -> Any:
-        self._places(n.meta.get(_TRACED))
+        self._places(node_note(n))
         try:
             return super().run_node(n)
         finally:
@@ -237,8 +236,8 @@ class _ReplayedStep:
             custom.extend(_custom_functions(loss))
             return loss
 
-        for tensor in state.values():
-            tensor.requires_grad_(tensor.is_floating_point())
+        for name, _ in run.model.named_parameters():
+            state[name].requires_grad_(True)
         annotator = _Annotator(ModuleNames(run.model))
         with target, annotator.watching():
             graph = trace_graph(forward_and_loss, [*state.values(), *example.tensors()])

@@ -310,3 +310,23 @@ def test_compile_exits_2_naming_what_this_torch_lacks_or_runs():
     else:
         assert result.returncode == 2 and "--compile" in result.stderr
         assert compile_problem() in result.stderr and "Traceback" not in result.stderr
+
+
+@needs_fake_cuda
+@pytest.mark.parametrize(("model", "amp"), [("resnet18", ("--amp", "fp16")), ("mobilenet_v2", ())])
+def test_cuda_training_is_predicted_without_a_gpu(model, amp):
+    """The issue's two commands: a CUDA verdict with its sites, from a traced step replayed on
+    fake CUDA tensors, on a machine without a GPU."""
+    result = run_cli(
+        model, "--train", "--fake", "--device", "cuda", *amp, "--input-size", "3x64x64",
+        "--json", "-",
+    )  # fmt: skip
+    assert result.returncode in (0, 1), result.stderr
+    data = json.loads(result.stdout)
+    env = data["environment"]
+    assert (env["mode"], env["device"], env["train"]) == ("replayed", "cuda", True)
+    assert env["autocast"] == ("cuda:float16" if amp else None)
+    assert data["summary"]["verdict"] in ("clean", "minor", "offending")
+    assert data["cost"]["bytes_written"] > 0
+    phases = {site["phase"] for site in data["cost"]["sites"]}
+    assert phases <= {"forward", "backward", "optimizer"}

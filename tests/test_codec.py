@@ -25,6 +25,7 @@ from cl_audit.enums import (
     Verdict,
 )
 from cl_audit.report import (
+    REPORT_VERSION,
     Compiled,
     CompiledConv,
     CompiledCopy,
@@ -178,7 +179,7 @@ def test_a_version_5_report_is_written_again_exactly():
     assert data["timing"]["share"] == (0.25 + 0.125) / 3.0 and data["cost"]["net_bytes"] == 4096
 
 
-def test_a_version_4_report_reads_as_the_version_5_one_without_lowering():
+def test_a_version_4_report_reads_without_the_lowerings_copies():
     """Version 5 added each graph's copies and the side-by-side sites; version 4 lacks them."""
     data = _full_report().to_dict() | {"version": 4}
     compiled = data["compiled"] = {k: v for k, v in data["compiled"].items() if k != "sites"}
@@ -190,5 +191,8 @@ def test_a_version_4_report_reads_as_the_version_5_one_without_lowering():
     old = ModelReport.from_dict(data)
     assert old.compiled.sites is None and old.compiled.graphs[0].conversions is None
     written = old.to_dict()
-    assert written["version"] == 5 and written["compiled"]["graphs"][0]["conversions"] is None
+    assert (
+        written["version"] == REPORT_VERSION
+        and written["compiled"]["graphs"][0]["conversions"] is None
+    )
     assert ModelReport.from_dict(json.loads(json.dumps(written))) == old

@@ -17,6 +17,7 @@ from compiled_models import (
     Copied,
     Depthwise,
     Grouped,
+    HeldOutGrouped,
     Narrowing,
     Plain,
     Shuffled,
@@ -25,11 +26,12 @@ from compiled_models import (
 )
 from test_cli import invoke, run_cli
 from torch._dynamo.utils import counters
+from torch_checks import needs_fake_cuda
 
 from cl_audit import audit_model, compiled_layouts
 from cl_audit.compat.inductor import backward_convolutions_decide, compile_problem
 from cl_audit.enums import ConvClass, CopyKind, Fate, LayoutBranch, Phase
-from cl_audit.report import ModelReport, load_schema
+from cl_audit.report import REPORT_VERSION, ModelReport, load_schema
 
 MODELS = str(Path(__file__).with_name("compiled_models.py"))
 COMPILE_PROBLEM = compile_problem()
@@ -224,7 +226,7 @@ def test_inductor_still_compiles_the_audited_model_after_the_capture():
 def test_compile_report_round_trips_and_matches_the_schema(tmp_path):
     report = audit_model(Grouped(), torch.randn(2, 3, 16, 16), compile=True, force_layout_opt=True)
     data = report.to_dict()
-    assert data["version"] == 5
+    assert data["version"] == REPORT_VERSION
     jsonschema.validate(data, load_schema())
     again = ModelReport.from_dict(json.loads(json.dumps(data)))
     assert again.to_dict() == data and again.compiled.graphs[0].deciding == ()
@@ -246,9 +248,6 @@ def test_compile_options_are_refused_where_they_cannot_take_effect():
     sweep = run_cli(f"{MODELS}:Plain", f"{MODELS}:Small", "--compile")
     assert sweep.returncode == 2 and "one model" in sweep.stderr
     assert "Traceback" not in alone.stderr + sweep.stderr
-    if not torch.cuda.is_available():  # the eager half cannot run: say what predicts the rest
-        cuda = run_cli(f"{MODELS}:Plain", "--compile", "--train", "--fake", "--device", "cuda")
-        assert cuda.returncode == 2 and "compiled_layouts(" in cuda.stderr
 
 
 def test_the_html_report_shows_each_graph_and_its_deciding_convolution():
@@ -403,3 +402,20 @@ def test_a_version_4_compile_report_is_still_read():
     jsonschema.validate(data, load_schema(version=4))
     compiled = ModelReport.from_dict(data).compiled
     assert compiled.sites is None and compiled.graphs[0].conversions is None
+
+
+@needs_fake_cuda
+def test_a_held_out_grouped_toys_compiled_cuda_training_forward_is_vetoed_by_its_line():
+    """--compile --train --fake --device cuda without a GPU: the eager step replayed for CUDA,
+    and beside it the compiled graphs, the forward's decision vetoed by the named line."""
+    result = run_cli(
+        f"{MODELS}:HeldOutGrouped", "--compile", "--train", "--fake", "--device", "cuda",
+        "--input-size", "3x64x64", "--json", "-",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["environment"]["mode"] == "replayed" and data["environment"]["device"] == "cuda"
+    forward = next(g for g in data["compiled"]["graphs"] if g["phase"] == "forward")
+    assert forward["layout_optimization"] is False
+    (deciding,) = [c for c in forward["convolutions"] if c["deciding"]]
+    assert deciding["call_site"] == _line(HeldOutGrouped, "self.mix(")

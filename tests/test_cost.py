@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from cl_audit import audit_model
 from cl_audit.cli import app
 from cl_audit.enums import CostKind, Evidence, Phase, Verdict
-from cl_audit.report import Gate, ModelReport, SweepReport, compare, load_schema
+from cl_audit.report import REPORT_VERSION, Gate, ModelReport, SweepReport, compare, load_schema
 
 MAP = 2 * 8 * 32 * 32 * 4  # one (2, 8, 32, 32) float32 map
 ANY = {"fail_share": 0.0, "fail_bytes": 0}  # any channels_last-only cost offends
@@ -183,7 +183,7 @@ def test_the_report_json_is_version_5_validates_and_reads_back():
     jsonschema = pytest.importorskip("jsonschema")
     report = _audit(cm.ContiguousCopy())
     data = report.to_dict()
-    assert data["version"] == 5
+    assert data["version"] == REPORT_VERSION
     jsonschema.validate(data, load_schema("report"))
     assert data["cost"]["extra_bytes"] == 2 * MAP and data["summary"]["verdict"] == "offending"
     assert ModelReport.from_dict(json.loads(report.to_json())) == report

@@ -11,7 +11,13 @@ import torch
 import toy_models
 
 import cl_audit
-from cl_audit.report import DifferentialStatus, ModelReport, ReportFormatError, load_schema
+from cl_audit.report import (
+    REPORT_VERSION,
+    DifferentialStatus,
+    ModelReport,
+    ReportFormatError,
+    load_schema,
+)
 
 DATA = Path(__file__).with_name("data")
 
@@ -29,7 +35,7 @@ def test_real_report_validates_against_the_shipped_schema(engine):
 
 def test_envelope_and_contract_keys(report):
     data = json.loads(report.to_json())
-    assert (data["format"], data["version"]) == ("cl-audit.report", 5)
+    assert (data["format"], data["version"]) == ("cl-audit.report", REPORT_VERSION)
     assert [f["kind"] for f in data["offenders"]] == ["loss"]
     assert all(f["kind"] == "regain" for f in data["regains"])
     env = data["environment"]
@@ -46,7 +52,7 @@ def test_round_trip_through_json(report):
     ("change", "message"),
     [
         ({"format": "cl-audit.sweep"}, "unknown format 'cl-audit.sweep'"),
-        ({"version": 6}, "unsupported cl-audit.report version 6"),
+        ({"version": 7}, "unsupported cl-audit.report version 7"),
         ({"format": None}, "unknown format None"),
     ],
 )

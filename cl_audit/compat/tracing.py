@@ -16,7 +16,7 @@ try:
 except ImportError:  # pragma: no cover - every supported torch has it
     _proxy = None  # type: ignore[assignment]
 
-__all__ = ["building_graph", "new_nodes", "replay_problem", "trace_graph"]
+__all__ = ["building_graph", "new_nodes", "node_note", "note_node", "replay_problem", "trace_graph"]
 
 _make_fx = getattr(_proxy, "make_fx", None)
 _get_proxy_mode = getattr(_proxy, "get_proxy_mode", None)
@@ -52,3 +52,16 @@ def new_nodes(graph: fx.Graph, last: fx.Node | None) -> Iterator[fx.Node]:
         if node is last:
             return
         yield node
+
+
+_NOTE = "cl_audit.note"  # the key of cl-audit's note in a node's metadata
+
+
+def note_node(node: fx.Node, note: object) -> None:
+    """Leave ``note`` on a graph node (fx keeps it in the node's metadata)."""
+    node.meta[_NOTE] = note
+
+
+def node_note(node: fx.Node) -> Any:
+    """The note left on ``node``, or None."""
+    return node.meta.get(_NOTE)

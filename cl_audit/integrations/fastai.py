@@ -20,6 +20,7 @@ from pathlib import Path
 from fastai.callback.core import Callback
 from fastai.callback.fp16 import MixedPrecision
 
+from cl_audit.files import write_text
 from cl_audit.integrations import StepAudit, show
 from cl_audit.report import ModelReport
 
@@ -84,7 +85,7 @@ class ChannelsLastAudit(Callback):
         if self.show:
             show(report, self.json_path)
         elif self.json_path is not None:
-            self.json_path.write_text(report.to_json() + "\n")
+            write_text(self.json_path, report.to_json() + "\n", "json_path")
 
 
 def _name(learn: object) -> str | None:
