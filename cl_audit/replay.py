@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import fx, nn
@@ -27,6 +27,7 @@ from torch.autograd.function import BackwardCFunction
 from torch.func import functional_call
 
 from cl_audit.attribution import ModuleNames, Traced
+from cl_audit.audit import Audit
 from cl_audit.compat import TORCH_VERSION, fake_tensor, new_fake_mode
 from cl_audit.compat.tracing import building_graph, new_nodes, node_note, note_node, trace_graph
 from cl_audit.convert import apply_strategy, input_to_nchw, strategy_input
@@ -40,11 +41,7 @@ from cl_audit.intercept.naming import python_op_name
 from cl_audit.intercept.recorder import Recorder
 from cl_audit.report import AppliedOverride, GradientLayout
 from cl_audit.tensors import FakeTensors, Forward, TensorRun
-from cl_audit.training import Step, gradient_layouts
-
-if TYPE_CHECKING:  # the plan holds a Tensors; a run-time import would cycle
-    from cl_audit.audit import Audit
-    from cl_audit.plan import RunPlan
+from cl_audit.training import Step, StepPlan, gradient_layouts
 
 __all__ = ["ReplayedTensors"]
 
@@ -150,7 +147,7 @@ class _ReplayedStep:
     def __init__(
         self,
         run: _ReplayRun,
-        plan: RunPlan,
+        plan: StepPlan,
         fmt: torch.memory_format | None,
         example: Example,
         loss: Callable[[Any], torch.Tensor] | None,
@@ -302,7 +299,7 @@ class _ReplayRun(TensorRun):
         return lambda: (torch.contiguous_format, self.example.map(input_to_nchw))
 
     def stepper(
-        self, plan: RunPlan, forward: Forward, loss: Callable[[Any], torch.Tensor] | None
+        self, plan: StepPlan, forward: Forward, loss: Callable[[Any], torch.Tensor] | None
     ) -> _ReplayedStep:
         fmt, example = forward()  # type: ignore[misc]
         self.replay_mode = None  # a new step traces anew

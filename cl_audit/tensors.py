@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -23,10 +23,7 @@ from cl_audit.enums import Strategy, TensorMode
 from cl_audit.fake import KernelSourceMode, fake_state
 from cl_audit.inputs import Example
 from cl_audit.report import AppliedOverride
-from cl_audit.training import BoundStep, Step
-
-if TYPE_CHECKING:  # the plan holds a Tensors; a run-time import would cycle
-    from cl_audit.plan import RunPlan
+from cl_audit.training import BoundStep, Step, StepPlan
 
 __all__ = ["TENSORS", "EagerTensors", "FakeTensors", "TensorRun", "Tensors"]
 
@@ -45,7 +42,7 @@ class TensorRun:
         raise NotImplementedError
 
     def stepper(
-        self, plan: RunPlan, forward: Forward, loss: Callable[[Any], torch.Tensor] | None
+        self, plan: StepPlan, forward: Forward, loss: Callable[[Any], torch.Tensor] | None
     ) -> BoundStep:
         """The step the audit's phases run: the forward, and when training the loss, backward
         and optimizer step."""

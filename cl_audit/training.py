@@ -11,30 +11,42 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
 
 from cl_audit.audit import Audit
 from cl_audit.compat import amp_unscale_, amp_update_scale_
-from cl_audit.enums import Amp, Optimizer, Phase, Stage
+from cl_audit.enums import Amp, Optimizer, Phase, Stage, Workload
 from cl_audit.report import GradientLayout
+from cl_audit.settings import AuditSettings
 from cl_audit.timing import TIMED_STEPS, WARMUP_STEPS, timed_ms
-
-if TYPE_CHECKING:  # the plan is handed in; a run-time import would cycle through tensors
-    from cl_audit.plan import RunPlan
 
 __all__ = [
     "BoundStep",
     "FakeScaler",
     "Step",
+    "StepPlan",
     "gradient_layouts",
     "make_optimizer",
     "training_loss",
 ]
 
 _Forward = Callable[[], object]
+
+
+class StepPlan(Protocol):
+    """What a step needs of the run plan (``cl_audit.plan.RunPlan`` is one): the settings, the
+    device, the workload, autocast, and whether its tensors are fake (``tensors.predicted``:
+    the fake gradient scaler)."""
+
+    settings: AuditSettings
+    device: torch.device
+    workload: Workload
+    tensors: Any
+
+    def autocast(self) -> contextlib.AbstractContextManager[object]: ...
 
 
 class Step:
@@ -44,7 +56,7 @@ class Step:
 
     def __init__(
         self,
-        plan: RunPlan,
+        plan: StepPlan,
         parameters: dict[str, torch.Tensor],
         loss: Callable[[Any], torch.Tensor] | None = None,
         autocast: bool = True,
