@@ -112,8 +112,9 @@ def as_it_came(model: nn.Module, train: bool) -> Iterator[None]:
         with torch.no_grad():
             for name, value in saved.items():
                 _named_tensor(model, name).copy_(value)
-        for name, grad in grads.items():
-            model.get_parameter(name).grad = grad
+        for name, parameter in model.named_parameters():
+            if name in grads:
+                parameter.grad = grads[name]
 
 
 def _named_tensor(model: nn.Module, name: str) -> torch.Tensor:

@@ -112,7 +112,9 @@ def main() -> None:
                 input_size=tuple(reference.input_shape[1:]) if reference.input_shape else None,
             )
             try:
-                loaded = load_model(ModelRef(source, name), BuildOptions(meta=True))
+                side = max(reference.input_shape[-2:]) if reference.input_shape else None
+                options = BuildOptions(meta=True, max_input_size=side)  # built as it was audited
+                loaded = load_model(ModelRef(source, name), options)
                 replayed = audit_loaded(loaded, settings)
             except Exception as e:  # a row of the check, as a sweep would make it
                 results.append({"model": f"{source.value}:{name}", "error": f"{e}"[:300]})
