@@ -92,11 +92,19 @@ def audit_module(
 
 @contextlib.contextmanager
 def as_it_came(model: nn.Module, train: bool) -> Iterator[None]:
-    """Every module's train/eval mode back as it was; with ``train``, the parameters' and
-    buffers' values and the gradients too: the values are copied aside first and back
-    afterwards (memory: one more copy of the parameters and buffers; the copy back keeps the
-    strides the audit converted them to)."""
+    """Every module's train/eval mode and its own parameters and buffers (the same tensors: a
+    fake run's functional call can leave fake copies on a module shared under two names) back
+    as they were; with ``train``, their values and the gradients too: the values are copied
+    aside first and back afterwards (memory: one more copy of the parameters and buffers; the
+    copy back keeps the strides the audit converted them to)."""
     modes = [(module, module.training) for module in model.modules()]
+    held = [  # every module's own tensors: a fake run may leave copies on a shared module
+        (module, name, tensor)
+        for module in model.modules()
+        for name, tensor in chain(
+            module.named_parameters(recurse=False), module.named_buffers(recurse=False)
+        )
+    ]
     saved: dict[str, torch.Tensor] = {}
     grads: dict[str, torch.Tensor | None] = {}
     if train:
@@ -109,6 +117,9 @@ def as_it_came(model: nn.Module, train: bool) -> Iterator[None]:
     finally:
         for module, training in modes:
             module.training = training
+        for module, name, tensor in held:
+            if getattr(module, name) is not tensor:
+                setattr(module, name, tensor)
         with torch.no_grad():
             for name, value in saved.items():
                 _named_tensor(model, name).copy_(value)

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import copy
 
+import pytest
 import torch
 import torchvision
 
 import cl_audit
+from cl_audit.compat import is_fake
 from cl_audit.run import audit_module
 from cl_audit.settings import AuditSettings, TensorMode
 
@@ -87,3 +89,40 @@ def test_a_fake_training_audit_leaves_the_model_untouched():
     assert report.predicted
     assert not any(m.training for m in model.modules())
     _assert_same_values(model, before)
+
+
+class SharedBlock(torch.nn.Module):
+    """One convolution module reached under two names (as CoaT shares its positional
+    encoding between blocks): named_parameters() lists its weight once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shared = torch.nn.Conv2d(8, 8, 3, padding=1)
+        self.stem = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.blocks = torch.nn.ModuleList([torch.nn.Sequential(self.shared), self.shared])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        for block in self.blocks:
+            x = x + block(x)
+        return x
+
+
+def _own_tensors(model: torch.nn.Module) -> list[tuple[torch.nn.Module, str, torch.Tensor]]:
+    return [
+        (m, n, t)
+        for m in model.modules()
+        for n, t in (*m.named_parameters(recurse=False), *m.named_buffers(recurse=False))
+    ]
+
+
+@pytest.mark.parametrize("train", [False, True])
+def test_a_fake_audit_leaves_no_fake_tensor_on_a_shared_module(train):
+    model = SharedBlock()
+    held = _own_tensors(model)
+    settings = AuditSettings(train=train, tensor_mode=TensorMode.FAKE)
+    report = audit_module(model, (torch.randn(2, 3, 16, 16),), settings)
+    assert report.predicted  # the control: the audit ran and predicted
+    assert all(getattr(m, n) is t for m, n, t in held)
+    assert not any(is_fake(t) for t in model.state_dict().values())
+    model(torch.randn(2, 3, 16, 16))  # the model still runs for real
