@@ -91,20 +91,39 @@ def test_a_fake_training_audit_leaves_the_model_untouched():
     _assert_same_values(model, before)
 
 
+class PositionalEncoding(torch.nn.Module):
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.proj = torch.nn.Conv2d(dim, dim, 3, padding=1, groups=dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(x) + x
+
+
+class Block(torch.nn.Module):
+    def __init__(self, position: PositionalEncoding) -> None:
+        super().__init__()
+        self.position = position  # shared with the other blocks and the model
+        self.mix = torch.nn.Conv2d(8, 8, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.mix(self.position(x))
+
+
 class SharedBlock(torch.nn.Module):
-    """One convolution module reached under two names (as CoaT shares its positional
-    encoding between blocks): named_parameters() lists its weight once."""
+    """One module held by the model and by two blocks (as CoaT shares its convolutional
+    position encoding): named_parameters() lists its tensors once, under the model's name."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.shared = torch.nn.Conv2d(8, 8, 3, padding=1)
         self.stem = torch.nn.Conv2d(3, 8, 3, padding=1)
-        self.blocks = torch.nn.ModuleList([torch.nn.Sequential(self.shared), self.shared])
+        self.position = PositionalEncoding(8)
+        self.blocks = torch.nn.ModuleList([Block(self.position), Block(self.position)])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.stem(x)
         for block in self.blocks:
-            x = x + block(x)
+            x = block(x)
         return x
 
 
