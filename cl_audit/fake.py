@@ -15,10 +15,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from cl_audit.compat import FakeTensorMode, TorchDispatchMode, fake_tensor
-from cl_audit.divergences import KernelOverride
+from cl_audit.compat import TORCH_VERSION, FakeTensorMode, TorchDispatchMode, fake_tensor
+from cl_audit.divergences import CUDA_KERNEL_OVERRIDES, KernelOverride
 from cl_audit.intercept.naming import aten_op_name
 from cl_audit.layout import MemoryLayout, layout_of
+from cl_audit.report import AppliedOverride
 
 __all__ = ["KernelSourceMode", "fake_state"]
 
@@ -52,6 +53,20 @@ class KernelSourceMode(TorchDispatchMode):
         super().__init__()
         self._overrides = {o.op: o for o in overrides}
         self.applied: Counter[str] = Counter()
+
+    @classmethod
+    def for_device(cls, device: torch.device) -> KernelSourceMode:
+        """The CUDA overrides that hold for this torch, on a CUDA device; none elsewhere."""
+        cuda = device.type == "cuda"
+        return cls(tuple(o for o in CUDA_KERNEL_OVERRIDES if cuda and o.holds(TORCH_VERSION)))
+
+    def applied_overrides(self) -> tuple[AppliedOverride, ...]:
+        """The overrides that changed an operation's output, with how many times."""
+        return tuple(
+            AppliedOverride(op, self.applied[op], o.source)
+            for op, o in self._overrides.items()
+            if self.applied[op]
+        )
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         result = func(*args, **(kwargs or {}))

@@ -28,10 +28,10 @@ from torch.func import functional_call
 
 from cl_audit.attribution import ModuleNames, Traced
 from cl_audit.audit import Audit
-from cl_audit.compat import TORCH_VERSION, fake_tensor, new_fake_mode
+from cl_audit.compat import fake_tensor, new_fake_mode
 from cl_audit.compat.tracing import building_graph, new_nodes, node_note, note_node, trace_graph
 from cl_audit.convert import apply_strategy, input_to_nchw, strategy_input
-from cl_audit.divergences import CUDA_KERNEL_OVERRIDES, divergence_table
+from cl_audit.divergences import divergence_table
 from cl_audit.enums import Phase, Stage, Strategy, TensorMode
 from cl_audit.errors import UsageError
 from cl_audit.fake import KernelSourceMode, fake_state
@@ -270,10 +270,7 @@ class _ReplayRun(TensorRun):
     ) -> None:
         self.model, self.example, self._device, self.strategy = model, example, device, strategy
         self.device = str(device)
-        overrides = tuple(
-            o for o in CUDA_KERNEL_OVERRIDES if device.type == "cuda" and o.holds(TORCH_VERSION)
-        )
-        self.kernels = KernelSourceMode(overrides)
+        self.kernels = KernelSourceMode.for_device(device)
         self.replay_mode: Any = None  # the traced step's fake mode, made by its trace
 
     def trainable(self) -> dict[str, torch.Tensor]:
@@ -306,12 +303,7 @@ class _ReplayRun(TensorRun):
         return _ReplayedStep(self, plan, fmt, example, loss)
 
     def overrides(self) -> tuple[str | None, tuple[AppliedOverride, ...]]:
-        applied = tuple(
-            AppliedOverride(o.op, self.kernels.applied[o.op], o.source)
-            for o in CUDA_KERNEL_OVERRIDES
-            if self.kernels.applied[o.op]
-        )
-        return divergence_table(self._device.type).name, applied
+        return divergence_table(self._device.type).name, self.kernels.applied_overrides()
 
 
 class ReplayedTensors(FakeTensors):

@@ -16,9 +16,9 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from cl_audit.compat import TORCH_VERSION, fake_tensor, new_fake_mode
+from cl_audit.compat import fake_tensor, new_fake_mode
 from cl_audit.convert import apply_strategy, input_to_nchw, strategy_input, to_nchw
-from cl_audit.divergences import CUDA_KERNEL_OVERRIDES, divergence_table
+from cl_audit.divergences import divergence_table
 from cl_audit.enums import Strategy, TensorMode
 from cl_audit.fake import KernelSourceMode, fake_state
 from cl_audit.inputs import Example
@@ -180,10 +180,7 @@ class _FakeRun(TensorRun):
         self._mode = new_fake_mode()
         self._trainable: dict[str, torch.Tensor] = {}
         self.device = str(device)
-        self._overrides = tuple(
-            o for o in CUDA_KERNEL_OVERRIDES if device.type == "cuda" and o.holds(TORCH_VERSION)
-        )
-        self.kernels = KernelSourceMode(self._overrides)
+        self.kernels = KernelSourceMode.for_device(device)
 
     def trainable(self) -> dict[str, torch.Tensor]:
         """The fake parameters, as leaves that collect gradients when training."""
@@ -196,12 +193,7 @@ class _FakeRun(TensorRun):
             yield
 
     def overrides(self) -> tuple[str | None, tuple[AppliedOverride, ...]]:
-        applied = tuple(
-            AppliedOverride(o.op, self.kernels.applied[o.op], o.source)
-            for o in CUDA_KERNEL_OVERRIDES
-            if self.kernels.applied[o.op]
-        )
-        return divergence_table(self._device.type).name, applied
+        return divergence_table(self._device.type).name, self.kernels.applied_overrides()
 
     def _forward(self, fmt: torch.memory_format | None, example: Example) -> Forward:
         state = fake_state(self._mode, self.model, self._device, fmt)
