@@ -5,7 +5,9 @@ model against sweep, gates on baselines and writes every output; the CLI maps th
 
 from __future__ import annotations
 
+import contextlib
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -105,8 +107,9 @@ def _single(
     from cl_audit.render.terminal import render_report
     from cl_audit.sources.audit import audit_loaded
 
-    loaded = load_model(ref, BuildOptions(meta=plan.tensors.on_meta))
-    report = audit_loaded(loaded, plan)
+    with _models_print_to_stderr():
+        loaded = load_model(ref, BuildOptions(meta=plan.tensors.on_meta))
+        report = audit_loaded(loaded, plan)
     render_report(report, console, show_all)
     _wrote(write_outputs(report, outputs.json, outputs.html))
     return Outcome.OFFENDING if report.verdict is Verdict.OFFENDING else Outcome.CLEAN
@@ -128,17 +131,18 @@ def _sweep(
 
     err = Console(stderr=True)
     baseline = read_sweep(baseline_path) if baseline_path is not None else None
-    outcome = sweep_api.sweep(
-        refs,
-        settings,
-        selection,
-        checkpoint=outputs.checkpoint,
-        json_path=outputs.json,
-        resume=resume,
-        cache=cache,
-        progress=lambda total, done, cached: SweepProgress(err, total, done, cached),
-        notify=err.print,
-    )
+    with _models_print_to_stderr():
+        outcome = sweep_api.sweep(
+            refs,
+            settings,
+            selection,
+            checkpoint=outputs.checkpoint,
+            json_path=outputs.json,
+            resume=resume,
+            cache=cache,
+            progress=lambda total, done, cached: SweepProgress(err, total, done, cached),
+            notify=err.print,
+        )
     report = outcome.report
     render_sweep(report, console)
     try:
@@ -201,17 +205,18 @@ def bench(
         check_writable(path, option)
     (ref,) = refs
     plan = plan_run(settings.audit)
-    loaded = load_model(ref)
-    module, example = prepare(loaded, plan)
-    report = bench_module(
-        module,
-        example,
-        settings,
-        name=loaded.name,
-        source=ref.source.value,
-        loss=loaded.loss,
-        plan=plan,
-    )
+    with _models_print_to_stderr():
+        loaded = load_model(ref)
+        module, example = prepare(loaded, plan)
+        report = bench_module(
+            module,
+            example,
+            settings,
+            name=loaded.name,
+            source=ref.source.value,
+            loss=loaded.loss,
+            plan=plan,
+        )
     render_bench(report, console)
     if json_path is not None:
         write_text(json_path, report.to_json() + "\n", "--json")
@@ -244,6 +249,12 @@ def render(report_path: Path, html: Path) -> None:
 
     check_writable(html, "--html")
     _wrote(write_outputs(read_report(report_path), html=html))
+
+
+def _models_print_to_stderr() -> contextlib.AbstractContextManager[object]:
+    """What models and their libraries print while they are built and run goes to stderr:
+    stdout is cl-audit's (``--json -`` stays pure JSON; Ultralytics announces its settings)."""
+    return contextlib.redirect_stdout(sys.stderr)
 
 
 def _wrote(paths: tuple[Path, ...]) -> None:

@@ -330,3 +330,19 @@ def test_cuda_training_is_predicted_without_a_gpu(model, amp):
     assert data["cost"]["bytes_written"] > 0
     phases = {site["phase"] for site in data["cost"]["sites"]}
     assert phases <= {"forward", "backward", "optimizer"}
+
+
+def test_what_a_model_prints_goes_to_stderr_and_json_to_stdout_stays_pure(tmp_path):
+    """A library announcing itself on stdout (Ultralytics' first run does) while the model is
+    built and audited must not spoil ``--json -``."""
+    factory = tmp_path / "chatty.py"
+    factory.write_text(
+        "import torch\n\n"
+        "def chatty():\n"
+        "    print('Creating new settings file')\n"
+        "    return torch.nn.Conv2d(3, 4, 3), (3, 8, 8)\n"
+    )
+    result = run_cli(f"{factory}:chatty", "--json", "-")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["model"].endswith("chatty.py:chatty")
+    assert "Creating new settings file" in result.stderr
