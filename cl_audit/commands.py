@@ -64,12 +64,12 @@ def audit(
     baseline, a shard, a resume, a cache), each model in a worker of its own; with
     ``list_only`` the selection is printed instead. ``given`` names the options given on the
     command line: sweep-only ones are reported as not applied to one model. The settings are
-    planned first: a device that cannot run them is refused before anything else."""
+    planned (for a sweep, by its front door) before any model is built: a device that cannot
+    run them is refused first."""
     stray = sorted(CACHE_ONLY & given) if cache is None else []
     if stray:
         flag = "--" + stray[0].replace("_", "-")
         raise UsageError(f"{flag} sets how --cache works: give --cache DIR too")
-    plan = plan_run(sweep.audit)
     refs = selection.refs()
     if list_only:
         for ref in refs:
@@ -87,7 +87,7 @@ def audit(
                 "--shard, --resume): not applied to one model",
                 highlight=False,
             )
-        return _single(refs[0], plan, outputs, show_all, console)
+        return _single(refs[0], plan_run(sweep.audit), outputs, show_all, console)
     if sweep.audit.compile:
         raise UsageError(
             "--compile explains one model's compiled graphs: give one model (sweeps do not take it)"

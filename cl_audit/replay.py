@@ -197,15 +197,15 @@ class _ReplayedStep:
                 return functional_call(model, state, example.args, dict(example.kwargs))
 
         def one_step(*_: torch.Tensor) -> list[torch.Tensor | None]:
-            cpu_step.run(forward, joint)
+            with joint.watching():  # above the trace's own mode: it sees each node made
+                cpu_step.run(forward, joint)
             return [t.grad for t in trainable.values()]
 
         with cpu:
             self.stage = Stage.FORWARD
             cpu_step.run(forward, None)  # the warm-up: the optimizer's state exists
             state_tensors = cpu_step.state_tensors()
-            with joint.watching():
-                self._graph = _on_device(trace_graph(one_step, inputs + state_tensors), device)
+            self._graph = _on_device(trace_graph(one_step, inputs + state_tensors), device)
         replay = new_fake_mode()
         self._inputs = [_like(replay, t, device) for t in (*inputs, *state_tensors)]
         self._names = list(trainable)
@@ -225,18 +225,18 @@ class _ReplayedStep:
         )
         step = Step(plan, {}, self._loss)
         custom: list[str] = []
+        annotator = _Annotator(ModuleNames(run.model))
 
         def forward_and_loss(*_: torch.Tensor) -> torch.Tensor:
-            with plan.autocast():
+            with annotator.watching(), plan.autocast():
                 output = functional_call(run.model, state, example.args, dict(example.kwargs))
-            loss = step.loss(output)
+                loss = step.loss(output)
             custom.extend(_custom_functions(loss))
             return loss
 
         for name, _ in run.model.named_parameters():
             state[name].requires_grad_(True)
-        annotator = _Annotator(ModuleNames(run.model))
-        with target, annotator.watching():
+        with target:
             graph = trace_graph(forward_and_loss, [*state.values(), *example.tensors()])
         if custom:
             raise UsageError(

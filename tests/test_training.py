@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 import training_models as tm
-from torch_checks import needs_fake_cuda
+from torch_checks import REPLAY_PROBLEM, needs_fake_cuda, needs_replay
 from typer.testing import CliRunner
 
 from cl_audit.cli import app
@@ -70,6 +70,7 @@ def test_bf16_autocast_is_reported_and_fp16_uses_a_scaler_eagerly():
     assert fp16.environment.autocast == "cpu:float16"
 
 
+@needs_replay
 def test_fake_training_runs_and_a_divergence_of_this_torch_is_in_its_table():
     from cl_audit.divergences import divergence_table
 
@@ -90,6 +91,7 @@ def test_training_refuses_what_it_cannot_do():
         train(tm.ActivationBeforePool(), engine=Engine.PATCH)
 
 
+@needs_replay
 def test_fake_fp16_training_runs_under_autocast_with_the_scalers_arithmetic():
     report = train(tm.ActivationBeforePool(), tensor_mode=TensorMode.FAKE, amp=Amp.FP16)
     assert report.predicted and report.environment.autocast == "cpu:float16"
@@ -102,7 +104,13 @@ def _site(model: type, text: str) -> str:
     return f"training_models.py:{first + next(i for i, t in enumerate(lines) if text in t)}"
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_fake_cuda)])
+@pytest.mark.parametrize(
+    "device",
+    [
+        pytest.param("cpu", marks=needs_replay),
+        pytest.param("cuda", marks=[needs_fake_cuda, needs_replay]),
+    ],
+)
 def test_a_replayed_step_finds_the_backward_only_loss_at_its_forward_line(device):
     """Fake training is traced on fake CPU tensors and replayed on the device's: the loss that
     only the backward makes is found and placed as the eager audit places it."""
@@ -123,7 +131,13 @@ def test_a_replayed_step_finds_the_backward_only_loss_at_its_forward_line(device
     ]
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_fake_cuda)])
+@pytest.mark.parametrize(
+    "device",
+    [
+        pytest.param("cpu", marks=needs_replay),
+        pytest.param("cuda", marks=[needs_fake_cuda, needs_replay]),
+    ],
+)
 def test_a_replayed_step_of_a_model_that_keeps_the_format_is_clean(device):
     """The control: a replay adds no loss of its own."""
     report = train(tm.KeepsFormat(), tensor_mode=TensorMode.FAKE, device=device)
@@ -131,6 +145,7 @@ def test_a_replayed_step_of_a_model_that_keeps_the_format_is_clean(device):
     assert report.offenders == () and report.verdict is Verdict.CLEAN
 
 
+@needs_replay
 @needs_fake_cuda
 @pytest.mark.parametrize(("amp", "dtype"), [(Amp.FP16, "float16"), (Amp.BF16, "bfloat16")])
 def test_a_replayed_cuda_step_runs_in_the_dtypes_cuda_autocast_chooses(amp, dtype):
@@ -148,6 +163,7 @@ def test_a_replayed_cuda_step_runs_in_the_dtypes_cuda_autocast_chooses(amp, dtyp
     assert {t.dtype for t in control.inputs} == {"float32"}
 
 
+@needs_replay
 @needs_fake_cuda
 def test_a_custom_autograd_function_under_cuda_autocast_is_refused_naming_it():
     with pytest.raises(UsageError, match="_ContiguousGradientBackward belongs to a custom"):
@@ -219,3 +235,9 @@ def test_a_factorys_own_loss_is_the_one_back_propagated():
 def _line(function: object, text: str) -> int:
     lines, first = inspect.getsourcelines(function)
     return first + next(i for i, t in enumerate(lines) if text in t)
+
+
+@pytest.mark.skipif(REPLAY_PROBLEM is None, reason="this torch replays training steps")
+def test_a_torch_that_cannot_replay_refuses_fake_training_with_the_reason():
+    with pytest.raises(UsageError, match="cannot trace a training step for replay"):
+        train(tm.KeepsFormat(), tensor_mode=TensorMode.FAKE)

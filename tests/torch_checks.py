@@ -8,10 +8,17 @@ import torch
 import torch.nn.functional as F
 
 from cl_audit.compat import fake_cuda_problem, fake_tensor, new_fake_mode
+from cl_audit.compat.tracing import replay_problem
 
 FAKE_CUDA_PROBLEM = fake_cuda_problem()
 needs_fake_cuda = pytest.mark.skipif(
     FAKE_CUDA_PROBLEM is not None, reason=f"fake CUDA is refused here: {FAKE_CUDA_PROBLEM}"
+)
+
+
+REPLAY_PROBLEM = replay_problem()
+needs_replay = pytest.mark.skipif(
+    REPLAY_PROBLEM is not None, reason=f"--train --fake is refused here: {REPLAY_PROBLEM}"
 )
 
 

@@ -3,13 +3,14 @@ replay (``cl_audit.replay``), each behind a feature test."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 from torch import fx
 
-from cl_audit.compat import _missing
+from cl_audit.compat import TorchDispatchMode, _missing
 
 try:
     from torch.fx.experimental import proxy_tensor as _proxy
@@ -19,14 +20,39 @@ except ImportError:  # pragma: no cover - every supported torch has it
 __all__ = ["building_graph", "new_nodes", "node_note", "note_node", "replay_problem", "trace_graph"]
 
 _make_fx = getattr(_proxy, "make_fx", None)
-_get_proxy_mode = getattr(_proxy, "get_proxy_mode", None)
+# torch 2.4 names it get_innermost_proxy_mode
+_get_proxy_mode = getattr(_proxy, "get_proxy_mode", None) or getattr(
+    _proxy, "get_innermost_proxy_mode", None
+)
 
 
+@functools.cache
 def replay_problem() -> str | None:
-    """Why this torch cannot trace a step for replay (``--train --fake``), or None."""
+    """Why this torch cannot trace a step for replay (``--train --fake``), or None: a probe
+    traces a random draw with a generator and an operation, and finds, from a mode above the
+    trace, the graph it is building."""
     for name, found in (("make_fx", _make_fx), ("get_proxy_mode", _get_proxy_mode)):
         if found is None:
             return f"torch {torch.__version__} lacks proxy_tensor.{name}, which a replay needs"
+
+    class _Probe(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None):
+            result = func(*args, **(kwargs or {}))
+            building_graph()
+            return result
+
+    def probe(x: torch.Tensor) -> torch.Tensor:
+        with _Probe():  # random labels, as a training loss draws them (torch 2.4: refused)
+            labels = torch.randint(2, (2,), generator=torch.Generator().manual_seed(0))
+            return x + labels
+
+    try:
+        trace_graph(probe, [torch.ones(2)])
+    except Exception as e:
+        return (
+            f"torch {torch.__version__} cannot trace a training step for replay "
+            f"({type(e).__name__}: {e})"[:300]
+        )
     return None
 
 

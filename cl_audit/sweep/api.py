@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from cl_audit.enums import Amp, Optimizer, TensorMode
@@ -19,7 +19,13 @@ from cl_audit.settings import AuditSettings
 from cl_audit.sources import ModelRef
 from cl_audit.sweep.cache import DEFAULT_CACHE_MB, SweepCache
 from cl_audit.sweep.plan import Selection
-from cl_audit.sweep.session import Progress, SweepOutcome, default_checkpoint, run_sweep
+from cl_audit.sweep.session import (
+    Progress,
+    SweepOutcome,
+    default_checkpoint,
+    eager_only,
+    run_sweep,
+)
 from cl_audit.sweep.worker import SweepSettings, parse_memory
 
 __all__ = ["CacheOptions", "audit_models", "sweep"]
@@ -62,9 +68,10 @@ def sweep(
 ) -> SweepOutcome:
     """The one front door of sweeps, for the CLI and ``audit_models`` alike: ``refs`` (of
     ``selection``) audited in workers, the checkpoint at ``checkpoint`` or next to
-    ``json_path``, rows reused from ``cache``. The caller has planned the settings (the
-    device resolved); the checkpoint and the cache are checked here, before any model runs
-    (``UsageError``)."""
+    ``json_path``, rows reused from ``cache``. The settings are planned (the device resolved)
+    and the checkpoint and the cache checked here, before any model runs (``UsageError``)."""
+    direct = eager_only(settings)  # then no fake pass runs: plan what does run
+    plan_run(replace(settings.audit, tensor_mode=TensorMode.EAGER) if direct else settings.audit)
     chosen = selection.to_dict()
     if checkpoint is None and (json_path is None or str(json_path) == "-"):
         checkpoint = default_checkpoint(json_path, chosen, settings)
@@ -135,7 +142,6 @@ def audit_models(
         max_memory_mb=parse_memory(max_memory),
         jobs=jobs,
     )
-    plan_run(settings.audit)
     chosen = Selection(tuple(models), tuple(timm), tuple(torchvision), tuple(exclude), shard_spec)
     refs = chosen.refs()
     if not refs:
