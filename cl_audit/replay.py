@@ -157,7 +157,7 @@ class _ReplayedStep:
         self.layouts: tuple[GradientLayout, ...] = ()
         self._graph: fx.GraphModule | None = None
         self._inputs: list[torch.Tensor] = []
-        self._names: list[str] = []
+        self._trainable: dict[str, torch.Tensor] = {}
 
     def timed(self, device: torch.device) -> tuple[float, ...]:
         raise NotImplementedError("a replay runs no kernel to time")  # refused by the settings
@@ -208,9 +208,9 @@ class _ReplayedStep:
             self._graph = _on_device(trace_graph(one_step, inputs + state_tensors), device)
         replay = new_fake_mode()
         self._inputs = [_like(replay, t, device) for t in (*inputs, *state_tensors)]
-        self._names = list(trainable)
-        self._parameters = self._inputs[: len(state)]
-        run.parameters = tuple(self._parameters)
+        # state's order: the parameters (the trainable ones) first, then the buffers
+        self._trainable = dict(zip(trainable, self._inputs, strict=False))
+        run.parameters = tuple(self._inputs[: len(state)])
         run.replay_mode = replay
 
     def _forward_on_target(self) -> fx.GraphModule:
@@ -251,10 +251,9 @@ class _ReplayedStep:
             raise RuntimeError("a replayed step is traced by its warm-up run first")
         self.stage = Stage.BACKWARD  # one graph: a failure is placed by the node's phase
         grads = _Interpreter(self._graph, active.replaying).run(*self._inputs)
-        trainable = dict(zip(self._names, self._parameters, strict=False))
-        for parameter, grad in zip(trainable.values(), grads, strict=False):
+        for parameter, grad in zip(self._trainable.values(), grads, strict=False):
             parameter.grad = grad
-        self.layouts = gradient_layouts(trainable)
+        self.layouts = gradient_layouts(self._trainable)
         self.stage = Stage.STEP
 
 
@@ -312,13 +311,5 @@ class ReplayedTensors(FakeTensors):
 
     mode: ClassVar[TensorMode] = TensorMode.REPLAYED
 
-    def bind(
-        self,
-        model: nn.Module,
-        example: Example,
-        *,
-        device: torch.device,
-        strategy: Strategy,
-        train: bool,
-    ) -> TensorRun:
-        return _ReplayRun(model, example, device, strategy)
+    def bind(self, model: nn.Module, example: Example, plan: StepPlan) -> TensorRun:
+        return _ReplayRun(model, example, plan.device, plan.settings.strategy)

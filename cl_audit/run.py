@@ -60,13 +60,7 @@ def audit_module(
     example = example_of(inputs)
     first = example.first
     with as_it_came(model, plan.workload.train):
-        run = plan.tensors.bind(
-            model,
-            example,
-            device=plan.device,
-            strategy=plan.settings.strategy,
-            train=plan.workload.train,
-        )
+        run = plan.tensors.bind(model, example, plan)
         try:
             forward = run.converted()
         except Exception as e:
@@ -105,13 +99,12 @@ def as_it_came(model: nn.Module, train: bool) -> Iterator[None]:
             module.named_parameters(recurse=False), module.named_buffers(recurse=False)
         )
     ]
-    saved: dict[str, torch.Tensor] = {}
-    grads: dict[str, torch.Tensor | None] = {}
+    values: list[tuple[torch.Tensor, torch.Tensor]] = []
+    grads: list[tuple[torch.Tensor, torch.Tensor | None]] = []
     if train:
         with torch.no_grad():
-            tensors = chain(model.named_parameters(), model.named_buffers())
-            saved = {name: tensor.detach().clone() for name, tensor in tensors}
-        grads = {name: p.grad for name, p in model.named_parameters()}
+            values = [(tensor, tensor.detach().clone()) for _, _, tensor in held]
+        grads = [(t, t.grad) for _, _, t in held if isinstance(t, nn.Parameter)]
     try:
         yield
     finally:
@@ -121,16 +114,10 @@ def as_it_came(model: nn.Module, train: bool) -> Iterator[None]:
             if getattr(module, name) is not tensor:
                 setattr(module, name, tensor)
         with torch.no_grad():
-            for name, value in saved.items():
-                _named_tensor(model, name).copy_(value)
-        for name, parameter in model.named_parameters():
-            if name in grads:
-                parameter.grad = grads[name]
-
-
-def _named_tensor(model: nn.Module, name: str) -> torch.Tensor:
-    owner, _, attribute = name.rpartition(".")
-    return getattr(model.get_submodule(owner), attribute)
+            for tensor, value in values:
+                tensor.copy_(value)
+        for parameter, grad in grads:
+            parameter.grad = grad
 
 
 def audit_model(

@@ -75,15 +75,8 @@ class Tensors:
     predicted: ClassVar[bool]  # the verdict is a prediction: no kernel ran
     on_meta: ClassVar[bool]  # models are built on the meta device (memory stays small)
 
-    def bind(
-        self,
-        model: nn.Module,
-        example: Example,
-        *,
-        device: torch.device,
-        strategy: Strategy,
-        train: bool,
-    ) -> TensorRun:
+    def bind(self, model: nn.Module, example: Example, plan: StepPlan) -> TensorRun:
+        """``model`` and its example, to run as ``plan`` says."""
         raise NotImplementedError
 
     def place(
@@ -136,16 +129,8 @@ class EagerTensors(Tensors):
     predicted = False
     on_meta = False
 
-    def bind(
-        self,
-        model: nn.Module,
-        example: Example,
-        *,
-        device: torch.device,
-        strategy: Strategy,
-        train: bool,
-    ) -> TensorRun:
-        return _EagerRun(model, example, strategy, train)
+    def bind(self, model: nn.Module, example: Example, plan: StepPlan) -> TensorRun:
+        return _EagerRun(model, example, plan.settings.strategy, plan.workload.train)
 
     def place(
         self, module: nn.Module, example: Example, device: torch.device, dtype: torch.dtype
@@ -219,16 +204,8 @@ class FakeTensors(Tensors):
     predicted = True
     on_meta = True
 
-    def bind(
-        self,
-        model: nn.Module,
-        example: Example,
-        *,
-        device: torch.device,
-        strategy: Strategy,
-        train: bool,
-    ) -> TensorRun:
-        return _FakeRun(model, example, device, strategy, train)
+    def bind(self, model: nn.Module, example: Example, plan: StepPlan) -> TensorRun:
+        return _FakeRun(model, example, plan.device, plan.settings.strategy, plan.workload.train)
 
     def place(
         self, module: nn.Module, example: Example, device: torch.device, dtype: torch.dtype

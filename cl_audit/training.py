@@ -81,7 +81,7 @@ class Step:
         states = () if self._optimizer is None else self._optimizer.state.values()
         found = [v for state in states for v in state.values() if isinstance(v, torch.Tensor)]
         if isinstance(self._scaler, FakeScaler):
-            found += [self._scaler._scale, self._scaler._growth, self._scaler._found_inf]
+            found += self._scaler.tensors()
         return found
 
     def timed(self, forward: _Forward, device: torch.device) -> tuple[float, ...]:
@@ -162,6 +162,10 @@ class FakeScaler:
         self._scale = torch.full((), 2.0**16, dtype=torch.float32, device=device)
         self._growth = torch.zeros((), dtype=torch.int32, device=device)
         self._found_inf = torch.zeros((), dtype=torch.float32, device=device)
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Its state: the scale, the growth tracker and the inf/NaN flag."""
+        return [self._scale, self._growth, self._found_inf]
 
     def scale(self, loss: torch.Tensor) -> torch.Tensor:
         return loss * self._scale.to(dtype=loss.dtype)
