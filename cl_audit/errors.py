@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import traceback
+
 from cl_audit.enums import Stage
 
-__all__ = ["AuditError", "ModelFailedError", "Stage", "UsageError"]
+__all__ = ["AuditError", "ModelFailedError", "Stage", "UsageError", "mark_failure"]
+
+_FAILED_IN = "_cl_audit_failed_in"  # (operation, call site) on an exception, innermost first
 
 
 class AuditError(RuntimeError):
@@ -24,6 +28,27 @@ class ModelFailedError(RuntimeError):
         self.stage = stage
         self.model = model
         self.cause = cause
+        self.operation, site = getattr(cause, _FAILED_IN, (None, None))
+        self.site = site or failure_site(cause)
         detail = str(cause).strip().splitlines()[0] if str(cause).strip() else ""
-        message = f"{model}: {stage.value} failed: {type(cause).__name__}: {detail}".rstrip(": ")
-        super().__init__(message + (f" (hint: {hint})" if hint else ""))
+        where = (f" in {self.operation}" if self.operation else "") + (
+            f" at {self.site}" if self.site else ""
+        )
+        message = f"{model}: {stage.value} failed{where}: {type(cause).__name__}: {detail}"
+        super().__init__(message.rstrip(": ") + (f" (hint: {hint})" if hint else ""))
+
+
+def mark_failure(error: BaseException, operation: str, site: str | None = None) -> None:
+    """Name the operation (and, where the stack cannot, the call site) ``error`` came from; the
+    innermost mark stands, so a handler marks on the way out and the first one wins."""
+    if not hasattr(error, _FAILED_IN):
+        setattr(error, _FAILED_IN, (operation, site))
+
+
+def failure_site(error: BaseException) -> str | None:
+    """The model's source line where ``error`` was raised: the innermost frame of its traceback
+    outside torch and cl_audit."""
+    from cl_audit.attribution import frames_call_site  # torch's import, only on failure
+
+    frames = tuple((f.filename, f.lineno or 0) for f in traceback.extract_tb(error.__traceback__))
+    return frames_call_site(frames)

@@ -6,7 +6,8 @@ only on fake CPU tensors. This is how ``--train --fake`` audits, on any device.
    casts and its operators' layouts, with no backward, so no device is needed.
 2. That graph runs again on fake CPU tensors that require grad, followed by the backward and the
    optimizer step, and the whole step is traced: the casts' backward is in it, as on the device.
-   A warm-up step runs first, so the optimizer's state exists (a steady-state step).
+   The optimizer's state is made first, by a step on zero gradients (``Step.prime``), so the
+   step traced is a steady-state one.
 3. The step's graph is replayed on fake tensors of the target device, under the audit.
 
 Every node carries where it belongs (``Traced``): a forward node where the forward trace's stack
@@ -33,11 +34,11 @@ from cl_audit.compat.tracing import building_graph, new_nodes, node_note, note_n
 from cl_audit.convert import apply_strategy, input_to_nchw, strategy_input
 from cl_audit.divergences import divergence_table
 from cl_audit.enums import Phase, Stage, Strategy, TensorMode
-from cl_audit.errors import UsageError
+from cl_audit.errors import UsageError, mark_failure
 from cl_audit.fake import KernelSourceMode, fake_state
 from cl_audit.inputs import Example
 from cl_audit.intercept.dispatch import DispatchEngine
-from cl_audit.intercept.naming import python_op_name
+from cl_audit.intercept.naming import aten_op_name, python_op_name
 from cl_audit.intercept.recorder import Recorder
 from cl_audit.report import AppliedOverride, GradientLayout
 from cl_audit.tensors import FakeTensors, Forward, TensorRun
@@ -95,9 +96,14 @@ class _Interpreter(fx.Interpreter):
         self._places = places
 
     def run_node(self, n: fx.Node) -> Any:
-        self._places(node_note(n))
+        note = node_note(n)
+        self._places(note)
         try:
             return super().run_node(n)
+        except Exception as e:  # the stack is the replay's: the node names where it failed
+            site = note.location.call_site if isinstance(note, Traced) else None
+            mark_failure(e, aten_op_name(n.target), site)
+            raise
         finally:
             self._places(None)
 
@@ -203,7 +209,7 @@ class _ReplayedStep:
 
         with cpu:
             self.stage = Stage.FORWARD
-            cpu_step.run(forward, None)  # the warm-up: the optimizer's state exists
+            cpu_step.prime()  # the optimizer's state exists: a steady-state step is traced
             state_tensors = cpu_step.state_tensors()
             self._graph = _on_device(trace_graph(one_step, inputs + state_tensors), device)
         replay = new_fake_mode()

@@ -84,6 +84,17 @@ class Step:
             found += self._scaler.tensors()
         return found
 
+    def prime(self) -> None:
+        """The optimizer's and the scaler's state made as a first step makes them, by a step on
+        zero gradients (no forward, no backward): state tensors take their parameter's layout,
+        as a step's gradients do (autograd's layout contract for accumulated gradients)."""
+        with torch.no_grad():
+            for parameter in self.parameters.values():
+                parameter.grad = torch.zeros_like(parameter)
+            self._step_optimizer()
+            for parameter in self.parameters.values():
+                parameter.grad = None
+
     def timed(self, forward: _Forward, device: torch.device) -> tuple[float, ...]:
         """Milliseconds of ``TIMED_STEPS`` steps after ``WARMUP_STEPS``, no audit running."""
         for _ in range(WARMUP_STEPS):
@@ -105,13 +116,9 @@ class Step:
         self.stage = Stage.BACKWARD
         if active is not None:
             active.enter_phase(Phase.BACKWARD)
-        if plan.settings.amp is Amp.FP16 and self._scaler is None:
-            device = plan.device
-            self._scaler = (
-                FakeScaler(device) if plan.tensors.predicted else torch.amp.GradScaler(device.type)
-            )
-        if self._scaler is not None:
-            loss = self._scaler.scale(loss)
+        scaler = self._gradient_scaler()
+        if scaler is not None:
+            loss = scaler.scale(loss)
         for parameter in self.parameters.values():
             parameter.grad = None
         loss.backward()
@@ -119,15 +126,30 @@ class Step:
         self.stage = Stage.STEP
         if active is not None:
             active.enter_phase(Phase.OPTIMIZER)
+        self._step_optimizer()
+
+    def _step_optimizer(self) -> None:
+        """The optimizer's step on the gradients there are (fp16: through the scaler)."""
         if self._optimizer is None:
             self._optimizer = make_optimizer(
-                plan.settings.optimizer, self.parameters.values(), self._foreach
+                self.plan.settings.optimizer, self.parameters.values(), self._foreach
             )
-        if self._scaler is None:
+        scaler = self._gradient_scaler()
+        if scaler is None:
             self._optimizer.step()
         else:
-            self._scaler.step(self._optimizer)
-            self._scaler.update()
+            scaler.step(self._optimizer)
+            scaler.update()
+
+    def _gradient_scaler(self) -> torch.amp.GradScaler | FakeScaler | None:
+        """The fp16 gradient scaler (made on first use; fake for predicted tensors), else None."""
+        plan = self.plan
+        if plan.settings.amp is Amp.FP16 and self._scaler is None:
+            device = plan.device
+            self._scaler = (
+                FakeScaler(device) if plan.tensors.predicted else torch.amp.GradScaler(device.type)
+            )
+        return self._scaler
 
 
 class BoundStep:

@@ -170,6 +170,68 @@ def test_a_custom_autograd_function_under_cuda_autocast_is_refused_naming_it():
         train(tm.BackwardOnlyLoss(), tensor_mode=TensorMode.FAKE, device="cuda", amp=Amp.FP16)
 
 
+def _cli(factory: str, *options: str):
+    spec = f"{Path(tm.__file__)}:{factory}"
+    return CliRunner().invoke(app, [spec, *options], env={"COLUMNS": "400"})
+
+
+@needs_replay
+@pytest.mark.parametrize(
+    "device",
+    [pytest.param("cpu"), pytest.param("cuda", marks=needs_fake_cuda)],
+)
+def test_a_step_the_trace_cannot_follow_fails_in_one_line_naming_the_op_and_line(device):
+    """Data-dependent control flow in a replayed step: exit 3, one line naming the operation
+    and the model's line, with what to do; the same model without the branch is audited."""
+    options = ("--train", "--fake", "--device", device)
+    result = _cli("branches_on_value", *options)
+    assert result.exit_code == 3, result.output
+    (line,) = result.stderr.strip().splitlines()
+    branch = _line(tm.BranchesOnValue.forward, "if y.mean()")
+    assert f"forward failed in aten._local_scalar_dense at training_models.py:{branch}:" in line
+    assert "audit it eagerly, without --fake" in line and "Traceback" not in result.output
+    assert _cli("keeps_format", *options, "--json", "-").exit_code == 0  # the control
+
+
+@needs_replay
+@needs_fake_cuda
+@pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU the LSTM's CUDA path runs")
+def test_an_op_that_asks_the_cuda_runtime_fails_naming_it_never_on_the_cpu_silently():
+    """An LSTM's CUDA path asks cuDNN about the device: a fake CUDA audit without a GPU says
+    which operation at which line, and that the CPU can be audited; --device cpu audits it."""
+    amp = ("--train", "--fake", "--device", "cuda", "--amp", "fp16")  # forward traced on CUDA
+    for options in (("--fake", "--device", "cuda"), amp):
+        result = _cli("recurrent_head", *options)
+        assert result.exit_code == 3, result.output
+        (line,) = result.stderr.strip().splitlines()[-1:]
+        rnn = _line(tm.RecurrentHead.forward, "self.rnn(")
+        assert f"failed in torch.lstm at training_models.py:{rnn}:" in line
+        assert "asks the device runtime" in line and "--device cpu" in line
+    assert _cli("recurrent_head", "--train", "--fake", "--json", "-").exit_code in (0, 1)
+
+
+@pytest.mark.parametrize("optimizer", list(Optimizer))
+def test_priming_a_step_makes_the_optimizer_state_in_each_parameters_layout(optimizer):
+    """A replay traces a steady-state step without running a first one: ``Step.prime`` makes
+    the optimizer's state (momentum, Adam's moments) laid out as its channels_last parameter,
+    as a real first step does, and leaves no gradient behind."""
+    from cl_audit.plan import plan_run
+    from cl_audit.training import Step
+
+    conv = torch.nn.Conv2d(3, 8, 3).to(memory_format=torch.channels_last)
+    plan = plan_run(AuditSettings(train=True, optimizer=optimizer))
+    primed = Step(plan, dict(conv.named_parameters()))
+    primed.prime()
+    stepped = Step(plan, dict(conv.named_parameters()))
+    stepped.run(lambda: conv(torch.randn(2, 3, 8, 8)), None)  # a real first step: the control
+    assert conv.weight.grad is not None
+    for step in (primed, stepped):
+        state = step.state_tensors()
+        weights = [t for t in state if t.shape == conv.weight.shape]
+        assert weights and all(t.stride() == conv.weight.stride() for t in weights)
+    assert len(primed.state_tensors()) == len(stepped.state_tensors())
+
+
 def test_fake_scaler_does_what_grad_scaler_does_when_no_gradient_overflows():
     from cl_audit.training import FakeScaler
 

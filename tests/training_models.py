@@ -78,6 +78,44 @@ class KeepsFormat(nn.Module):
         return self.conv2(torch.relu(self.conv1(x))).sum(dim=(2, 3))
 
 
+class BranchesOnValue(KeepsFormat):
+    """KeepsFormat that branches on a value of its activations: a trace on fake tensors cannot
+    follow it (they have no values), so a replayed step fails there, named."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.conv1(x))
+        if y.mean() > 0:  # data-dependent control flow
+            y = y * 2
+        return self.conv2(y).sum(dim=(2, 3))
+
+
+class RecurrentHead(nn.Module):
+    """A convolution whose map is read row by row by an LSTM: on fake CUDA tensors without a
+    GPU, the LSTM's CUDA path asks the CUDA runtime (cuDNN) before computing."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.rnn = nn.LSTM(8, 8, batch_first=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv(x)
+        rows = y.permute(0, 2, 3, 1).flatten(1, 2)
+        return self.rnn(rows)[0].sum(dim=1)
+
+
+def branches_on_value() -> tuple[nn.Module, tuple[int, ...]]:
+    return BranchesOnValue(), (3, 16, 16)
+
+
+def recurrent_head() -> tuple[nn.Module, tuple[int, ...]]:
+    return RecurrentHead(), (3, 8, 8)
+
+
+def keeps_format() -> tuple[nn.Module, tuple[int, ...]]:
+    return KeepsFormat(), (3, 16, 16)
+
+
 def activation_before_pool() -> tuple[nn.Module, tuple[int, ...]]:
     return ActivationBeforePool(), (3, 16, 16)
 

@@ -36,6 +36,8 @@ __all__ = [
     "current_autograd_node",
     "fake_cuda_problem",
     "fake_tensor",
+    "is_data_dependent_error",
+    "is_device_runtime_error",
     "is_fake",
     "module_apply",
     "new_fake_mode",
@@ -195,6 +197,34 @@ _is_fake: Callable[[object], bool] = getattr(
 
 def is_fake(tensor: object) -> bool:
     return _is_fake(tensor)
+
+
+_DEVICE_ERRORS = tuple(
+    kind for kind in (getattr(torch, "AcceleratorError", None),) if isinstance(kind, type)
+)
+
+
+def is_data_dependent_error(error: BaseException) -> bool:
+    """Whether a fake run failed because the model read a tensor's value (a branch on it)."""
+    kinds = tuple(
+        kind
+        for kind in (
+            getattr(_fake, "DataDependentOutputException", None),
+            getattr(_fake, "DynamicOutputShapeException", None),
+        )
+        if isinstance(kind, type)
+    )
+    return isinstance(error, kinds)
+
+
+def is_device_runtime_error(error: BaseException) -> bool:
+    """Whether ``error`` came from a device runtime (torch 2.8 and later raise
+    ``torch.AcceleratorError``; earlier releases a RuntimeError saying "CUDA error")."""
+    if isinstance(error, _DEVICE_ERRORS):
+        return True
+    return isinstance(error, RuntimeError) and str(error).startswith(
+        ("CUDA error", "Found no NVIDIA driver")
+    )
 
 
 @functools.cache

@@ -16,6 +16,8 @@ from torch.autograd.profiler import record_function
 from torch.overrides import TorchFunctionMode
 
 from cl_audit.compat import TorchDispatchMode
+from cl_audit.errors import mark_failure
+from cl_audit.intercept.naming import aten_op_name, python_op_name
 from cl_audit.intercept.observer import Observer
 
 __all__ = ["CALL_LABEL", "DispatchEngine"]
@@ -37,6 +39,9 @@ class _PythonCalls(TorchFunctionMode):
         self.current = func
         try:
             result = func(*args, **(kwargs or {}))
+        except Exception as e:
+            mark_failure(e, python_op_name(func))
+            raise
         finally:
             self.current = outer
         if self._on_result is not None:
@@ -51,7 +56,11 @@ class _AtenObserver(TorchDispatchMode):
         self._python_calls = python_calls
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        result = func(*args, **(kwargs or {}))
+        try:
+            result = func(*args, **(kwargs or {}))
+        except Exception as e:
+            mark_failure(e, aten_op_name(func))
+            raise
         self._observer.observe(func, self._python_calls.current, args, kwargs, result)
         return result
 

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from cl_audit.audit import Audit, audit
+from cl_audit.compat import is_data_dependent_error, is_device_runtime_error
 from cl_audit.enums import Engine, Strategy
 from cl_audit.errors import ModelFailedError, UsageError
 from cl_audit.intercept.ledger import Ledger
@@ -67,7 +68,7 @@ def run_audited(
     except UsageError:
         raise  # what the settings cannot do for this model (a replay names why)
     except Exception as e:
-        raise ModelFailedError(step.stage, label, e, _hint(plan, run)) from e
+        raise ModelFailedError(step.stage, label, e, _hint(plan, run, e)) from e
     observed = active.observed(call_times(prof, plan.device) if settings.time else None)
     training = None
     if plan.workload.train:
@@ -76,7 +77,18 @@ def run_audited(
     return Audited(observed, training, timing, ledger)
 
 
-def _hint(plan: RunPlan, run: TensorRun) -> str | None:
+def _hint(plan: RunPlan, run: TensorRun, error: Exception) -> str | None:
+    if plan.tensors.predicted and is_device_runtime_error(error):
+        return (
+            f"this operation's {plan.device.type} implementation asks the device runtime before "
+            "it computes (a cuDNN or device check), which fake tensors without the device cannot "
+            "answer: audit it where the device is, or on --device cpu"
+        )
+    if plan.tensors.predicted and is_data_dependent_error(error):
+        return (
+            "the model reads a tensor's values (a branch, an item() or a shape from data), "
+            "which fake tensors do not have: audit it eagerly, without --fake"
+        )
     first = run.example.first
     if plan.workload.train and first is not None and first.shape[0] < 2:
         return "batch normalisation in train mode needs a batch of at least 2"
