@@ -25,6 +25,7 @@ from importlib import resources
 from cl_audit.compat import TORCH_VERSION, torch_version
 
 __all__ = [
+    "CONV_BACKWARD_SOURCE",
     "CUDA_KERNEL_OVERRIDES",
     "HIDDEN_TRAINING_COPIES",
     "DivergenceTable",
@@ -124,4 +125,14 @@ _GROUP_NORM_SOURCE = (
 CUDA_KERNEL_OVERRIDES: tuple[KernelOverride, ...] = (
     KernelOverride("aten.native_group_norm", 0, (2, 4), (2, 14), _GROUP_NORM_SOURCE),
     KernelOverride("aten.native_group_norm_backward", 0, (2, 4), (2, 14), _GROUP_NORM_SOURCE),
+)
+
+# Where this torch's convolution_backward meta function gives NCHW gradients for channels_last
+# data (a probe decides: ``compat.conv_backward_meta_is_nchw``), fake CUDA runs lay the input
+# and weight gradients out as cuDNN does instead.
+CONV_BACKWARD_SOURCE = (
+    "pytorch#171622: the convolution_backward meta function made NCHW gradients whatever the "
+    "layout (fixed by PR 171623); CUDA picks the layout of both gradients from the input and "
+    "weight, channels_last when either is (cudnn_conv_suggest_memory_format, "
+    "aten/src/ATen/native/ConvUtils.h; float64 stays NCHW)"
 )

@@ -15,8 +15,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from cl_audit.compat import TORCH_VERSION, FakeTensorMode, TorchDispatchMode, fake_tensor
-from cl_audit.divergences import CUDA_KERNEL_OVERRIDES, KernelOverride
+from cl_audit.compat import (
+    TORCH_VERSION,
+    FakeTensorMode,
+    TorchDispatchMode,
+    conv_backward_meta_is_nchw,
+    fake_tensor,
+)
+from cl_audit.divergences import CONV_BACKWARD_SOURCE, CUDA_KERNEL_OVERRIDES, KernelOverride
 from cl_audit.intercept.naming import aten_op_name
 from cl_audit.layout import MemoryLayout, layout_of
 from cl_audit.report import AppliedOverride
@@ -49,28 +55,38 @@ class KernelSourceMode(TorchDispatchMode):
     its kernel's source says (contiguous) when its first input is channels_last, so the audit
     and the rest of the model see what the real kernel would return. ``applied`` counts them."""
 
-    def __init__(self, overrides: tuple[KernelOverride, ...]) -> None:
+    def __init__(
+        self, overrides: tuple[KernelOverride, ...], cudnn_conv_backward: bool = False
+    ) -> None:
         super().__init__()
         self._overrides = {o.op: o for o in overrides}
+        self._sources = {o.op: o.source for o in overrides}
+        if cudnn_conv_backward:  # this torch's meta function is NCHW (pytorch#171622)
+            self._sources[_CONV_BACKWARD] = CONV_BACKWARD_SOURCE
         self.applied: Counter[str] = Counter()
 
     @classmethod
     def for_device(cls, device: torch.device) -> KernelSourceMode:
         """The CUDA overrides that hold for this torch, on a CUDA device; none elsewhere."""
-        cuda = device.type == "cuda"
-        return cls(tuple(o for o in CUDA_KERNEL_OVERRIDES if cuda and o.holds(TORCH_VERSION)))
+        if device.type != "cuda":
+            return cls(())
+        holding = tuple(o for o in CUDA_KERNEL_OVERRIDES if o.holds(TORCH_VERSION))
+        return cls(holding, cudnn_conv_backward=conv_backward_meta_is_nchw())
 
     def applied_overrides(self) -> tuple[AppliedOverride, ...]:
         """The overrides that changed an operation's output, with how many times."""
         return tuple(
-            AppliedOverride(op, self.applied[op], o.source)
-            for op, o in self._overrides.items()
+            AppliedOverride(op, self.applied[op], source)
+            for op, source in self._sources.items()
             if self.applied[op]
         )
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         result = func(*args, **(kwargs or {}))
-        override = self._overrides.get(aten_op_name(func))
+        name = aten_op_name(func)
+        if name == _CONV_BACKWARD and name in self._sources:
+            return self._cudnn_gradients(args, result)
+        override = self._overrides.get(name)
         if override is None or not args or not isinstance(args[0], torch.Tensor):
             return result
         if layout_of(args[0]) is not MemoryLayout.CHANNELS_LAST:
@@ -81,3 +97,23 @@ class KernelSourceMode(TorchDispatchMode):
         outputs = list(result)
         outputs[override.output] = outputs[override.output].contiguous()
         return type(result)(outputs)
+
+    def _cudnn_gradients(self, args: Any, result: Any) -> Any:
+        """The input and weight gradients laid out as cuDNN lays them (``CONV_BACKWARD_SOURCE``):
+        channels_last when the input or the weight is, float64 aside."""
+        _, data, weight = args[:3]
+        formats = {4: torch.channels_last, 5: torch.channels_last_3d}
+        fmt = formats.get(weight.dim())
+        if fmt is None or torch.float64 in (data.dtype, weight.dtype):
+            return result
+        if not (data.is_contiguous(memory_format=fmt) or weight.is_contiguous(memory_format=fmt)):
+            return result
+        outputs = list(result)
+        for i in (0, 1):
+            if outputs[i] is not None and not outputs[i].is_contiguous(memory_format=fmt):
+                outputs[i] = outputs[i].contiguous(memory_format=fmt)
+                self.applied[_CONV_BACKWARD] += 1
+        return type(result)(outputs)
+
+
+_CONV_BACKWARD = "aten.convolution_backward"

@@ -205,3 +205,50 @@ def test_fake_cuda_without_an_overridden_op_applies_nothing():
 def test_fake_cpu_applies_no_cuda_kernel_source():
     report = _fake_audit(GroupNormNet(), "cpu")
     assert report.environment.kernel_overrides == ()
+
+
+def test_an_nchw_convolution_backward_meta_is_corrected_to_cudnns_layout():
+    """pytorch#171622: where a torch's meta function gives NCHW gradients for channels_last
+    data, fake CUDA lays both out as cuDNN does (channels_last when input or weight is); NCHW
+    data and float64 are left as they are (the controls)."""
+    from cl_audit.fake import KernelSourceMode
+
+    mode = KernelSourceMode((), cudnn_conv_backward=True)
+    cl = torch.channels_last
+    weight = torch.empty(8, 4, 3, 3)
+    nchw_gradients = (torch.empty(2, 4, 6, 6), torch.empty(8, 4, 3, 3), None)
+    for data, w in (
+        (torch.empty(2, 4, 6, 6).to(memory_format=cl), weight),
+        (torch.empty(2, 4, 6, 6), weight.to(memory_format=cl)),
+    ):
+        grad_input, grad_weight, _ = mode._cudnn_gradients((None, data, w), nchw_gradients)
+        assert grad_input.is_contiguous(memory_format=cl)
+        assert grad_weight.is_contiguous(memory_format=cl)
+    (applied,) = mode.applied_overrides()
+    assert applied.op == "aten.convolution_backward" and applied.applied == 4
+    assert "pytorch#171622" in applied.source
+    for data, w in (
+        (torch.empty(2, 4, 6, 6), weight),
+        (torch.empty(2, 4, 6, 6, dtype=torch.float64).to(memory_format=cl), weight.double()),
+    ):
+        assert mode._cudnn_gradients((None, data, w), nchw_gradients) == nchw_gradients
+
+
+def test_the_convolution_backward_correction_is_applied_exactly_where_the_meta_is_nchw():
+    """The probe reads this torch's meta function: torch 2.14.1 and later keep channels_last
+    (PR 171623), so no correction; a fake CUDA run applies it only where the probe says so."""
+    from cl_audit.fake import KernelSourceMode
+
+    x = torch.empty(2, 4, 5, 5, device="meta").to(memory_format=torch.channels_last)
+    w = torch.empty(4, 4, 3, 3, device="meta").to(memory_format=torch.channels_last)
+    grad_input = torch.ops.aten.convolution_backward.default(
+        x, x, w, None, [1], [1], [1], False, [0], 1, [True, True, False]
+    )[0]
+    nchw = not grad_input.is_contiguous(memory_format=torch.channels_last)
+    assert compat.conv_backward_meta_is_nchw() is nchw
+    if TORCH_VERSION >= (2, 14):
+        assert not nchw
+    corrected = (
+        "aten.convolution_backward" in KernelSourceMode.for_device(torch.device("cuda"))._sources
+    )
+    assert corrected is nchw
