@@ -25,6 +25,7 @@ from importlib import resources
 from cl_audit.compat import TORCH_VERSION, torch_version
 
 __all__ = [
+    "BATCH_NORM_BACKWARD_SOURCE",
     "CONV_BACKWARD_SOURCE",
     "CUDA_KERNEL_OVERRIDES",
     "HIDDEN_TRAINING_COPIES",
@@ -135,4 +136,16 @@ CONV_BACKWARD_SOURCE = (
     "layout (fixed by PR 171623); CUDA picks the layout of both gradients from the input and "
     "weight, channels_last when either is (cudnn_conv_suggest_memory_format, "
     "aten/src/ATen/native/ConvUtils.h; float64 stays NCHW)"
+)
+
+# A training batch norm on CUDA runs cuDNN's kernels wherever cuDNN takes it (affine, not
+# bfloat16, float16 only with float32 weights, at most 880801 samples, fewer than 2^31
+# elements): its backward lays the input gradient out as the input and converts the incoming
+# gradient to that layout first. The trace records the CPU's native batch norm, whose fake
+# backward follows the incoming gradient instead; fake CUDA runs lay it out as cuDNN does.
+BATCH_NORM_BACKWARD_SOURCE = (
+    "aten/src/ATen/native/Normalization.cpp (_select_batch_norm_backend: cuDNN for CUDA "
+    "training) and aten/src/ATen/native/cudnn/BatchNorm.cpp (cudnn_batch_norm_backward: "
+    "grad_output.contiguous(input.suggest_memory_format()), grad_input allocated in the "
+    "input's memory format)"
 )

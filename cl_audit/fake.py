@@ -22,7 +22,12 @@ from cl_audit.compat import (
     conv_backward_meta_is_nchw,
     fake_tensor,
 )
-from cl_audit.divergences import CONV_BACKWARD_SOURCE, CUDA_KERNEL_OVERRIDES, KernelOverride
+from cl_audit.divergences import (
+    BATCH_NORM_BACKWARD_SOURCE,
+    CONV_BACKWARD_SOURCE,
+    CUDA_KERNEL_OVERRIDES,
+    KernelOverride,
+)
 from cl_audit.intercept.naming import aten_op_name
 from cl_audit.layout import MemoryLayout, layout_of
 from cl_audit.report import AppliedOverride
@@ -56,13 +61,18 @@ class KernelSourceMode(TorchDispatchMode):
     and the rest of the model see what the real kernel would return. ``applied`` counts them."""
 
     def __init__(
-        self, overrides: tuple[KernelOverride, ...], cudnn_conv_backward: bool = False
+        self,
+        overrides: tuple[KernelOverride, ...],
+        cudnn_conv_backward: bool = False,
+        cudnn_batch_norm: bool = False,
     ) -> None:
         super().__init__()
         self._overrides = {o.op: o for o in overrides}
         self._sources = {o.op: o.source for o in overrides}
         if cudnn_conv_backward:  # this torch's meta function is NCHW (pytorch#171622)
             self._sources[_CONV_BACKWARD] = CONV_BACKWARD_SOURCE
+        if cudnn_batch_norm:
+            self._sources[_BATCH_NORM_BACKWARD] = BATCH_NORM_BACKWARD_SOURCE
         self.applied: Counter[str] = Counter()
 
     @classmethod
@@ -71,7 +81,7 @@ class KernelSourceMode(TorchDispatchMode):
         if device.type != "cuda":
             return cls(())
         holding = tuple(o for o in CUDA_KERNEL_OVERRIDES if o.holds(TORCH_VERSION))
-        return cls(holding, cudnn_conv_backward=conv_backward_meta_is_nchw())
+        return cls(holding, cudnn_conv_backward=conv_backward_meta_is_nchw(), cudnn_batch_norm=True)
 
     def applied_overrides(self) -> tuple[AppliedOverride, ...]:
         """The overrides that changed an operation's output, with how many times."""
@@ -86,6 +96,8 @@ class KernelSourceMode(TorchDispatchMode):
         name = aten_op_name(func)
         if name == _CONV_BACKWARD and name in self._sources:
             return self._cudnn_gradients(args, result)
+        if name == _BATCH_NORM_BACKWARD and name in self._sources:
+            return self._cudnn_batch_norm_gradient(args, result)
         override = self._overrides.get(name)
         if override is None or not args or not isinstance(args[0], torch.Tensor):
             return result
@@ -115,5 +127,27 @@ class KernelSourceMode(TorchDispatchMode):
                 self.applied[_CONV_BACKWARD] += 1
         return type(result)(outputs)
 
+    def _cudnn_batch_norm_gradient(self, args: Any, result: Any) -> Any:
+        """The input gradient of a training batch norm that cuDNN runs, laid out as its input
+        (``BATCH_NORM_BACKWARD_SOURCE``); a batch norm cuDNN does not take is left as is."""
+        _, data, weight = args[:3]
+        train = args[7] if len(args) > 7 else False
+        fmt = {4: torch.channels_last, 5: torch.channels_last_3d}.get(data.dim())
+        grad_input = result[0]
+        if fmt is None or grad_input is None or weight is None or not train:
+            return result
+        if not data.is_contiguous(memory_format=fmt) or data.is_contiguous():
+            return result  # NCHW, or either (the layout is not decided by it)
+        half, bf16 = torch.float16, torch.bfloat16
+        if bf16 in (data.dtype, weight.dtype) or (data.dtype == half and weight.dtype == half):
+            return result
+        if data.shape[0] > 880801 or data.numel() >= 2**31 - 1:
+            return result
+        if grad_input.is_contiguous(memory_format=fmt):
+            return result
+        self.applied[_BATCH_NORM_BACKWARD] += 1
+        return (grad_input.contiguous(memory_format=fmt), *result[1:])
+
 
 _CONV_BACKWARD = "aten.convolution_backward"
+_BATCH_NORM_BACKWARD = "aten.native_batch_norm_backward"

@@ -7,9 +7,11 @@ The eager side is read from committed reports: ``reports/torchvision/cpu-train_t
 them in name order among those that ran eagerly). The replay runs here, one thread as those ran.
 A model agrees when its findings (kind, phase, operation, module, call site, count) and its
 cost sites (kind, phase, operation, module, call site and channels_last-only bytes) are the
-same. A disagreement is explained when it lies only in cost sites of kind ``kernel`` (copies
-that the CPU kernels make inside, which the profiler measures eagerly and fake tensors cannot
-see), or in the divergences the release's table lists; every other one is listed as is.
+same. Each disagreement gets a cause: copies inside CPU kernels only (cost sites of kind
+``kernel`` that the profiler measures eagerly and fake tensors cannot see); fake tensors (the
+same step run on fake CPU tensors through autograd's engine, no trace, gives exactly the
+replay's findings and sites: the difference is the fake method's, not the replay's); else the
+replay, with what it adds or misses against that engine run.
 
     python scripts/replay_selfcheck.py --timm 50 --out reports/replay-selfcheck_torch-2.14.1.json
 """
@@ -20,16 +22,20 @@ import argparse
 import gzip
 import json
 import time
+from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from cl_audit.enums import ModelSource, TensorMode
+from cl_audit.plan import plan_run
 from cl_audit.report import ModelReport, ModelRow, decode_document
 from cl_audit.settings import AuditSettings
 from cl_audit.sources import BuildOptions, ModelRef, load_model
 from cl_audit.sources.audit import audit_loaded
+from cl_audit.tensors import TENSORS
 
 REPORTS = Path(__file__).resolve().parents[1] / "reports"
 
@@ -50,29 +56,88 @@ def sites(report: ModelReport | ModelRow) -> list[tuple]:
     )
 
 
-def compare(name: str, eager: ModelReport | ModelRow, replayed: ModelReport) -> dict[str, Any]:
-    eager_f, replay_f = findings(eager), findings(replayed)
-    eager_s, replay_s = sites(eager), sites(replayed)
-    only_eager_sites = [s for s in eager_s if s not in replay_s]
-    only_replay_sites = [s for s in replay_s if s not in eager_s]
+KERNEL_COPIES = "kernel copies (eager profiler only)"
+FAKE_TENSORS = "fake tensors (the autograd engine on fake CPU tensors differs from eager alike)"
+REPLAY = "the replay (differs from the autograd engine on fake CPU tensors)"
+
+
+def compare(
+    name: str, eager: ModelReport | ModelRow, replayed: ModelReport, engine: ModelReport
+) -> dict[str, Any]:
+    """``replayed`` against ``eager``; ``engine`` (the same step on fake CPU tensors through
+    autograd's engine, no trace) tells the fake method's differences from the replay's. Cost
+    sites are compared where the eager row recorded a cost (the committed timm rows did not)."""
+    eager_f, replay_f, engine_f = findings(eager), findings(replayed), findings(engine)
+    eager_s, replay_s, engine_s = sites(eager), sites(replayed), sites(engine)
+    return classify(
+        {
+            "model": name,
+            "sites_compared": eager.cost is not None,
+            "replay_equals_engine": engine_f == replay_f and engine_s == replay_s,
+            "only_replay_vs_engine_findings": [f for f in replay_f if f not in engine_f],
+            "only_engine_vs_replay_findings": [f for f in engine_f if f not in replay_f],
+            "only_replay_vs_engine_sites": [s for s in replay_s if s not in engine_s],
+            "only_engine_vs_replay_sites": [s for s in engine_s if s not in replay_s],
+            "eager_verdict": eager.verdict.value if eager.cost is not None else None,
+            "replay_verdict": replayed.verdict.value,
+            "only_eager_findings": [f for f in eager_f if f not in replay_f],
+            "only_replay_findings": [f for f in replay_f if f not in eager_f],
+            "only_eager_sites": [s for s in eager_s if s not in replay_s],
+            "only_replay_sites": [s for s in replay_s if s not in eager_s],
+        }
+    )
+
+
+def classify(result: dict[str, Any]) -> dict[str, Any]:
+    """``result`` with whether it agrees and, if not, the cause (module docstring)."""
+    findings_agree = not (result["only_eager_findings"] or result["only_replay_findings"])
+    only_eager_sites, only_replay_sites = result["only_eager_sites"], result["only_replay_sites"]
+    if not result["sites_compared"]:
+        only_eager_sites = only_replay_sites = []
     kernel_only = all(s[0] == "kernel" for s in only_eager_sites) and not only_replay_sites
-    agree = eager_f == replay_f and eager_s == replay_s
+    agree = findings_agree and not only_eager_sites and not only_replay_sites
+    cause = None
+    if not agree:
+        cause = (
+            KERNEL_COPIES
+            if findings_agree and kernel_only
+            else FAKE_TENSORS
+            if result["replay_equals_engine"]
+            else REPLAY
+        )
+    return {**result, "agree": agree, "findings_agree": findings_agree, "cause": cause}
+
+
+def summary_of(results: list[dict[str, Any]]) -> dict[str, Any]:
+    checked = [r for r in results if "error" not in r]
     return {
-        "model": name,
-        "agree": agree,
-        "findings_agree": eager_f == replay_f,
-        "cause": None
-        if agree
-        else "kernel copies (eager profiler only)"
-        if eager_f == replay_f and kernel_only
-        else "other",
-        "eager_verdict": eager.verdict.value if eager.verdict else None,
-        "replay_verdict": replayed.verdict.value,
-        "only_eager_findings": [f for f in eager_f if f not in replay_f],
-        "only_replay_findings": [f for f in replay_f if f not in eager_f],
-        "only_eager_sites": only_eager_sites,
-        "only_replay_sites": only_replay_sites,
+        "models": len(results),
+        "errors": len(results) - len(checked),
+        "sites_compared": sum(r["sites_compared"] for r in checked),
+        "agree": sum(r["agree"] for r in checked),
+        "findings_agree": sum(r["findings_agree"] for r in checked),
+        "kernel_copies_only": sum(r["cause"] == KERNEL_COPIES for r in checked),
+        "fake_tensors": sum(r["cause"] == FAKE_TENSORS for r in checked),
+        "replay": sum(r["cause"] == REPLAY for r in checked),
+        "replay_equals_engine": sum(r["replay_equals_engine"] for r in checked),
     }
+
+
+def breakdown(results: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
+    """What the disagreements are made of: (kind, phase, operation) of the findings and cost
+    sites that one side has and the other not, and in how many models, by cause."""
+    found: dict[str, Counter[str]] = {}
+    for result in results:
+        if result.get("agree", True):
+            continue
+        seen = found.setdefault(result["cause"], Counter())
+        keys = set()
+        for side in ("only_eager_findings", "only_replay_findings"):
+            keys |= {f"{side[5:-9]} finding {f[0]} {f[1]} {f[2]}/{f[3]}" for f in result[side]}
+        for side in ("only_eager_sites", "only_replay_sites"):
+            keys |= {f"{side[5:-6]} site {s[0]} {s[1]} {s[2]}" for s in result[side]}
+        seen.update(keys)
+    return {cause: dict(counts.most_common()) for cause, counts in found.items()}
 
 
 def torchvision_eager(version: str) -> dict[str, ModelReport]:
@@ -81,7 +146,7 @@ def torchvision_eager(version: str) -> dict[str, ModelReport]:
     return {d["model"]: ModelReport.from_dict(d) for d in documents}
 
 
-def timm_eager(version: str, count: int) -> dict[str, ModelRow]:
+def timm_eager(version: str, count: int | None = None) -> dict[str, ModelRow]:
     path = REPORTS / f"timm_torch-{version}_cpu_train_fake+eager.json.gz"
     rows = json.loads(gzip.decompress(path.read_bytes()))["models"]
     eager = [r for r in rows if r["mode"] == "fake+eager" and r["status"] == "ok"]
@@ -93,7 +158,33 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--timm", type=int, default=50, help="how many timm models")
     parser.add_argument("--out")
+    parser.add_argument("--summarise", metavar="FILE", help="add the breakdown to a finished run")
     args = parser.parse_args()
+    if args.summarise:  # classified again, by this script's rules
+        done = json.loads(Path(args.summarise).read_text())
+        version = done["torch"].split("+")[0]
+        recorded = {
+            f"torchvision:{name}": r.cost is not None
+            for name, r in torchvision_eager(version).items()
+        }
+        recorded |= {f"timm:{name}": r.cost is not None for name, r in timm_eager(version).items()}
+        results = [
+            r
+            if "error" in r
+            else classify(
+                {
+                    **r,
+                    "sites_compared": recorded[r["model"]],
+                    "eager_verdict": r["eager_verdict"] if recorded[r["model"]] else None,
+                }
+            )
+            for r in done["results"]
+        ]
+        document = {**done, **summary_of(results), "breakdown": breakdown(results)}
+        Path(args.summarise).write_text(
+            json.dumps({**document, "results": results}, indent=1) + "\n"
+        )
+        return
     version = torch.__version__.split("+")[0]
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -116,11 +207,13 @@ def main() -> None:
                 options = BuildOptions(meta=True, max_input_size=side)  # built as it was audited
                 loaded = load_model(ModelRef(source, name), options)
                 replayed = audit_loaded(loaded, settings)
+                plan = replace(plan_run(settings), tensors=TENSORS[TensorMode.FAKE])
+                engine = audit_loaded(load_model(ModelRef(source, name), options), plan)
             except Exception as e:  # a row of the check, as a sweep would make it
                 results.append({"model": f"{source.value}:{name}", "error": f"{e}"[:300]})
                 print(f"{source.value}:{name:28s} error {e}"[:200], flush=True)
                 continue
-            result = compare(f"{source.value}:{name}", reference, replayed)
+            result = compare(f"{source.value}:{name}", reference, replayed, engine)
             result["seconds"] = round(time.perf_counter() - start, 1)
             results.append(result)
             print(
@@ -128,22 +221,15 @@ def main() -> None:
                 f"findings={result['findings_agree']} cause={result['cause']}",
                 flush=True,
             )
-    checked = [r for r in results if "error" not in r]
     summary = {
         "torch": torch.__version__,
-        "models": len(results),
-        "errors": len(results) - len(checked),
-        "agree": sum(r["agree"] for r in checked),
-        "findings_agree": sum(r["findings_agree"] for r in checked),
-        "kernel_copies_only": sum(
-            r["cause"] == "kernel copies (eager profiler only)" for r in checked
-        ),
-        "other": sum(r["cause"] == "other" for r in checked),
+        **summary_of(results),
         "seconds": round(time.perf_counter() - start_all, 1),
     }
     print(json.dumps(summary))
     if args.out:
-        Path(args.out).write_text(json.dumps({**summary, "results": results}, indent=1) + "\n")
+        document = {**summary, "breakdown": breakdown(results), "results": results}
+        Path(args.out).write_text(json.dumps(document, indent=1) + "\n")
 
 
 if __name__ == "__main__":

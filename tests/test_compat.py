@@ -252,3 +252,40 @@ def test_the_convolution_backward_correction_is_applied_exactly_where_the_meta_i
         "aten.convolution_backward" in KernelSourceMode.for_device(torch.device("cuda"))._sources
     )
     assert corrected is nchw
+
+
+def _batch_norm_backward(data: torch.Tensor, grad: torch.Tensor, weight: torch.Tensor | None):
+    from cl_audit.fake import KernelSourceMode
+
+    mode = KernelSourceMode.for_device(torch.device("cuda"))
+    fake = compat.new_fake_mode()
+    cpu = torch.device("cpu")
+    data, grad = (compat.fake_tensor(fake, t, cpu) for t in (data, grad))
+    weight = None if weight is None else compat.fake_tensor(fake, weight, cpu)
+    stats = [compat.fake_tensor(fake, torch.ones(data.shape[1]), cpu)] * 2
+    with fake, mode:  # the kernel source above the fake mode, as in a fake run
+        grad_input = torch.ops.aten.native_batch_norm_backward.default(
+            grad, data, weight, *stats, *stats, True, 1e-5, [True, weight is not None, False]
+        )[0]
+    return grad_input, mode.applied_overrides()
+
+
+def test_a_cuda_training_batch_norm_backward_lays_its_gradient_out_as_cudnn_does():
+    """The trace records the CPU's native batch norm, whose backward follows the incoming
+    gradient; on CUDA cuDNN runs it and lays the input gradient out as the input (the
+    incoming gradient converted first). Controls: NCHW input, no affine weight (native CUDA
+    path), bfloat16 (not cuDNN's), and a channels_last gradient (nothing to change)."""
+    cl = torch.channels_last
+    data = torch.randn(2, 4, 5, 5).to(memory_format=cl)
+    nchw_grad = torch.randn(2, 4, 5, 5)
+    grad_input, (applied,) = _batch_norm_backward(data, nchw_grad, torch.ones(4))
+    assert grad_input.is_contiguous(memory_format=cl)
+    assert (applied.op, applied.applied) == ("aten.native_batch_norm_backward", 1)
+    assert "cudnn_batch_norm_backward" in applied.source
+    for controls in (
+        (data.contiguous(), nchw_grad, torch.ones(4)),
+        (data, nchw_grad, None),
+        (data.bfloat16(), nchw_grad.bfloat16(), torch.ones(4)),
+        (data, nchw_grad.to(memory_format=cl), torch.ones(4)),
+    ):
+        assert _batch_norm_backward(*controls)[1] == ()
