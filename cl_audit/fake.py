@@ -73,6 +73,7 @@ class KernelSourceMode(TorchDispatchMode):
             self._sources[_CONV_BACKWARD] = CONV_BACKWARD_SOURCE
         if cudnn_batch_norm:
             self._sources[_BATCH_NORM_BACKWARD] = BATCH_NORM_BACKWARD_SOURCE
+            self._sources[_CUDNN_BATCH_NORM_BACKWARD] = BATCH_NORM_BACKWARD_SOURCE
         self.applied: Counter[str] = Counter()
 
     @classmethod
@@ -96,8 +97,8 @@ class KernelSourceMode(TorchDispatchMode):
         name = aten_op_name(func)
         if name == _CONV_BACKWARD and name in self._sources:
             return self._cudnn_gradients(args, result)
-        if name == _BATCH_NORM_BACKWARD and name in self._sources:
-            return self._cudnn_batch_norm_gradient(args, result)
+        if name in (_BATCH_NORM_BACKWARD, _CUDNN_BATCH_NORM_BACKWARD) and name in self._sources:
+            return self._cudnn_batch_norm_gradient(name, args, result)
         override = self._overrides.get(name)
         if override is None or not args or not isinstance(args[0], torch.Tensor):
             return result
@@ -127,11 +128,14 @@ class KernelSourceMode(TorchDispatchMode):
                 self.applied[_CONV_BACKWARD] += 1
         return type(result)(outputs)
 
-    def _cudnn_batch_norm_gradient(self, args: Any, result: Any) -> Any:
+    def _cudnn_batch_norm_gradient(self, name: str, args: Any, result: Any) -> Any:
         """The input gradient of a training batch norm that cuDNN runs, laid out as its input
-        (``BATCH_NORM_BACKWARD_SOURCE``); a batch norm cuDNN does not take is left as is."""
-        _, data, weight = args[:3]
-        train = args[7] if len(args) > 7 else False
+        (``BATCH_NORM_BACKWARD_SOURCE``): ``cudnn_batch_norm_backward`` (a forward traced on
+        CUDA), or the native one where cuDNN would take it; any other is left as is."""
+        if name == _CUDNN_BATCH_NORM_BACKWARD:
+            data, weight, train = args[0], args[2], True
+        else:
+            data, weight, train = args[1], args[2], len(args) > 7 and args[7]
         fmt = {4: torch.channels_last, 5: torch.channels_last_3d}.get(data.dim())
         grad_input = result[0]
         if fmt is None or grad_input is None or weight is None or not train:
@@ -145,9 +149,10 @@ class KernelSourceMode(TorchDispatchMode):
             return result
         if grad_input.is_contiguous(memory_format=fmt):
             return result
-        self.applied[_BATCH_NORM_BACKWARD] += 1
+        self.applied[name] += 1
         return (grad_input.contiguous(memory_format=fmt), *result[1:])
 
 
 _CONV_BACKWARD = "aten.convolution_backward"
 _BATCH_NORM_BACKWARD = "aten.native_batch_norm_backward"
+_CUDNN_BATCH_NORM_BACKWARD = "aten.cudnn_batch_norm_backward"

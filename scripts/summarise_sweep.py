@@ -3,6 +3,8 @@
 python scripts/summarise_sweep.py reports/timm_torch-2.14.1_cpu_fake+eager.json.gz --top 15
 python scripts/summarise_sweep.py reports/timm_torch-2.14.1_cpu_train_fake+eager.json.gz --phases \
     --compare reports/timm_torch-2.14.1_cpu_fake+eager.json.gz
+python scripts/summarise_sweep.py reports/timm_torch-2.14.1_cuda_train_predicted.json.gz --sites \
+    --against reports/timm_torch-2.14.1_cpu_train_fake+eager.json.gz
 """
 
 from __future__ import annotations
@@ -54,14 +56,75 @@ def compare(inference: SweepReport, training: SweepReport) -> None:
     )
 
 
+def sites(report: SweepReport, top: int) -> None:
+    """Verdicts, and the costliest cost sites by (phase, operation): channels_last-only bytes
+    summed over the models, in how many models, and in how many offending ones."""
+    ok = [r for r in report.models if r.status is Status.OK and r.cost is not None]
+    verdicts = Counter(r.verdict.value for r in ok if r.verdict is not None)
+    print(f"{len(ok)} models weighed: {dict(sorted(verdicts.items()))}\n")
+    extra: Counter[tuple[str, str, str]] = Counter()
+    models: dict[tuple[str, str, str], set[str]] = {}
+    offending: dict[tuple[str, str, str], set[str]] = {}
+    for row in ok:
+        for site in row.cost.sites:
+            if not site.extra:
+                continue
+            key = (site.phase.value, site.kind.value, site.op)
+            extra[key] += site.extra
+            models.setdefault(key, set()).add(row.name)
+            if row.offending:
+                offending.setdefault(key, set()).add(row.name)
+    print("| phase | kind | op | extra, summed | models | offending models | for example |")
+    print("|---|---|---|---|---|---|---|")
+    for key, total in extra.most_common(top):
+        names = sorted(offending.get(key, ()) or models[key])
+        examples = ", ".join(f"`{n}`" for n in names[:3])
+        print(
+            f"| {key[0]} | {key[1]} | `{key[2]}` | {total / 2**20:,.1f} MiB | {len(models[key])} "
+            f"| {len(offending.get(key, ()))} | {examples} |"
+        )
+    print()
+
+
+def against(cuda: SweepReport, cpu: SweepReport, top: int) -> None:
+    """The CUDA prediction against a CPU training sweep of the same models: verdicts, and the
+    offending (phase, op) pairs that only the CPU report has (the CPU kernels' own)."""
+    on_cpu = {r.key: r for r in cpu.models if r.status is Status.OK}
+    both = [r for r in cuda.models if r.status is Status.OK and r.key in on_cpu]
+    moved = Counter(
+        (on_cpu[r.key].verdict.value if on_cpu[r.key].verdict else "-", r.verdict.value)
+        for r in both
+        if r.verdict is not None
+    )
+    print(f"{len(both)} models in both: (CPU verdict, CUDA verdict): {dict(moved.most_common())}\n")
+    cpu_only: Counter[tuple[str, str]] = Counter()
+    cuda_only: Counter[tuple[str, str]] = Counter()
+    for row in both:
+        ops_cpu = {(f.phase.value, f.op_id) for f in on_cpu[row.key].offenders}
+        ops_cuda = {(f.phase.value, f.op_id) for f in row.offenders}
+        cpu_only.update(ops_cpu - ops_cuda)
+        cuda_only.update(ops_cuda - ops_cpu)
+    for label, counts in (("CPU report only", cpu_only), ("CUDA prediction only", cuda_only)):
+        print(f"| {label}: phase | op | models |\n|---|---|---|")
+        for (phase, op), n in counts.most_common(top):
+            print(f"| {phase} | `{op}` | {n} |")
+        print()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("report", type=Path)
     parser.add_argument("--top", type=int, default=15)
     parser.add_argument("--phases", action="store_true", help="training: offenders by phase")
     parser.add_argument("--compare", type=Path, help="an inference sweep of the same models")
+    parser.add_argument("--sites", action="store_true", help="verdicts and costliest sites")
+    parser.add_argument("--against", type=Path, help="a CPU training sweep of the same models")
     args = parser.parse_args()
     report = SweepReport.from_bytes(args.report.read_bytes())
+    if args.sites:
+        sites(report, args.top)
+    if args.against is not None:
+        against(report, SweepReport.from_bytes(args.against.read_bytes()), args.top)
     if args.phases:
         phases(report, args.top)
     if args.compare is not None:

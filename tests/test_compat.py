@@ -273,8 +273,11 @@ def _batch_norm_backward(data: torch.Tensor, grad: torch.Tensor, weight: torch.T
 def test_a_cuda_training_batch_norm_backward_lays_its_gradient_out_as_cudnn_does():
     """The trace records the CPU's native batch norm, whose backward follows the incoming
     gradient; on CUDA cuDNN runs it and lays the input gradient out as the input (the
-    incoming gradient converted first). Controls: NCHW input, no affine weight (native CUDA
-    path), bfloat16 (not cuDNN's), and a channels_last gradient (nothing to change)."""
+    incoming gradient converted first); a forward traced under CUDA's autocast has cuDNN's
+    batch norm itself, the same. Controls: NCHW input, no affine weight (native CUDA path),
+    bfloat16 (not cuDNN's), and a channels_last gradient (nothing to change)."""
+    from cl_audit.fake import KernelSourceMode
+
     cl = torch.channels_last
     data = torch.randn(2, 4, 5, 5).to(memory_format=cl)
     nchw_grad = torch.randn(2, 4, 5, 5)
@@ -282,6 +285,22 @@ def test_a_cuda_training_batch_norm_backward_lays_its_gradient_out_as_cudnn_does
     assert grad_input.is_contiguous(memory_format=cl)
     assert (applied.op, applied.applied) == ("aten.native_batch_norm_backward", 1)
     assert "cudnn_batch_norm_backward" in applied.source
+    # a forward traced under CUDA's autocast runs cuDNN's batch norm itself: the same layout
+    stats = [torch.ones(4)] * 2
+    fake, cpu = compat.new_fake_mode(), torch.device("cpu")
+    data_f, grad_f, w = (compat.fake_tensor(fake, t, cpu) for t in (data, nchw_grad, torch.ones(4)))
+    mode = KernelSourceMode.for_device(torch.device("cuda"))
+    with fake, mode:
+        cudnn = torch.ops.aten.cudnn_batch_norm_backward.default(
+            data_f,
+            grad_f,
+            w,
+            *(compat.fake_tensor(fake, t, cpu) for t in stats * 2),
+            1e-5,
+            compat.fake_tensor(fake, torch.empty(0, dtype=torch.uint8), cpu),
+        )[0]
+    assert cudnn.is_contiguous(memory_format=cl)
+    assert [a.op for a in mode.applied_overrides()] == ["aten.cudnn_batch_norm_backward"]
     for controls in (
         (data.contiguous(), nchw_grad, torch.ones(4)),
         (data, nchw_grad, None),
