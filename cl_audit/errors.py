@@ -30,12 +30,23 @@ class ModelFailedError(RuntimeError):
         self.cause = cause
         self.operation, site = getattr(cause, _FAILED_IN, (None, None))
         self.site = site or failure_site(cause)
-        detail = str(cause).strip().splitlines()[0] if str(cause).strip() else ""
-        where = (f" in {self.operation}" if self.operation else "") + (
+        self.hint = hint
+        first = str(cause).strip().splitlines()[0] if str(cause).strip() else ""
+        message = f"{model}: {stage.value} failed{self._where()}: {type(cause).__name__}: {first}"
+        super().__init__(message.rstrip(": ") + (f" (hint: {hint})" if hint else ""))
+
+    def _where(self) -> str:
+        return (f" in {self.operation}" if self.operation else "") + (
             f" at {self.site}" if self.site else ""
         )
-        message = f"{model}: {stage.value} failed{where}: {type(cause).__name__}: {detail}"
-        super().__init__(message.rstrip(": ") + (f" (hint: {hint})" if hint else ""))
+
+    @property
+    def detail(self) -> str:
+        """What a sweep row says: where it failed, the cause's whole message, and the hint."""
+        where = self._where().strip()
+        text = f"{type(self.cause).__name__}: {self.cause}".strip()
+        hint = f" (hint: {self.hint})" if self.hint else ""
+        return f"{where}: {text}{hint}" if where else f"{text}{hint}"
 
 
 def mark_failure(error: BaseException, operation: str, site: str | None = None) -> None:

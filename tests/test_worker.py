@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from torch_checks import needs_replay
 
 from cl_audit.errors import Stage
 from cl_audit.report import Mode, ModelRow, ModelSource, Status, TensorMode
@@ -27,6 +28,27 @@ def test_a_row_carries_the_whole_verdict():
     assert [f.python_op for f in row.offenders] == ["Tensor.contiguous"]
     assert row.summary.round_trips == 1 and row.regains and row.parameters > 0
     assert row.input_shape == (2, 3, 128, 128) and row.stage is None and row.seconds > 0
+
+
+@needs_replay
+def test_a_replayed_step_that_fails_is_a_row_naming_the_operation_line_and_remedy():
+    """A sweep of --train --fake: data-dependent control flow is an error row whose message
+    names the operation and the model's line and says what to do; the control is a verdict."""
+    import inspect
+
+    import training_models as tm
+
+    spec = f"{TESTS / 'training_models.py'}"
+    settings = {"train": True, "tensor_mode": TensorMode.FAKE, "device": "cpu"}
+    row = audit_job(job(f"{spec}:branches_on_value", **settings))
+    lines, first = inspect.getsourcelines(tm.BranchesOnValue.forward)
+    branch = first + next(i for i, t in enumerate(lines) if "if y.mean()" in t)
+    assert row.status is Status.ERROR and row.stage is Stage.FORWARD
+    assert row.message.startswith(
+        f"in aten._local_scalar_dense at training_models.py:{branch}: DataDependentOutput"
+    )
+    assert "(hint: the model reads a tensor's values" in row.message
+    assert audit_job(job(f"{spec}:keeps_format", **settings)).status is Status.OK
 
 
 def test_fake_rows_are_predicted():

@@ -124,8 +124,7 @@ def audit_job(
     except UsageError as e:
         row = failed_row(job, Status.SKIPPED, str(e), None, _since(start))
     except ModelFailedError as e:
-        message = f"{type(e.cause).__name__}: {e.cause}".strip()
-        row = failed_row(job, Status.ERROR, message, e.stage, _since(start))
+        row = failed_row(job, Status.ERROR, e.detail, e.stage, _since(start))
     on_files(factory_files(job.ref) | call_site_files(row))  # a user's module is imported now
     return row
 
