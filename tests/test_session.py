@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from literal_reports import finding, row
+from torch_checks import needs_replay
 
 import cl_audit.sweep.session as session
 from cl_audit.report import Mode, ModelRow, ModelSource, Status, TensorMode
@@ -147,7 +149,18 @@ def test_the_sweep_environment_states_a_training_step(monkeypatch, tmp_path):
     outcome, _, _ = run(monkeypatch, [ref("a")], training, outcomes, tmp_path)
     env = outcome.report.environment
     assert (env.train, env.optimizer) == (True, "adamw")
-    assert outcome.report.settings["train"] is True
+    assert outcome.report.settings["train"] is True and env.mode is TensorMode.EAGER
+
+
+@needs_replay
+def test_a_fake_training_sweep_says_its_steps_were_replayed(monkeypatch, tmp_path):
+    """How a predicted training sweep was made is in its environment: traced and replayed
+    steps; a fake inference sweep says fake (the control)."""
+    outcomes = {"a": lambda job: as_mode(row("a"), job)}
+    for train, mode in ((True, TensorMode.REPLAYED), (False, TensorMode.FAKE)):
+        settings = replace(FAKE, audit=replace(FAKE.audit, train=train), confirm=False)
+        outcome, _, _ = run(monkeypatch, [ref("a")], settings, outcomes, tmp_path / str(train))
+        assert outcome.report.environment.mode is mode
 
 
 def test_confirm_reruns_clean_fake_rows_whose_findings_include_a_divergent_op(monkeypatch):

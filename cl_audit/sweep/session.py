@@ -22,8 +22,9 @@ from cl_audit.assemble import environment_of
 from cl_audit.divergences import HIDDEN_TRAINING_COPIES, DivergenceTable, divergence_table
 from cl_audit.enums import Mode, ModelSource, Status, TensorMode
 from cl_audit.errors import UsageError
+from cl_audit.plan import plan_run
 from cl_audit.report import AppliedOverride, ModelRow, SweepReport
-from cl_audit.report.sections import Conditions, Training
+from cl_audit.report.sections import Training
 from cl_audit.sources import ModelRef, library
 from cl_audit.sweep.cache import SweepCache
 from cl_audit.sweep.plan import known_parameters
@@ -141,13 +142,8 @@ def run_sweep(
         if cache is not None:
             cache.prune()
     audit = replace(settings.audit, tensor_mode=TensorMode.EAGER) if direct else settings.audit
-    conditions = Conditions(
-        engine=audit.engine,
-        mode=audit.tensor_mode,
-        device=audit.device,
-        dtype=audit.dtype.value,
-        autocast=audit.autocast_description,
-    )
+    plan = plan_run(audit)  # its tensors name the mode: eager, fake, or replayed (training)
+    conditions = plan.conditions(audit.device, audit.dtype.value)
     if audit.predicted:
         conditions = replace(
             conditions,
