@@ -7,9 +7,10 @@ Two kinds of knowledge, both keyed by the torch version they hold for:
   about losing channels_last. A sweep's ``--confirm`` re-runs eagerly the clean fake rows whose
   findings include one of them. A torch version with no table of its own gets the union of the
   tables measured for the device, and says so.
-- kernel-source overrides for CUDA (``CUDA_KERNEL_OVERRIDES``): where the CUDA kernel returns
-  another layout than the fake (meta) implementation, read from the kernel's source because no
-  GPU measured it. Fake CUDA runs apply them to the operation's output, so the rest of the model
+- kernel-source overrides for CUDA (``CUDA_KERNEL_OVERRIDES``, and the cuDNN layouts of the
+  convolution and batch-norm gradients, ``CONV_BACKWARD_SOURCE`` and
+  ``BATCH_NORM_BACKWARD_SOURCE``): where the CUDA kernel returns another layout than the fake
+  (meta) implementation, read from the kernel's source because no GPU measured it. Fake CUDA runs apply them to the operation's output, so the rest of the model
   sees what CUDA would hand it; a report lists each override that fired ("predicted from kernel
   source").
 """

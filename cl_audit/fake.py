@@ -57,8 +57,10 @@ def fake_state(
 
 class KernelSourceMode(TorchDispatchMode):
     """Below the audit, above the fake mode: gives an overridden operation's output the layout
-    its kernel's source says (contiguous) when its first input is channels_last, so the audit
-    and the rest of the model see what the real kernel would return. ``applied`` counts them."""
+    its kernel's source says, so the audit and the rest of the model see what the real kernel
+    would return: contiguous for a ``KernelOverride`` whose first input is channels_last; as
+    cuDNN lays out a convolution's gradients (where this torch's meta function does not) and
+    a training batch norm's input gradient. ``applied`` counts them."""
 
     def __init__(
         self,
