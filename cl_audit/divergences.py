@@ -10,9 +10,9 @@ Two kinds of knowledge, both keyed by the torch version they hold for:
 - kernel-source overrides for CUDA (``CUDA_KERNEL_OVERRIDES``, and the cuDNN layouts of the
   convolution and batch-norm gradients, ``CONV_BACKWARD_SOURCE`` and
   ``BATCH_NORM_BACKWARD_SOURCE``): where the CUDA kernel returns another layout than the fake
-  (meta) implementation, read from the kernel's source because no GPU measured it. Fake CUDA runs apply them to the operation's output, so the rest of the model
-  sees what CUDA would hand it; a report lists each override that fired ("predicted from kernel
-  source").
+  (meta) implementation, read from the kernel's source because no GPU measured it. Fake CUDA
+  runs apply them to the operation's output, so the rest of the model sees what CUDA would
+  hand it; a report lists each override that fired ("predicted from kernel source").
 """
 
 from __future__ import annotations
