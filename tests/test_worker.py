@@ -106,3 +106,12 @@ def test_run_jobs_forks_checkpoints_and_turns_a_crash_into_a_row(tmp_path):
 @pytest.mark.parametrize(("text", "megabytes"), [("2GB", 2048), ("512MB", 512), ("1.5G", 1536)])
 def test_memory_sizes_parse(text, megabytes):
     assert parse_memory(text) == megabytes
+
+
+def test_a_peak_over_the_memory_cap_never_reads_as_at_it():
+    """Peaks are kept to 0.1 MB rounded up: 600.04 MB over a 600 MB cap is 600.1 (rounded, it
+    read 600.0 and a memory-blowup row looked under its cap); exact tenths stay as they are."""
+    from cl_audit.sweep.runner import _peak
+
+    assert _peak(600.04) == 600.1 and _peak(600.04) > 600
+    assert (_peak(12.3), _peak(600.0), _peak(0.0)) == (12.3, 600.0, None)

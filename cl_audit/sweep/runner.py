@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import faulthandler
 import json
+import math
 import multiprocessing
 import os
 import signal
@@ -77,6 +78,12 @@ class Checkpoint:
             raise UsageError(f"checkpoint {self.path}: {e.strerror}") from None
 
 
+def _peak(mb: float) -> float | None:
+    """A peak for a row, to 0.1 MB rounded up: a worker stopped just over the cap never reads
+    as at it (600.04 MB is 600.1, not 600.0); None where nothing was sampled."""
+    return math.ceil(round(mb * 10, 6)) / 10 or None
+
+
 def private_memory_mb(pid: int) -> float | None:
     """Resident memory the process does not share with others, or None if unreadable."""
     try:
@@ -137,7 +144,7 @@ def _signal_name(exitcode: int | None) -> str:
 
 
 def _failed_row(run: _Running, status: Status, message: str, elapsed: float) -> ModelRow:
-    peak = round(run.peak_mb, 1) or None
+    peak = _peak(run.peak_mb)
     return failed_row(run.job, status, message, run.stage, round(elapsed, 3), peak)
 
 
@@ -184,7 +191,7 @@ def run_jobs(
         _stop(job)
         running.remove(job)
         # The peak is the one figure only the parent measures; the worker leaves it empty.
-        row = replace(row, peak_memory_mb=round(job.peak_mb, 1) or None)
+        row = replace(row, peak_memory_mb=_peak(job.peak_mb))
         checkpoint.append(row)
         on_finish(row, frozenset(job.files))
 
