@@ -7,12 +7,12 @@ Two kinds of knowledge, both keyed by the torch version they hold for:
   about losing channels_last. A sweep's ``--confirm`` re-runs eagerly the clean fake rows whose
   findings include one of them. A torch version with no table of its own gets the union of the
   tables measured for the device, and says so.
-- kernel-source overrides for CUDA (``CUDA_KERNEL_OVERRIDES``, and the cuDNN layouts of the
-  convolution and batch-norm gradients, ``CONV_BACKWARD_SOURCE`` and
-  ``BATCH_NORM_BACKWARD_SOURCE``): where the CUDA kernel returns another layout than the fake
-  (meta) implementation, read from the kernel's source because no GPU measured it. Fake CUDA
-  runs apply them to the operation's output, so the rest of the model sees what CUDA would
-  hand it; a report lists each override that fired ("predicted from kernel source").
+- kernel-source overrides for CUDA (``CUDA_KERNEL_OVERRIDES``, and the cuDNN layout of a
+  training batch norm's input gradient, ``BATCH_NORM_BACKWARD_SOURCE``): where the CUDA
+  kernel returns another layout than the fake (meta) implementation, read from the kernel's
+  source because no GPU measured it. Fake CUDA runs apply them to the operation's output, so
+  the rest of the model sees what CUDA would hand it; a report lists each override that fired
+  ("predicted from kernel source").
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ from cl_audit.compat import TORCH_VERSION, torch_version
 
 __all__ = [
     "BATCH_NORM_BACKWARD_SOURCE",
-    "CONV_BACKWARD_SOURCE",
     "CUDA_KERNEL_OVERRIDES",
     "HIDDEN_TRAINING_COPIES",
     "DivergenceTable",
@@ -127,16 +126,6 @@ _GROUP_NORM_SOURCE = (
 CUDA_KERNEL_OVERRIDES: tuple[KernelOverride, ...] = (
     KernelOverride("aten.native_group_norm", 0, (2, 4), (2, 14), _GROUP_NORM_SOURCE),
     KernelOverride("aten.native_group_norm_backward", 0, (2, 4), (2, 14), _GROUP_NORM_SOURCE),
-)
-
-# Where this torch's convolution_backward meta function gives NCHW gradients for channels_last
-# data (a probe decides: ``compat.conv_backward_meta_is_nchw``), fake CUDA runs lay the input
-# and weight gradients out as cuDNN does instead.
-CONV_BACKWARD_SOURCE = (
-    "pytorch#171622: the convolution_backward meta function made NCHW gradients whatever the "
-    "layout (fixed by PR 171623); CUDA picks the layout of both gradients from the input and "
-    "weight, channels_last when either is (cudnn_conv_suggest_memory_format, "
-    "aten/src/ATen/native/ConvUtils.h; float64 stays NCHW)"
 )
 
 # A training batch norm on CUDA runs cuDNN's kernels wherever cuDNN takes it (affine, not

@@ -19,12 +19,10 @@ from cl_audit.compat import (
     TORCH_VERSION,
     FakeTensorMode,
     TorchDispatchMode,
-    conv_backward_meta_is_nchw,
     fake_tensor,
 )
 from cl_audit.divergences import (
     BATCH_NORM_BACKWARD_SOURCE,
-    CONV_BACKWARD_SOURCE,
     CUDA_KERNEL_OVERRIDES,
     KernelOverride,
 )
@@ -59,20 +57,16 @@ class KernelSourceMode(TorchDispatchMode):
     """Below the audit, above the fake mode: gives an overridden operation's output the layout
     its kernel's source says, so the audit and the rest of the model see what the real kernel
     would return: contiguous for a ``KernelOverride`` whose first input is channels_last; as
-    cuDNN lays out a convolution's gradients (where this torch's meta function does not) and
-    a training batch norm's input gradient. ``applied`` counts them."""
+    cuDNN lays out a training batch norm's input gradient. ``applied`` counts them."""
 
     def __init__(
         self,
         overrides: tuple[KernelOverride, ...],
-        cudnn_conv_backward: bool = False,
         cudnn_batch_norm: bool = False,
     ) -> None:
         super().__init__()
         self._overrides = {o.op: o for o in overrides}
         self._sources = {o.op: o.source for o in overrides}
-        if cudnn_conv_backward:  # this torch's meta function is NCHW (pytorch#171622)
-            self._sources[_CONV_BACKWARD] = CONV_BACKWARD_SOURCE
         if cudnn_batch_norm:
             self._sources[_BATCH_NORM_BACKWARD] = BATCH_NORM_BACKWARD_SOURCE
             self._sources[_CUDNN_BATCH_NORM_BACKWARD] = BATCH_NORM_BACKWARD_SOURCE
@@ -84,7 +78,7 @@ class KernelSourceMode(TorchDispatchMode):
         if device.type != "cuda":
             return cls(())
         holding = tuple(o for o in CUDA_KERNEL_OVERRIDES if o.holds(TORCH_VERSION))
-        return cls(holding, cudnn_conv_backward=conv_backward_meta_is_nchw(), cudnn_batch_norm=True)
+        return cls(holding, cudnn_batch_norm=True)
 
     def applied_overrides(self) -> tuple[AppliedOverride, ...]:
         """The overrides that changed an operation's output, with how many times."""
@@ -97,8 +91,6 @@ class KernelSourceMode(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         result = func(*args, **(kwargs or {}))
         name = aten_op_name(func)
-        if name == _CONV_BACKWARD and name in self._sources:
-            return self._cudnn_gradients(args, result)
         if name in (_BATCH_NORM_BACKWARD, _CUDNN_BATCH_NORM_BACKWARD) and name in self._sources:
             return self._cudnn_batch_norm_gradient(name, args, result)
         override = self._overrides.get(name)
@@ -111,23 +103,6 @@ class KernelSourceMode(TorchDispatchMode):
             return result.contiguous()
         outputs = list(result)
         outputs[override.output] = outputs[override.output].contiguous()
-        return type(result)(outputs)
-
-    def _cudnn_gradients(self, args: Any, result: Any) -> Any:
-        """The input and weight gradients laid out as cuDNN lays them (``CONV_BACKWARD_SOURCE``):
-        channels_last when the input or the weight is, float64 aside."""
-        _, data, weight = args[:3]
-        formats = {4: torch.channels_last, 5: torch.channels_last_3d}
-        fmt = formats.get(weight.dim())
-        if fmt is None or torch.float64 in (data.dtype, weight.dtype):
-            return result
-        if not (data.is_contiguous(memory_format=fmt) or weight.is_contiguous(memory_format=fmt)):
-            return result
-        outputs = list(result)
-        for i in (0, 1):
-            if outputs[i] is not None and not outputs[i].is_contiguous(memory_format=fmt):
-                outputs[i] = outputs[i].contiguous(memory_format=fmt)
-                self.applied[_CONV_BACKWARD] += 1
         return type(result)(outputs)
 
     def _cudnn_batch_norm_gradient(self, name: str, args: Any, result: Any) -> Any:
@@ -155,6 +130,5 @@ class KernelSourceMode(TorchDispatchMode):
         return (grad_input.contiguous(memory_format=fmt), *result[1:])
 
 
-_CONV_BACKWARD = "aten.convolution_backward"
 _BATCH_NORM_BACKWARD = "aten.native_batch_norm_backward"
 _CUDNN_BATCH_NORM_BACKWARD = "aten.cudnn_batch_norm_backward"

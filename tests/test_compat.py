@@ -207,51 +207,47 @@ def test_fake_cpu_applies_no_cuda_kernel_source():
     assert report.environment.kernel_overrides == ()
 
 
-def test_an_nchw_convolution_backward_meta_is_corrected_to_cudnns_layout():
-    """pytorch#171622: where a torch's meta function gives NCHW gradients for channels_last
-    data, fake CUDA lays both out as cuDNN does (channels_last when input or weight is); NCHW
-    data and float64 are left as they are (the controls)."""
-    from cl_audit.fake import KernelSourceMode
-
-    mode = KernelSourceMode((), cudnn_conv_backward=True)
+def test_fake_convolution_gradients_keep_channels_last_whatever_the_meta_function_says():
+    """pytorch#171622 (the meta function's NCHW convolution gradients, torch 2.4.1) does not
+    reach fake runs: fake tensors lay the gradients out by the device's convolution backend,
+    channels_last for channels_last data as the real kernel; NCHW data stays NCHW (control)."""
     cl = torch.channels_last
-    weight = torch.empty(8, 4, 3, 3)
-    nchw_gradients = (torch.empty(2, 4, 6, 6), torch.empty(8, 4, 3, 3), None)
-    for data, w in (
-        (torch.empty(2, 4, 6, 6).to(memory_format=cl), weight),
-        (torch.empty(2, 4, 6, 6), weight.to(memory_format=cl)),
+    fake, cpu = compat.new_fake_mode(), torch.device("cpu")
+
+    def gradients(data: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        args = (data, data, weight, None, [1], [1], [1], False, [0], 1, [True, True, False])
+        return torch.ops.aten.convolution_backward.default(*args)[:2]
+
+    for fmt, expected in ((cl, True), (torch.contiguous_format, False)):
+        data = torch.randn(2, 4, 5, 5).to(memory_format=fmt)
+        weight = torch.randn(4, 4, 3, 3).to(memory_format=fmt)
+        real = gradients(data, weight)
+        data_f, weight_f = (compat.fake_tensor(fake, t, cpu) for t in (data, weight))
+        with fake:
+            predicted = gradients(data_f, weight_f)
+        for r, p in zip(real, predicted, strict=True):
+            assert p.is_contiguous(memory_format=cl) is expected
+            assert p.stride() == r.stride()
+
+
+@needs_fake_cuda
+def test_fake_cuda_convolution_gradients_are_laid_out_as_cudnn_lays_them():
+    """On fake CUDA the gradients follow cuDNN's choice: channels_last when the data or the
+    weight is; NCHW when neither is (control)."""
+    cl, cuda = torch.channels_last, torch.device("cuda")
+    fake = compat.new_fake_mode()
+    for data_fmt, weight_fmt, expected in (
+        (cl, torch.contiguous_format, True),
+        (torch.contiguous_format, cl, True),
+        (torch.contiguous_format, torch.contiguous_format, False),
     ):
-        grad_input, grad_weight, _ = mode._cudnn_gradients((None, data, w), nchw_gradients)
-        assert grad_input.is_contiguous(memory_format=cl)
-        assert grad_weight.is_contiguous(memory_format=cl)
-    (applied,) = mode.applied_overrides()
-    assert applied.op == "aten.convolution_backward" and applied.applied == 4
-    assert "pytorch#171622" in applied.source
-    for data, w in (
-        (torch.empty(2, 4, 6, 6), weight),
-        (torch.empty(2, 4, 6, 6, dtype=torch.float64).to(memory_format=cl), weight.double()),
-    ):
-        assert mode._cudnn_gradients((None, data, w), nchw_gradients) == nchw_gradients
-
-
-def test_the_convolution_backward_correction_is_applied_exactly_where_the_meta_is_nchw():
-    """The probe reads this torch's meta function: torch 2.14.1 and later keep channels_last
-    (PR 171623), so no correction; a fake CUDA run applies it only where the probe says so."""
-    from cl_audit.fake import KernelSourceMode
-
-    x = torch.empty(2, 4, 5, 5, device="meta").to(memory_format=torch.channels_last)
-    w = torch.empty(4, 4, 3, 3, device="meta").to(memory_format=torch.channels_last)
-    grad_input = torch.ops.aten.convolution_backward.default(
-        x, x, w, None, [1], [1], [1], False, [0], 1, [True, True, False]
-    )[0]
-    nchw = not grad_input.is_contiguous(memory_format=torch.channels_last)
-    assert compat.conv_backward_meta_is_nchw() is nchw
-    if TORCH_VERSION >= (2, 14):
-        assert not nchw
-    corrected = (
-        "aten.convolution_backward" in KernelSourceMode.for_device(torch.device("cuda"))._sources
-    )
-    assert corrected is nchw
+        data = compat.fake_tensor(fake, torch.randn(2, 4, 5, 5).to(memory_format=data_fmt), cuda)
+        w = compat.fake_tensor(fake, torch.randn(4, 4, 3, 3).to(memory_format=weight_fmt), cuda)
+        with fake:
+            grads = torch.ops.aten.convolution_backward.default(
+                data, data, w, None, [1], [1], [1], False, [0], 1, [True, True, False]
+            )[:2]
+        assert [g.is_contiguous(memory_format=cl) for g in grads] == [expected, expected]
 
 
 def _batch_norm_backward(data: torch.Tensor, grad: torch.Tensor, weight: torch.Tensor | None):
@@ -286,18 +282,14 @@ def test_a_cuda_training_batch_norm_backward_lays_its_gradient_out_as_cudnn_does
     assert (applied.op, applied.applied) == ("aten.native_batch_norm_backward", 1)
     assert "cudnn_batch_norm_backward" in applied.source
     # a forward traced under CUDA's autocast runs cuDNN's batch norm itself: the same layout
-    stats = [torch.ones(4)] * 2
     fake, cpu = compat.new_fake_mode(), torch.device("cpu")
     data_f, grad_f, w = (compat.fake_tensor(fake, t, cpu) for t in (data, nchw_grad, torch.ones(4)))
+    stats = [compat.fake_tensor(fake, torch.ones(4), cpu) for _ in range(4)]
+    reserve = compat.fake_tensor(fake, torch.empty(0, dtype=torch.uint8), cpu)
     mode = KernelSourceMode.for_device(torch.device("cuda"))
-    with fake, mode:
+    with fake, mode:  # fake tensors made before the mode: torch 2.4.1 cannot make them inside
         cudnn = torch.ops.aten.cudnn_batch_norm_backward.default(
-            data_f,
-            grad_f,
-            w,
-            *(compat.fake_tensor(fake, t, cpu) for t in stats * 2),
-            1e-5,
-            compat.fake_tensor(fake, torch.empty(0, dtype=torch.uint8), cpu),
+            data_f, grad_f, w, *stats, 1e-5, reserve
         )[0]
     assert cudnn.is_contiguous(memory_format=cl)
     assert [a.op for a in mode.applied_overrides()] == ["aten.cudnn_batch_norm_backward"]

@@ -33,7 +33,6 @@ __all__ = [
     "TorchDispatchMode",
     "amp_unscale_",
     "amp_update_scale_",
-    "conv_backward_meta_is_nchw",
     "current_autograd_node",
     "fake_cuda_problem",
     "fake_tensor",
@@ -198,23 +197,6 @@ _is_fake: Callable[[object], bool] = getattr(
 
 def is_fake(tensor: object) -> bool:
     return _is_fake(tensor)
-
-
-@functools.cache
-def conv_backward_meta_is_nchw() -> bool:
-    """Whether this torch's convolution_backward meta function returns NCHW gradients for
-    channels_last input and weight (pytorch#171622; torch before PR 171623): a probe on fake
-    tensors, whose meta function is the same for every device."""
-    mode = new_fake_mode()
-    cl = torch.channels_last
-    cpu = torch.device("cpu")
-    x = fake_tensor(mode, torch.empty(2, 4, 5, 5, device="meta").to(memory_format=cl), cpu)
-    w = fake_tensor(mode, torch.empty(4, 4, 3, 3, device="meta").to(memory_format=cl), cpu)
-    with mode:
-        grad = torch.ops.aten.convolution_backward.default(
-            x, x, w, None, [1], [1], [1], False, [0], 1, [True, True, False]
-        )
-    return not grad[0].is_contiguous(memory_format=cl)
 
 
 _DEVICE_ERRORS = tuple(
