@@ -183,6 +183,16 @@ def test_plugin_refuses_update_without_a_baseline(tmp_path):
     )
 
 
+def test_pytest_help_lists_the_plugin_options(tmp_path):
+    """pytest --help formats every option's help with %: a bare "1%" in a help text crashed it
+    wherever cl-audit is installed."""
+    result = _pytest(tmp_path, "--help")
+    assert result.returncode == 0, result.stderr
+    assert "1% of the bytes written" in result.stdout
+    for option in ("--cl-audit-baseline", "--cl-audit-strict", "--cl-audit-update"):
+        assert option in result.stdout
+
+
 # --- fastai -------------------------------------------------------------------------------
 
 
