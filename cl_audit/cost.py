@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from cl_audit.enums import CostKind, Evidence
 from cl_audit.intercept.ledger import Ledger, Place
-from cl_audit.remedies import remedy_for
+from cl_audit.remedies import SiteContext, remedy_for
 from cl_audit.report.cost import Cost, CostSite, Gate, MixedSite
 
 __all__ = ["compare_ledgers"]
@@ -18,7 +18,14 @@ def _kind(place: Place) -> CostKind:
     return CostKind.KERNEL if in_kernel else CostKind.COPY
 
 
-def _site(place: Place, cl: list[int], nchw: list[int], channels_last: Ledger) -> CostSite:
+def _site(
+    place: Place,
+    cl: list[int],
+    nchw: list[int],
+    channels_last: Ledger,
+    device: str,
+    costing: dict[str | None, set[tuple[CostKind, str]]],
+) -> CostSite:
     phase, _, _, module_path, module_class, call_site, python_op, aten_op = place
     kind = _kind(place)
     causes = channels_last.causes.get(place)
@@ -26,6 +33,9 @@ def _site(place: Place, cl: list[int], nchw: list[int], channels_last: Ledger) -
     if fix is not None and (fix.call_site, fix.module_path) == (call_site, module_path):
         fix = None  # the site made its own NCHW-ordered data
     fix_ops = () if fix is None else (fix.python_op, fix.aten_op)
+    context = SiteContext(device, frozenset(costing.get(module_path, ())))
+    costs = cl[1] > nchw[1]  # a remedy only where channels_last costs bytes
+    remedy = remedy_for(kind, (python_op, aten_op), fix_ops, context) if costs else None
     return CostSite(
         kind=kind,
         phase=phase,
@@ -39,21 +49,36 @@ def _site(place: Place, cl: list[int], nchw: list[int], channels_last: Ledger) -
         channels_last_count=cl[0],
         nchw_count=nchw[0],
         fix_site=fix,
-        remedy=remedy_for(kind, (python_op, aten_op), fix_ops),
+        remedy=remedy,
     )
 
 
 def compare_ledgers(
-    channels_last: Ledger, nchw: Ledger, gate: Gate, time_share: float | None = None
+    channels_last: Ledger,
+    nchw: Ledger,
+    gate: Gate,
+    device: str,
+    time_share: float | None = None,
 ) -> Cost:
     """Each place where the runs copied different bytes is a site; one conversion is counted
-    once, at the place it happened. ``time_share``: the losses' share of a timed step."""
+    once, at the place it happened. ``device``: the run's device type (remedies hold per
+    device); ``time_share``: the losses' share of a timed step."""
     none = [0, 0]
-    sites = []
-    for place in dict.fromkeys([*channels_last.copies, *nchw.copies]):
-        cl, ref = channels_last.copies.get(place, none), nchw.copies.get(place, none)
-        if cl[1] != ref[1]:
-            sites.append(_site(place, cl, ref, channels_last))
+    places = [
+        (place, channels_last.copies.get(place, none), nchw.copies.get(place, none))
+        for place in dict.fromkeys([*channels_last.copies, *nchw.copies])
+    ]
+    costing: dict[str | None, set[tuple[CostKind, str]]] = {}
+    for place, cl, ref in places:
+        if cl[1] > ref[1]:
+            costing.setdefault(place[3], set()).update(
+                (_kind(place), op) for op in place[6:8] if op is not None
+            )
+    sites = [
+        _site(place, cl, ref, channels_last, device, costing)
+        for place, cl, ref in places
+        if cl[1] != ref[1]
+    ]
     sites.sort(key=lambda s: (-s.extra, -s.saved, s.op))
     extra = sum(s.extra for s in sites)
     mixed = tuple(

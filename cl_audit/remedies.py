@@ -1,8 +1,12 @@
 """Known remedies, keyed by operation and pattern, each with the source that documents it.
 
 A site gets a remedy when its own operation, or the operation that produced the NCHW-ordered
-data it converts (its fix site), matches an entry; nothing else is guessed: an unknown pattern
-has no remedy, and the reports say so.
+data it converts (its fix site), matches an entry, on the device the entry holds for, and
+channels_last costs bytes there (a site where it saves gets none). An entry that names a
+``together`` matches only where the same module has a costing site of that kind in each of its
+groups of operations (weight standardisation: the weight's reshape and the convolution that
+converts it back). Nothing else is guessed: an unknown pattern has no remedy, and the reports
+say so.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from dataclasses import dataclass
 from cl_audit.enums import CostKind
 from cl_audit.report.cost import Remedy
 
-__all__ = ["REMEDIES", "remedy_for"]
+__all__ = ["REMEDIES", "SiteContext", "remedy_for"]
 
 
 @dataclass(frozen=True)
@@ -21,17 +25,37 @@ class _Entry:
     kinds: frozenset[CostKind]
     remedy: Remedy
     prefix: bool = False  # ops are name prefixes (autograd nodes: ``MeanBackward0``, ``1``)
+    devices: frozenset[str] = frozenset({"cpu", "cuda"})  # torch device types
+    together: tuple[frozenset[str], ...] = ()  # op groups the module must each cost at
 
 
 def _entry(
-    ops: str, kinds: str, pattern: str, advice: str, reference: str, prefix: bool = False
+    ops: str,
+    kinds: str,
+    pattern: str,
+    advice: str,
+    reference: str,
+    prefix: bool = False,
+    devices: str = "cpu cuda",
+    together: tuple[str, ...] = (),
 ) -> _Entry:
     return _Entry(
         frozenset(ops.split()),
         frozenset(CostKind(k) for k in kinds.split()),
         Remedy(pattern, advice, reference),
         prefix,
+        frozenset(devices.split()),
+        tuple(frozenset(group.split()) for group in together),
     )
+
+
+@dataclass(frozen=True)
+class SiteContext:
+    """What an entry may ask of a site beyond its operation: the device of the run and, per
+    cost kind, the operations costing channels_last bytes in the site's module."""
+
+    device: str
+    module_ops: frozenset[tuple[CostKind, str]] = frozenset()
 
 
 REMEDIES: tuple[_Entry, ...] = (
@@ -39,10 +63,12 @@ REMEDIES: tuple[_Entry, ...] = (
         "torch.flatten Tensor.flatten torch.reshape Tensor.reshape Tensor.view",
         "copy",
         "flatten or reshape of a channels_last map",
-        "reshape in memory order: for NHWC data x.permute(0, 2, 3, 1).reshape(...) is a view "
-        "(tokens, windows); before a classifier pool first, or flatten(1) the permuted map "
-        "(it reorders features: only for new or adapted weights)",
-        "timm#1171; strides: a reshape of NHWC data to C*H*W order must copy",
+        "reshape in memory order: for NHWC data x.permute(0, 2, 3, 1).flatten(1, 2) gives "
+        "(B, H*W, C) tokens as a view; a patch or window partition copies in either layout; "
+        "before a classifier pool first, or flatten(1) the permuted map (it reorders "
+        "features: only for new or adapted weights)",
+        "strides: a view needs the dimensions it merges to be adjacent in memory, so NHWC "
+        "data reshaped to C*H*W order must copy (torch.Tensor.view)",
     ),
     _entry(
         "Tensor.contiguous",
@@ -57,9 +83,14 @@ REMEDIES: tuple[_Entry, ...] = (
         "parameter",
         "a channels_last weight reshaped or standardised every forward (weight "
         "standardisation) and converted back by the convolution",
-        "keep these weights NCHW (convert the other convolutions only), or standardise in "
-        "NHWC order",
+        "standardise in NHWC order (the per-output-channel statistics over the permuted "
+        "weight, no reshape to (1, out, -1)); keeping these weights NCHW leaves one of the "
+        "two copies",
         "timm/layers/std_conv.py",
+        together=(
+            "torch.batch_norm Tensor.reshape torch.reshape Tensor.view",
+            "torch.conv2d aten.convolution",
+        ),
     ),
     _entry(
         "MeanBackward",
@@ -80,6 +111,7 @@ REMEDIES: tuple[_Entry, ...] = (
         "measured with the profiler (scripts/ground_truth.py), torch 2.14.1 on the CPU: "
         "reports/README.md",
         prefix=True,
+        devices="cpu",
     ),
     _entry(
         "SliceBackward",
@@ -97,36 +129,45 @@ REMEDIES: tuple[_Entry, ...] = (
         "keep the GroupNorm blocks NCHW on CUDA, or use torch 2.15, whose GroupNorm kernels "
         "keep channels_last",
         "aten/src/ATen/native/group_norm.cpp; pytorch#111824; PR 191945",
+        devices="cuda",
     ),
     _entry(
         "aten.reflection_pad2d aten.replication_pad2d",
         "kernel copy",
         "reflect or replicate F.pad on CUDA returns contiguous",
-        "a constant pad, or fold the padding into the convolution",
-        "pytorch#179442; PR 179837",
+        "no layout-keeping equivalent on CUDA (padding_mode='reflect' in the convolution calls "
+        "F.pad too); a zero pad keeps channels_last but changes the model's numbers: only for "
+        "new or retrained weights",
+        "channels_last padding kernels are CPU-only: PR 99608 (CPU kernels), PR 179366 (meta "
+        "keeps channels_last for CPU only); pytorch#96738",
+        devices="cuda",
     ),
 )
 
 
-def _matches(entry: _Entry, op: str | None, kind: CostKind) -> bool:
-    if op is None or kind not in entry.kinds:
+def _matches(entry: _Entry, op: str | None, kind: CostKind, context: SiteContext) -> bool:
+    if op is None or kind not in entry.kinds or context.device not in entry.devices:
         return False
-    if entry.prefix:
-        return any(op.startswith(prefix) for prefix in entry.ops)
-    return op in entry.ops
+    named = any(op.startswith(p) for p in entry.ops) if entry.prefix else op in entry.ops
+    return named and all(
+        any((kind, o) in context.module_ops for o in group) for group in entry.together
+    )
 
 
 def remedy_for(
-    kind: CostKind, ops: tuple[str | None, ...], fix_ops: tuple[str | None, ...]
+    kind: CostKind,
+    ops: tuple[str | None, ...],
+    fix_ops: tuple[str | None, ...],
+    context: SiteContext,
 ) -> Remedy | None:
-    """The remedy for a site of ``kind`` whose operation goes by ``ops`` (Python name, aten
-    name), or else for its fix site, whose operation goes by ``fix_ops`` (a copy, or for a
-    parameter site a parameter conversion)."""
+    """The remedy for a costing site of ``kind`` whose operation goes by ``ops`` (Python name,
+    aten name), or else for its fix site, whose operation goes by ``fix_ops`` (a copy, or for
+    a parameter site a parameter conversion)."""
     fix_kind = CostKind.PARAMETER if kind is CostKind.PARAMETER else CostKind.COPY
     for entry in REMEDIES:
-        if any(_matches(entry, op, kind) for op in ops):
+        if any(_matches(entry, op, kind, context) for op in ops):
             return entry.remedy
     for entry in REMEDIES:
-        if any(_matches(entry, op, fix_kind) for op in fix_ops):
+        if any(_matches(entry, op, fix_kind, context) for op in fix_ops):
             return entry.remedy
     return None

@@ -80,6 +80,33 @@ class Plain(nn.Module):
         return self.conv(x)
 
 
+class PermutedCopy(nn.Module):
+    """``permute(0, 2, 3, 1).contiguous()`` of a map: NCHW copies, channels_last is already in
+    that order (a site where channels_last saves bytes: it gets no remedy)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(x).permute(0, 2, 3, 1).contiguous()
+
+
+class PositionTokens(nn.Module):
+    """A 4-D position embedding laid out (1, rows, columns, dim) as naflexvit's ``pos_embed``,
+    made channels_last with the model and reshaped to tokens: a parameter copy with no
+    convolution and no standardisation; the weight-standardisation remedy does not fit it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 8, stride=8)
+        self.pos = nn.Parameter(torch.randn(1, 4, 4, 8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        tokens = self.conv(x).permute(0, 2, 3, 1).flatten(1, 2)
+        return tokens + self.pos.reshape(1, 16, 8)
+
+
 class MeanHead(nn.Module):
     """A global pool by ``mean((2, 3))``: in training its backward expands an NCHW gradient,
     a small cost."""

@@ -72,6 +72,40 @@ def test_weight_standardisation_reports_its_cost_as_parameter_conversions_with_a
     assert report.verdict is Verdict.OFFENDING
 
 
+def test_a_parameter_copy_without_standardisation_gets_no_standardisation_remedy():
+    """The weight-standardisation remedy needs its pattern in the data: a costing weight
+    reshape and the costing convolution in one module (the control above has both)."""
+    report = _audit(cm.PositionTokens())
+    (site,) = [s for s in _extra_sites(report) if s.kind is CostKind.PARAMETER]
+    assert (site.op, site.extra) == ("Tensor.reshape", 8 * 16 * 4)
+    assert site.remedy is None
+
+
+def test_a_site_where_channels_last_saves_bytes_gets_no_remedy():
+    report = _audit(cm.PermutedCopy())
+    (site,) = report.cost.sites
+    assert (site.op, site.extra, site.saved) == ("Tensor.contiguous", 0, MAP)
+    assert site.remedy is None
+    (control,) = [s for s in _extra_sites(_audit(cm.ContiguousCopy())) if s.kind is CostKind.COPY]
+    assert control.op == "Tensor.contiguous" and control.remedy is not None
+
+
+def test_device_specific_remedies_hold_on_their_device_only():
+    """GroupNorm's and the reflect pad's remedies are CUDA's; the CPU convolution backward's
+    is the CPU's."""
+    from cl_audit.remedies import SiteContext, remedy_for
+
+    cases = (
+        (CostKind.KERNEL, "aten.native_group_norm", "cuda"),
+        (CostKind.KERNEL, "aten.reflection_pad2d", "cuda"),
+        (CostKind.KERNEL, "ConvolutionBackward0", "cpu"),
+    )
+    for kind, op, device in cases:
+        other = "cpu" if device == "cuda" else "cuda"
+        assert remedy_for(kind, (op,), (), SiteContext(device)) is not None
+        assert remedy_for(kind, (op,), (), SiteContext(other)) is None
+
+
 def test_the_same_convolution_not_standardised_is_clean():
     report = _audit(cm.Plain(), channels=16)
     assert report.cost.extra_bytes == 0

@@ -77,5 +77,5 @@ def compare(
     if ledger is None or nchw is None:
         return Comparison(differential, offenders, neutral)
     time_share = None if audited.timing is None else audited.timing.share
-    cost = compare_ledgers(ledger, nchw, settings.gate, time_share)
+    cost = compare_ledgers(ledger, nchw, settings.gate, plan.device.type, time_share)
     return Comparison(differential, offenders, neutral, cost)
