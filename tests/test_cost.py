@@ -5,6 +5,7 @@ the tensors' sizes (float32)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import cost_models as cm
@@ -104,6 +105,18 @@ def test_device_specific_remedies_hold_on_their_device_only():
         other = "cpu" if device == "cuda" else "cuda"
         assert remedy_for(kind, (op,), (), SiteContext(device)) is not None
         assert remedy_for(kind, (op,), (), SiteContext(other)) is None
+
+
+def test_a_kernel_copy_of_a_strided_token_map_is_placed_at_its_call_site():
+    """The CPU softmax copies a strided 3-D input inside the kernel (the profiler measures
+    it): the site is the softmax's line, not an unlocated place (it had no call site)."""
+    report = _audit(cm.TokenSoftmax())
+    (site,) = _extra_sites(report)
+    assert (site.kind, site.aten_op, site.extra) == (CostKind.KERNEL, "aten._softmax", MAP)
+    assert site.call_site is not None and site.call_site.startswith("cost_models.py:")
+    assert report.cost.unlocated_bytes == 0 and site.where == site.call_site
+    unlocated = dataclasses.replace(site, module_path=None, module_class=None, call_site=None)
+    assert unlocated.where == "unlocated: measured inside aten._softmax, not placed"
 
 
 def test_the_same_convolution_not_standardised_is_clean():

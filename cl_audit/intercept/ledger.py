@@ -12,8 +12,8 @@ Copies are counted three ways, by strides and storage identity only:
   input to its channels_last output, a softmax writing its channels_last input contiguous), or
   a channels_last input when it returns no 4D/5D tensor (``im2col``); in an eager run the bytes
   are *measured* instead: the profiler's ``aten::copy_`` events inside each operation
-  (``add_measured``), placed at every such operation with a 4D/5D input, and elsewhere at an
-  unlocated place of the operation's name;
+  (``add_measured``), placed at every such operation with a 4D/5D input or a strided input
+  of another rank, and elsewhere at an unlocated place of the operation's name;
 - an elementwise operation reading 4D/5D inputs of both orders copies nothing (strided reads):
   it is listed apart as mixed.
 """
@@ -163,9 +163,12 @@ class Ledger:
         parameters = record.parameters
         converted = 0
         parameter = True
-        spatial_in = False
+        spatial_in = strided_in = False
         for tensor, key in zip(inputs, in_keys, strict=True):
-            if tensor.dim() not in SPATIAL_RANKS or not tensor.is_floating_point():
+            if not tensor.is_floating_point():
+                continue
+            if tensor.dim() not in SPATIAL_RANKS:
+                strided_in = strided_in or not tensor.is_contiguous()
                 continue
             spatial_in = True
             layout = layout_of(tensor)
@@ -176,10 +179,11 @@ class Ledger:
             ):
                 converted += nbytes([tensor])
                 parameter = parameter and key in parameters
-        # Measured, every such kernel with a 4D/5D input is placed whatever its strides, in
-        # both runs alike, so that their places align (convolution_backward copies inside on
-        # the CPU with every input channels_last).
-        if converted or (self.measured and spatial_in):
+        # Measured, every such kernel with a 4D/5D input, or a strided input of another rank,
+        # is placed whatever its strides, in both runs alike, so that their places align
+        # (convolution_backward copies inside on the CPU with every input channels_last; the
+        # CPU softmax makes a strided 3-D input contiguous first).
+        if converted or (self.measured and (spatial_in or strided_in)):
             place = self._place(record, parameter and bool(converted), True)
             if self.measured:
                 self._calls[call] = place

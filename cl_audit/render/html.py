@@ -271,7 +271,7 @@ def _cost_section(report: ModelReport) -> str:
     lines = cost_line(cost, report.environment.train).split("\n")
     rows = "".join(
         f'<tr><td><code class="op">{_e(site.op)}</code></td><td>{_e(site.kind.value)}, '
-        f'{_e(site.phase.value)}</td><td><code class="site">{_e(site.call_site or "?")}</code>'
+        f'{_e(site.phase.value)}</td><td><code class="site">{_e(site.where)}</code>'
         f"</td><td>{_e(site.module_path or '(root)')}</td>"
         f'<td class="num" data-value="{site.extra}">{format_bytes(site.extra)}</td>'
         f'<td class="num" data-value="{site.saved}">{format_bytes(site.saved)}</td>'

@@ -254,7 +254,7 @@ def cost_table(sites: tuple[CostSite, ...], top: int = 12) -> Table:
                 _where(first.module_path, first.module_class) + f" and {modules - 1} more",
                 1,
             )
-        cell = Group(CallSite(first.call_site or "?"), Text.from_markup(where, overflow="fold"))
+        cell = Group(CallSite(first.where), Text.from_markup(where, overflow="fold"))
         op = f"{first.op}\n[dim]{first.kind.value}, {first.phase.value}[/dim]"
         extra = sum(s.extra for s in group)
         table.add_row(op, cell, f"{format_bytes(extra)}\n{extra / total:.0%}")

@@ -91,6 +91,16 @@ class CostSite:
         """Bytes NCHW copies here that channels_last does not."""
         return max(0, self.nchw_bytes - self.channels_last_bytes)
 
+    @property
+    def where(self) -> str:
+        """The call site, or why there is none: copies the profiler measured inside an
+        operation the ledger had not placed, or an operation with no frame outside torch."""
+        if self.call_site is not None:
+            return self.call_site
+        if self.module_path is None:
+            return f"unlocated: measured inside {self.aten_op or self.op}, not placed"
+        return "no call site: no frame outside torch"
+
 
 @dataclass(frozen=True)
 class MixedSite:
