@@ -19,12 +19,7 @@ def _kind(place: Place) -> CostKind:
 
 
 def _site(
-    place: Place,
-    cl: list[int],
-    nchw: list[int],
-    channels_last: Ledger,
-    device: str,
-    costing: dict[str | None, set[tuple[CostKind, str]]],
+    place: Place, cl: list[int], nchw: list[int], channels_last: Ledger, context: SiteContext
 ) -> CostSite:
     phase, _, _, module_path, module_class, call_site, python_op, aten_op = place
     kind = _kind(place)
@@ -33,7 +28,6 @@ def _site(
     if fix is not None and (fix.call_site, fix.module_path) == (call_site, module_path):
         fix = None  # the site made its own NCHW-ordered data
     fix_ops = () if fix is None else (fix.python_op, fix.aten_op)
-    context = SiteContext(device, frozenset(costing.get(module_path, ())))
     costs = cl[1] > nchw[1]  # a remedy only where channels_last costs bytes
     remedy = remedy_for(kind, (python_op, aten_op), fix_ops, context) if costs else None
     return CostSite(
@@ -68,14 +62,16 @@ def compare_ledgers(
         (place, channels_last.copies.get(place, none), nchw.copies.get(place, none))
         for place in dict.fromkeys([*channels_last.copies, *nchw.copies])
     ]
-    costing: dict[str | None, set[tuple[CostKind, str]]] = {}
+    costing: dict[str | None, set[tuple[CostKind, str]]] = {}  # module -> costing (kind, op)
     for place, cl, ref in places:
         if cl[1] > ref[1]:
             costing.setdefault(place[3], set()).update(
                 (_kind(place), op) for op in place[6:8] if op is not None
             )
+    contexts = {module: SiteContext(device, frozenset(ops)) for module, ops in costing.items()}
+    plain = SiteContext(device)
     sites = [
-        _site(place, cl, ref, channels_last, device, costing)
+        _site(place, cl, ref, channels_last, contexts.get(place[3], plain))
         for place, cl, ref in places
         if cl[1] != ref[1]
     ]

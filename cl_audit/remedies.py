@@ -58,6 +58,10 @@ class SiteContext:
     module_ops: frozenset[tuple[CostKind, str]] = frozenset()
 
 
+# Weight standardisation: the weight's reshape or normalisation, and the convolution of it.
+_STANDARDISE = "torch.batch_norm Tensor.reshape torch.reshape Tensor.view"
+_CONVOLVE = "torch.conv2d aten.convolution"
+
 REMEDIES: tuple[_Entry, ...] = (
     _entry(
         "torch.flatten Tensor.flatten torch.reshape Tensor.reshape Tensor.view",
@@ -79,7 +83,7 @@ REMEDIES: tuple[_Entry, ...] = (
         "timm/layers/norm.py LayerNorm2d",
     ),
     _entry(
-        "torch.batch_norm Tensor.reshape torch.reshape Tensor.view torch.conv2d aten.convolution",
+        f"{_STANDARDISE} {_CONVOLVE}",
         "parameter",
         "a channels_last weight reshaped or standardised every forward (weight "
         "standardisation) and converted back by the convolution",
@@ -87,10 +91,7 @@ REMEDIES: tuple[_Entry, ...] = (
         "weight, no reshape to (1, out, -1)); keeping these weights NCHW leaves one of the "
         "two copies",
         "timm/layers/std_conv.py",
-        together=(
-            "torch.batch_norm Tensor.reshape torch.reshape Tensor.view",
-            "torch.conv2d aten.convolution",
-        ),
+        together=(_STANDARDISE, _CONVOLVE),
     ),
     _entry(
         "MeanBackward",

@@ -161,6 +161,7 @@ class Ledger:
                     self._add(self.mixed, self._place(record, False, True), read, None)
             return
         parameters = record.parameters
+        measured = self.measured
         converted = 0
         parameter = True
         spatial_in = strided_in = False
@@ -168,7 +169,8 @@ class Ledger:
             if not tensor.is_floating_point():
                 continue
             if tensor.dim() not in SPATIAL_RANKS:
-                strided_in = strided_in or not tensor.is_contiguous()
+                if measured and not strided_in:  # only a measured run places by it
+                    strided_in = not tensor.is_contiguous()
                 continue
             spatial_in = True
             layout = layout_of(tensor)
@@ -183,9 +185,9 @@ class Ledger:
         # is placed whatever its strides, in both runs alike, so that their places align
         # (convolution_backward copies inside on the CPU with every input channels_last; the
         # CPU softmax makes a strided 3-D input contiguous first).
-        if converted or (self.measured and (spatial_in or strided_in)):
+        if converted or (measured and (spatial_in or strided_in)):
             place = self._place(record, parameter and bool(converted), True)
-            if self.measured:
+            if measured:
                 self._calls[call] = place
                 self._sizes[call] = next(
                     (t.element_size() for t in inputs if t.is_floating_point()), 4
