@@ -16,7 +16,7 @@ from typer.core import TyperGroup
 from cl_audit import commands
 from cl_audit.enums import Amp, DType, Engine, Optimizer, Outcome, Strategy, TensorMode
 from cl_audit.errors import ModelFailedError, UsageError
-from cl_audit.report.cost import Gate
+from cl_audit.report.cost import GATE_BATCH, Gate
 from cl_audit.settings import AuditSettings, parse_input_size, parse_size
 from cl_audit.sweep.api import CacheOptions
 from cl_audit.sweep.plan import Selection
@@ -150,6 +150,7 @@ def audit_command(
     differential: Annotated[bool, typer.Option(help="Weigh the cost against NCHW.")] = True,
     fail_share: Annotated[float, _o("PCT", "Offend at this % of bytes written...", min=0)] = 1.0,
     fail_bytes: Annotated[str, _o("SIZE", "...and this many extra bytes.")] = "1MiB",
+    gate_batch: Annotated[int, _o("N", "...projected to this batch.", min=1)] = GATE_BATCH,
     train: Annotated[bool, _o(None, "Audit a training step, not inference.", "--train")] = False,
     optimizer: OptimizerOption = Optimizer.SGD,
     convert: Annotated[_Convert, _o(None, "What is converted.")] = _Convert.CHANNELS_LAST,
@@ -183,7 +184,7 @@ def audit_command(
             tensor_mode=TensorMode.FAKE if fake else TensorMode.EAGER,
             differential=differential,
             timeline=html is not None,
-            gate=Gate(share=fail_share / 100, bytes=parse_size(fail_bytes)),
+            gate=Gate(share=fail_share / 100, bytes=parse_size(fail_bytes), batch=gate_batch),
             compile=compile_,
             force_layout_opt=force_layout_opt,
         )

@@ -3,7 +3,9 @@ what channels_last costs, site by site, and the verdict the gate gives it."""
 
 from __future__ import annotations
 
-from cl_audit.enums import CostKind, Evidence
+from dataclasses import replace
+
+from cl_audit.enums import CostKind, Evidence, Verdict
 from cl_audit.intercept.ledger import Ledger, Place
 from cl_audit.remedies import SiteContext, remedy_for
 from cl_audit.report.cost import Cost, CostSite, Gate, MixedSite
@@ -52,11 +54,13 @@ def compare_ledgers(
     nchw: Ledger,
     gate: Gate,
     device: str,
+    batch: int | None = None,
     time_share: float | None = None,
 ) -> Cost:
     """Each place where the runs copied different bytes is a site; one conversion is counted
     once, at the place it happened. ``device``: the run's device type (remedies hold per
-    device); ``time_share``: the losses' share of a timed step."""
+    device); ``batch``: the audited batch, which the gate projects from; ``time_share``: the
+    losses' share of a timed step."""
     none = [0, 0]
     places = [
         (place, channels_last.copies.get(place, none), nchw.copies.get(place, none))
@@ -70,13 +74,16 @@ def compare_ledgers(
             )
     contexts = {module: SiteContext(device, frozenset(ops)) for module, ops in costing.items()}
     plain = SiteContext(device)
-    sites = [
-        _site(place, cl, ref, channels_last, contexts.get(place[3], plain))
-        for place, cl, ref in places
-        if cl[1] != ref[1]
-    ]
-    sites.sort(key=lambda s: (-s.extra, -s.saved, s.op))
-    extra = sum(s.extra for s in sites)
+    sites = tuple(
+        sorted(
+            (
+                _site(place, cl, ref, channels_last, contexts.get(place[3], plain))
+                for place, cl, ref in places
+                if cl[1] != ref[1]
+            ),
+            key=lambda s: (-s.extra, -s.saved, s.op),
+        )
+    )
     mixed = tuple(
         MixedSite(
             op=place[6] or place[7] or "?",
@@ -89,14 +96,19 @@ def compare_ledgers(
         for place, entry in sorted(channels_last.mixed.items(), key=lambda item: -item[1][1])
         if place not in nchw.mixed
     )
-    return Cost(
+    cost = Cost(
         gate=gate,
-        verdict=gate.verdict(extra, channels_last.written, time_share),
+        verdict=Verdict.CLEAN,  # judged below, at the gate's batch
         bytes_written=channels_last.written,
-        extra_bytes=extra,
+        extra_bytes=sum(s.extra for s in sites),
         saved_bytes=sum(s.saved for s in sites),
         kernel_copies=Evidence.MEASURED if channels_last.measured else Evidence.PREDICTED,
-        sites=tuple(sites),
+        sites=sites,
         mixed=mixed,
         unlocated_bytes=channels_last.unlocated,
+        batch=batch,
+        fixed_bytes=sum(s.extra for s in sites if s.kind is CostKind.PARAMETER),
+        fixed_written_bytes=channels_last.written_fixed,
     )
+    at = cost.at_gate
+    return replace(cost, verdict=gate.verdict(at.extra_bytes, at.bytes_written, time_share))

@@ -2,9 +2,10 @@
 
 - the ``cl_audit`` fixture: ``cl_audit.check(model, x)`` audits a model (converted to
   channels_last, compared with NCHW) and fails the test when its channels_last-only cost
-  reaches the gate (1% of the bytes written and 1 MiB; ``--cl-audit-strict``: any cost, any
-  offender); ``with cl_audit.block(): ...`` audits the
-  torch operations of a block as they run, in whatever format the test gives them;
+  reaches the gate (1% of the bytes written and 1 MiB at batch 32, projected from the test's
+  batch as ``assert_keeps_channels_last`` does; ``--cl-audit-strict``: any cost, any
+  offender); ``with cl_audit.block(): ...`` audits the torch operations of a block as they
+  run, in whatever format the test gives them;
 - the ``cl_audit`` marker: ``@pytest.mark.cl_audit(train=False, amp=None, allow=())`` audits,
   after the test passed, every model the test ran (each module called from outside any other
   module, with the first input it got), converted to channels_last;
@@ -41,8 +42,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--cl-audit-strict",
         action="store_true",
+        # argparse formats help with %: a literal one is written %%
         help="Fail on any channels_last-only cost and any offender, not only on a cost that "
-        "reaches the gate (1%% of the bytes written and 1 MiB).",  # argparse formats help with %
+        "reaches the gate (1%% of the bytes written and 1 MiB, at batch 32).",
     )
     group.addoption(
         "--cl-audit-update",

@@ -28,7 +28,7 @@ from cl_audit.phases.compare import compare
 from cl_audit.phases.compile import compile_phase
 from cl_audit.plan import RunPlan, plan_run
 from cl_audit.report import ModelReport
-from cl_audit.report.cost import Gate
+from cl_audit.report.cost import GATE_BATCH, Gate
 from cl_audit.settings import AuditSettings, parse_engine
 
 __all__ = ["audit_model", "audit_module"]
@@ -135,6 +135,7 @@ def audit_model(
     time: bool = False,
     fail_share: float = 100 * Gate.share,
     fail_bytes: int = Gate.bytes,
+    gate_batch: int | None = GATE_BATCH,
     compile: bool = False,
     force_layout_opt: bool = False,
 ) -> ModelReport:
@@ -150,7 +151,9 @@ def audit_model(
     ``differential`` runs the forward or step once more in NCHW and weighs the cost of
     channels_last against it (the model is converted back afterwards): the verdict is
     ``offending`` when the channels_last-only bytes reach ``fail_share`` percent of the bytes
-    written and ``fail_bytes``, ``minor`` under that, ``clean`` without any. ``amp``
+    written and ``fail_bytes`` at batch ``gate_batch`` (projected from the example's: bytes paid
+    once per forward or step kept, the rest scaled; None: at the example's batch), ``minor``
+    under that, ``clean`` without any. ``amp``
     (``"bf16"``/``"fp16"``) runs under autocast; ``loss(output)`` replaces the default training
     loss; ``time`` adds ``Timing`` (eager runs only). ``compile`` adds ``compiled``: what
     ``torch.compile``'s Inductor decides about layouts for each graph it would compile, and why
@@ -168,7 +171,7 @@ def audit_model(
         engine=parse_engine(engine),
         strategy=strategy,
         differential=differential,
-        gate=Gate(share=fail_share / 100, bytes=fail_bytes),
+        gate=Gate(share=fail_share / 100, bytes=fail_bytes, batch=gate_batch),
         amp=None if amp is None else Amp(amp),
         train=train,
         optimizer=Optimizer(optimizer),

@@ -16,7 +16,7 @@ from cl_audit.compat.inductor import compile_problem
 from cl_audit.enums import Amp, DType, Engine, Optimizer, Strategy, TensorMode
 from cl_audit.environment import autocast_name
 from cl_audit.errors import UsageError
-from cl_audit.report.cost import Gate
+from cl_audit.report.cost import GATE_BATCH, Gate
 
 __all__ = [
     "Amp",
@@ -37,7 +37,7 @@ __all__ = [
 DEFAULT_BATCH = 2
 
 
-DEFAULT_GATE = Gate()  # 1% of the bytes written and 1 MiB
+DEFAULT_GATE = Gate(batch=GATE_BATCH)  # 1% of the bytes written and 1 MiB, at batch 32
 
 
 @dataclass(frozen=True)
@@ -69,6 +69,8 @@ class AuditSettings:
         check_engine(self.engine, train=self.train, time=self.time)
         if self.gate.share < 0 or self.gate.bytes < 0:
             raise UsageError("--fail-share and --fail-bytes cannot be negative")
+        if self.gate.batch is not None and self.gate.batch < 1:
+            raise UsageError(f"--gate-batch {self.gate.batch}: a batch is at least 1")
         if self.force_layout_opt and not self.compile:
             raise UsageError("--force-layout-opt decides --compile's graphs again: add --compile")
         problem = compile_problem() if self.compile else None

@@ -6,11 +6,19 @@
         assert_keeps_channels_last(build_unet(), torch.randn(2, 3, 64, 64))
 
 The assertion uses the audit's gate: it fails when the channels_last-only cost reaches 1% of
-the bytes written and 1 MiB (``fail_share``, ``fail_bytes``); ``strict=True`` fails on any such
-cost and on any offender. ``allow`` takes known offences, so a suite can pin today's state: an
-op pattern (``"aten.clone"``, ``"torch.flatten"``, a glob such as ``"aten.upsample_*"``) or an
-``(op pattern, call-site pattern)`` pair (``("aten.clone", "*/decoder.py:*")``). An op pattern
-matches the aten name or the Python-level name of an offender or a cost site.
+the bytes written and 1 MiB (``fail_share``, ``fail_bytes``) at batch 32 (``gate_batch``),
+projected from the example's batch: bytes paid once per forward (parameter copies) as they
+are, the rest scaled. So a test-sized input is judged as training batches are:
+
+    # channels_last adds 312 KiB at batch 2 (3.24% of the bytes written), 4.9 MiB at batch 32
+    assert_keeps_channels_last(torchvision.models.shufflenet_v2_x0_5(),
+                               torch.randn(2, 3, 128, 128))  # AssertionError: 5 sites
+
+``strict=True`` fails on any such cost and on any offender. ``allow`` takes known offences,
+so a suite can pin today's state: an op pattern (``"aten.clone"``, ``"torch.flatten"``, a
+glob such as ``"aten.upsample_*"``) or an ``(op pattern, call-site pattern)`` pair
+(``("aten.clone", "*/decoder.py:*")``). An op pattern matches the aten name or the
+Python-level name of an offender or a cost site.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ from torch import nn
 
 from cl_audit.enums import Amp, Engine, Verdict
 from cl_audit.report import CostSite, Finding, ModelReport
+from cl_audit.report.cost import GATE_BATCH
 from cl_audit.run import audit_model
 
 __all__ = ["Allowed", "allowed", "assert_keeps_channels_last", "offender_table", "unexpected"]
@@ -60,8 +69,7 @@ def unexpected(
     sites = tuple(s for s in cost.sites if s.extra and not allowed(s, patterns))
     if strict:
         return (*sites, *offenders)
-    verdict = cost.gate.verdict(sum(s.extra for s in sites), cost.bytes_written)
-    return sites if verdict is Verdict.OFFENDING else ()
+    return sites if cost.judged(sites) is Verdict.OFFENDING else ()
 
 
 def offender_table(findings: tuple[Finding | CostSite, ...], width: int = 100) -> str:
@@ -93,12 +101,14 @@ def assert_keeps_channels_last(
     strict: bool = False,
     fail_share: float = 1.0,
     fail_bytes: int = 1 << 20,
+    gate_batch: int | None = GATE_BATCH,
 ) -> ModelReport:
     """Audit ``model`` (converted to channels_last in place unless ``convert`` says otherwise;
     one inference forward, or with ``train`` one training step, each compared with NCHW) and
     raise ``AssertionError`` when the channels_last-only cost that ``allow`` does not match
-    reaches the gate (``fail_share`` percent of the bytes written and ``fail_bytes``), listing
-    those sites; ``strict`` fails on any such cost and on any offender. Returns the report."""
+    reaches the gate (``fail_share`` percent of the bytes written and ``fail_bytes``, projected
+    to batch ``gate_batch``: see ``audit_model``), listing those sites; ``strict`` fails on any
+    such cost and on any offender. Returns the report."""
     report = audit_model(
         model,
         example_input,
@@ -109,6 +119,7 @@ def assert_keeps_channels_last(
         amp=amp,
         fail_share=fail_share,
         fail_bytes=fail_bytes,
+        gate_batch=gate_batch,
     )
     found = unexpected(report, allow, strict)
     if found:

@@ -233,3 +233,16 @@ class ReadsInput(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.conv(x)
         return x.new_full((2, 4), x.amax().item())
+
+
+class StandardisedThenCopy(nn.Module):
+    """Both kinds of cost: the standardised weight's copies (paid once a forward, whatever the
+    batch) and a ``.contiguous()`` of the activations (paid per sample)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = StdConv(16, 64, 3, padding=1)
+        self.after = nn.Conv2d(64, 8, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.after(self.conv(x).contiguous())

@@ -185,3 +185,16 @@ def minor_sweep() -> SweepReport:
 
 def empty_sweep() -> SweepReport:
     return sweep()
+
+
+_V7_COST = ("batch", "fixed_bytes", "fixed_written_bytes", "per_sample_bytes",
+            "per_sample_written_bytes", "at_gate")  # fmt: skip
+
+
+def before_version_7(data: dict) -> dict:
+    """A report's JSON as versions before 7 wrote it: no batch in the cost or its gate."""
+    if data.get("cost") is None:
+        return data
+    cost = {k: v for k, v in data["cost"].items() if k not in _V7_COST}
+    cost["gate"] = {k: v for k, v in cost["gate"].items() if k != "batch"}
+    return data | {"cost": cost}

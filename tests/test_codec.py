@@ -11,7 +11,7 @@ from typing import ClassVar
 
 import jsonschema
 import pytest
-from literal_reports import model_report
+from literal_reports import before_version_7, model_report
 
 from cl_audit.enums import (
     ConvClass,
@@ -179,9 +179,24 @@ def test_a_version_5_report_is_written_again_exactly():
     assert data["timing"]["share"] == (0.25 + 0.125) / 3.0 and data["cost"]["net_bytes"] == 4096
 
 
+def test_a_version_6_report_reads_as_judged_at_its_audited_batch():
+    """Version 7 judges the cost at the gate's batch; a version 6 cost has none, and reads
+    back with the verdict it was written with, judged at the audited batch (not projected)."""
+    report = _full_report()
+    old = ModelReport.from_dict(before_version_7(report.to_dict()) | {"version": 6})
+    jsonschema.validate(
+        before_version_7(report.to_dict()) | {"version": 6}, load_schema("report", 6)
+    )
+    assert old.cost.gate.batch is None and old.cost.batch is None
+    assert old.verdict is report.verdict and not old.cost.at_gate.projected
+    written = old.to_dict()
+    assert written["version"] == REPORT_VERSION and written["cost"]["at_gate"]["projected"] is False
+    jsonschema.validate(written, load_schema("report"))
+
+
 def test_a_version_4_report_reads_without_the_lowerings_copies():
     """Version 5 added each graph's copies and the side-by-side sites; version 4 lacks them."""
-    data = _full_report().to_dict() | {"version": 4}
+    data = before_version_7(_full_report().to_dict()) | {"version": 4}
     compiled = data["compiled"] = {k: v for k, v in data["compiled"].items() if k != "sites"}
     lowering = ("conversions", "forced_conversions", "lowering_error")
     compiled["graphs"] = [

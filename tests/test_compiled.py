@@ -24,6 +24,7 @@ from compiled_models import (
     Small,
     Tokens,
 )
+from literal_reports import before_version_7
 from test_cli import invoke, run_cli
 from torch._dynamo.utils import counters
 from torch_checks import needs_fake_cuda
@@ -393,7 +394,7 @@ def test_the_cli_shows_the_copies_beside_the_eager_losses(tmp_path):
 
 
 def test_a_version_4_compile_report_is_still_read():
-    data = _audited(Shuffled).to_dict()
+    data = before_version_7(_audited(Shuffled).to_dict())
     data["version"] = 4
     del data["compiled"]["sites"]
     for graph in data["compiled"]["graphs"]:

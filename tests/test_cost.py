@@ -137,6 +137,70 @@ def test_the_means_backward_offends_when_any_cost_must_fail():
     assert _audit(cm.MeanHead(), train=True).verdict is Verdict.OFFENDING
 
 
+def _at_batch(model: torch.nn.Module, batch: int, channels: int = 16, **kwargs) -> ModelReport:
+    torch.manual_seed(0)
+    x = torch.randn(batch, channels, 32, 32, generator=torch.Generator().manual_seed(0))
+    return audit_model(model, x, **kwargs)
+
+
+def test_the_gate_keeps_parameter_bytes_and_scales_activation_bytes_to_its_batch():
+    """Projected from batch 2 to batch 8, the cost equals an audit run at batch 8: the
+    standardised weight's copies are paid once a forward, the activation copy per sample."""
+    weight = 64 * 16 * 3 * 3 * 4
+    small = _at_batch(cm.StandardisedThenCopy(), 2, gate_batch=8).cost
+    real = _at_batch(cm.StandardisedThenCopy(), 8, gate_batch=8).cost
+    assert (small.batch, small.fixed_bytes, real.fixed_bytes) == (2, 2 * weight, 2 * weight)
+    activations = 64 * 32 * 32 * 4 * 2  # per sample: the copy, and its conversion back
+    assert small.per_sample_bytes == real.per_sample_bytes == activations
+    at = small.at_gate
+    assert at.projected and not real.at_gate.projected
+    assert (at.batch, at.extra_bytes, at.bytes_written) == (
+        8, real.extra_bytes, real.bytes_written,
+    )  # fmt: skip
+    assert small.fixed_written_bytes == real.fixed_written_bytes > 0  # the weight's copies
+
+
+def test_a_cost_paid_once_a_forward_shrinks_at_the_gates_batch_and_the_verdict_with_it():
+    """dm_nfnet_f0's case: parameter copies offend at batch 2 and weigh 1/4 as much at batch 8."""
+    gate = {"fail_share": 2.0, "fail_bytes": 0}
+    at_audit = _at_batch(cm.Standardised(), 2, gate_batch=None, **gate)
+    projected = _at_batch(cm.Standardised(), 2, gate_batch=64, **gate)
+    assert at_audit.verdict is Verdict.OFFENDING and not at_audit.cost.at_gate.projected
+    assert projected.cost.at_gate.extra_bytes == at_audit.cost.extra_bytes
+    assert projected.verdict is Verdict.MINOR  # the same bytes over 32x the bytes written
+    control = _at_batch(cm.Plain(), 2, gate_batch=64, **gate)  # nothing to project
+    assert control.cost.at_gate.extra_bytes == 0 and control.verdict is Verdict.CLEAN
+
+
+def test_a_training_steps_gradients_are_paid_once_a_step():
+    """The parameters' gradients (and the optimizer's writes) do not grow with the batch: the
+    bytes written projected from batch 2 match a step run at batch 8."""
+    small = _at_batch(cm.Plain(), 2, train=True, gate_batch=8).cost
+    real = _at_batch(cm.Plain(), 8, train=True, gate_batch=8).cost
+    gradient = (64 * 16 * 3 * 3 + 64) * 4
+    assert small.fixed_written_bytes >= gradient
+    assert small.at_gate.bytes_written == pytest.approx(real.bytes_written, rel=0.01)
+
+
+def test_cli_judges_at_batch_32_unless_gate_batch_says_otherwise(tmp_path):
+    """A 128 KiB copy at batch 2 is 2 MiB at batch 32 (offending, exit 1), 256 KiB at 4."""
+    out = tmp_path / "r.json"
+    spec = "cost_models:ContiguousCopy"
+    args = [spec, "--input-size", "3x32x32", "--json", str(out)]
+    assert CliRunner().invoke(app, args).exit_code == 1
+    cost = json.loads(out.read_text())["cost"]
+    assert (cost["gate"]["batch"], cost["batch"], cost["at_gate"]["extra_bytes"]) == (
+        32, 2, 16 * cost["extra_bytes"],
+    )  # fmt: skip
+    result = CliRunner().invoke(app, [*args, "--gate-batch", "4"])
+    assert result.exit_code == 0, result.output
+    cost = json.loads(out.read_text())["cost"]
+    assert (cost["gate"]["batch"], cost["at_gate"]["extra_bytes"]) == (4, 2 * cost["extra_bytes"])
+    assert "at batch 4 (projected from batch 2" in result.output
+    refused = CliRunner().invoke(app, [spec, "--gate-batch", "0"])
+    assert refused.exit_code == 2 and "--gate-batch" in refused.output
+
+
 def test_a_permute_around_a_kernel_is_no_root_cause_and_costs_nothing():
     report = _audit(cm.LayerNorm2d())
     assert report.cost.extra_bytes == 0
@@ -300,3 +364,39 @@ def test_a_view_is_never_a_fix_site_though_the_finding_names_it_as_root_cause():
     assert conversion.kind is CostKind.KERNEL and conversion.fix_site is None
     (regain,) = [r for r in report.regains if r.module_path == "after"]
     assert regain.root_cause.python_op == "Tensor.view"  # where the tokens became a map
+
+
+def _record(call, phase, op, inputs, outputs, in_keys, out_keys):
+    from cl_audit.attribution import Location
+    from cl_audit.intercept.ledger import OpRecord
+
+    return OpRecord(
+        call, phase, op, None, inputs, outputs, in_keys, out_keys, set(),
+        lambda: Location(None, None, None), None,
+    )  # fmt: skip
+
+
+def test_gradients_are_fixed_through_their_casts_and_a_reused_storage_is_not_one():
+    """What the optimizer reads back from the backward (a gradient, and the half-precision
+    gradient it was cast from) is paid once a step; an activation gradient is not, nor is the
+    backward output whose storage the optimizer's own scratch tensor reused."""
+    from cl_audit.intercept.ledger import Ledger
+
+    aten = torch.ops.aten
+    grad_out, act = torch.zeros(2, 8, 4, 4), torch.zeros(2, 8, 4, 4)  # per sample
+    half, full = torch.zeros(8, 8, dtype=torch.half), torch.zeros(8, 8)  # a weight's gradient
+    stale, scratch = torch.zeros(64), torch.zeros(64)
+    ledger = Ledger()
+    back, optimizer = Phase.BACKWARD, Phase.OPTIMIZER
+    conv_backward = aten.convolution_backward.default
+    for record in (
+        _record(1, back, conv_backward, [grad_out], [act, half], [10], [11, 12]),
+        _record(2, back, aten._to_copy.default, [half], [full], [12], [13]),
+        _record(3, back, aten.neg.default, [full], [stale], [13], [14]),  # freed, id reused below
+        _record(4, optimizer, aten.mul.Tensor, [full], [scratch], [13], [14]),
+        _record(5, optimizer, aten._foreach_add_.List, [full, scratch], [], [13, 14], []),
+    ):
+        ledger.observe(record)
+    step = 8 * 8 * 2 + 8 * 8 * 4 + 64 * 4  # the gradient, its half form, the scratch tensor
+    assert ledger.written == 2 * 8 * 4 * 4 * 4 + step + 64 * 4
+    assert ledger.written_fixed == step  # not the activation gradient, not the stale output

@@ -18,7 +18,7 @@ import torchvision
 from torch import nn
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
-from cl_audit.report import Phase, load_schema
+from cl_audit.report import Phase, Verdict, load_schema
 from cl_audit.testing import assert_keeps_channels_last
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -75,6 +75,17 @@ def test_the_assertion_uses_the_gate_a_4_kib_cost_passes_unless_strict():
     assert report.cost.extra_bytes == 2 * 8 * 8 * 8 * 4  # the flatten's copy: under 1 MiB
     with pytest.raises(AssertionError, match="1 site not allowed"):
         assert_keeps_channels_last(Flattening(), torch.randn(2, 3, 8, 8), fail_bytes=0)
+
+
+def test_the_assertion_judges_at_batch_32_so_shufflenet_fails_at_a_test_sized_input():
+    """At batch 2 and 128 px channels_last adds 312 KiB (3.24%), under the 1 MiB floor; at
+    batch 32, where the gate judges, 4.9 MiB: the assertion fails. Judged at the example's
+    own batch (``gate_batch=None``) the same cost passes."""
+    x = torch.randn(2, 3, 128, 128)
+    with pytest.raises(AssertionError, match="ShuffleNetV2 loses channels_last"):
+        assert_keeps_channels_last(torchvision.models.shufflenet_v2_x0_5(), x)
+    report = assert_keeps_channels_last(torchvision.models.shufflenet_v2_x0_5(), x, gate_batch=None)
+    assert report.verdict is Verdict.MINOR and report.cost.extra_bytes == 312 * 1024
 
 
 def test_assert_audits_a_training_step():

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import jsonschema
 import pytest
 import torch
 import toy_models
+from literal_reports import before_version_7
 
 import cl_audit
 from cl_audit.report import (
@@ -52,7 +54,10 @@ def test_round_trip_through_json(report):
     ("change", "message"),
     [
         ({"format": "cl-audit.sweep"}, "unknown format 'cl-audit.sweep'"),
-        ({"version": 7}, "unsupported cl-audit.report version 7"),
+        (
+            {"version": REPORT_VERSION + 1},
+            f"unsupported cl-audit.report version {REPORT_VERSION + 1}",
+        ),
         ({"format": None}, "unknown format None"),
     ],
 )
@@ -94,10 +99,14 @@ def test_version_1_reports_are_still_read_with_empty_new_lists():
 
 def test_version_3_reports_without_compiled_graphs_are_still_read(report):
     """Version 4 added ``compiled`` (--compile); a version 3 document is read as before."""
-    data = {k: v for k, v in report.to_dict().items() if k != "compiled"} | {"version": 3}
+    data = {k: v for k, v in before_version_7(report.to_dict()).items() if k != "compiled"}
+    data |= {"version": 3}
     jsonschema.validate(data, load_schema("report", 3))
     old = ModelReport.from_dict(data)
-    assert old == report and old.compiled is None
+    assert old.cost.gate.batch is None and old.cost.at_gate.projected is False
+    unbatched = replace(report.cost, gate=replace(report.cost.gate, batch=None), batch=None,
+                        fixed_bytes=0, fixed_written_bytes=0)  # fmt: skip
+    assert old == replace(report, cost=unbatched) and old.compiled is None
     compiled = {**data, "compiled": {"device": "cpu"}}
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(compiled, load_schema("report", 3))

@@ -89,11 +89,14 @@ class OpRecord:
 
 class Ledger:
     """Bytes written and copied in one run, by place. ``measured``: the conversions inside
-    kernels will be measured (``add_measured``) rather than predicted from strides."""
+    kernels will be measured (``add_measured``) rather than predicted from strides.
+    ``written_fixed``: the part of ``written`` that does not grow with the batch (outputs
+    derived from parameters alone, the parameters' gradients, the optimizer's step)."""
 
     def __init__(self, measured: bool = False) -> None:
         self.measured = measured
         self.written = 0
+        self.written_fixed = 0  # by parameter-derived outputs and the optimizer: per step
         self.copies: dict[Place, list[int]] = {}  # place -> [count, bytes]
         self.mixed: dict[Place, list[int]] = {}
         self.causes: dict[Place, Counter[Producer]] = {}
@@ -103,6 +106,10 @@ class Ledger:
         self._sizes: dict[int, int] = {}  # call number -> element size of its first float input
         self._kinds: dict[object, tuple[int, bool]] = {}  # op -> (kind, in place)
         self._phases: list[tuple[int, Phase]] = []
+        # the backward's outputs (bytes, elements, the outputs they were made from), and the
+        # latest output held by each storage (fake storages are reused within a step)
+        self._backward: list[tuple[int, int, tuple[int, ...]]] = []
+        self._latest: dict[int, int] = {}
 
     def _kind(self, aten_op: object) -> tuple[int, bool]:
         known = self._kinds.get(aten_op)
@@ -131,7 +138,16 @@ class Ledger:
             [t for t, key in zip(outputs, out_keys, strict=True) if in_place or key not in in_keys]
         )
         self.written += written
-        if kind == _OTHER:
+        if written:
+            if phase is Phase.OPTIMIZER or all(key in record.parameters for key in out_keys):
+                self.written_fixed += written
+            elif phase is Phase.BACKWARD:
+                self._backward_outputs(outputs, out_keys, in_keys, in_place)
+        if phase is Phase.OPTIMIZER and self._latest:
+            self._gradients(in_keys)
+            for key in out_keys:  # a storage of the backward's, freed and reused
+                self._latest.pop(key, None)
+        if kind == _OTHER or not outputs:  # no output (``_foreach_add_``): nothing converted
             return
         if kind == _COPY:
             if written:
@@ -195,6 +211,31 @@ class Ledger:
                 self._cause(place, record.cause)
             else:
                 self._add(self.copies, place, converted, record.cause)
+
+    def _backward_outputs(
+        self, outputs: list[torch.Tensor], out_keys: list[int], in_keys: list[int], in_place: bool
+    ) -> None:
+        latest, backward = self._latest, self._backward
+        sources = tuple(latest[key] for key in in_keys if key in latest)
+        for tensor, key in zip(outputs, out_keys, strict=True):
+            if in_place or key not in in_keys:
+                latest[key] = len(backward)
+                backward.append((nbytes([tensor]), tensor.numel(), sources))
+
+    def _gradients(self, keys: list[int]) -> None:
+        """The backward's outputs that the optimizer reads (the parameters' gradients), and
+        the same gradients' earlier forms (backward outputs of as many elements they were made
+        from: a cast, a sum of two), are paid once per step: fixed."""
+        backward, latest = self._backward, self._latest
+        stack = [latest.pop(key) for key in keys if key in latest]
+        while stack:
+            entry = stack.pop()
+            size, numel, sources = backward[entry]
+            if size < 0:
+                continue  # settled already
+            backward[entry] = (-1, numel, sources)
+            self.written_fixed += size
+            stack.extend(s for s in sources if backward[s][1] == numel)
 
     def add_measured(
         self, copies: dict[int, list[tuple[int, int | None]]], names: dict[int, str]

@@ -113,6 +113,8 @@ class Recorder:
             outputs = [result]
         elif type(result) in _SEQUENCES:
             outputs = tensor_arguments(result)
+        elif result is None and inputs:  # in place, returning nothing (``_foreach_add_``)
+            outputs = []
         else:
             return
         # Provenance and storage reuse, on every operation (a storage key costs ~0.2 us).

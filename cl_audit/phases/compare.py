@@ -77,5 +77,7 @@ def compare(
     if ledger is None or nchw is None:
         return Comparison(differential, offenders, neutral)
     time_share = None if audited.timing is None else audited.timing.share
-    cost = compare_ledgers(ledger, nchw, settings.gate, plan.device.type, time_share)
+    first = run.example.first
+    batch = first.shape[0] if first is not None and first.dim() else None
+    cost = compare_ledgers(ledger, nchw, settings.gate, plan.device.type, batch, time_share)
     return Comparison(differential, offenders, neutral, cost)

@@ -98,10 +98,23 @@ def cost_line(cost: Cost, train: bool) -> str:
         + (" (the gate weighs what channels_last adds: a saving elsewhere removes no copy)"
            if cost.saved_bytes else "")
         + "\n"
-        f"gate: {gate.share:.0%} and {format_bytes(gate.bytes)}; copies inside kernels "
+        f"gate: {gate.share:.0%} and {format_bytes(gate.bytes)}{gate_batch_text(cost)}; copies "
+        "inside kernels "
         + ("measured by the profiler" if cost.kernel_copies is Evidence.MEASURED
            else "predicted from strides")
     )  # fmt: skip
+
+
+def gate_batch_text(cost: Cost) -> str:
+    """Where the gate judged: " at batch 32 (projected from batch 2: 4.9 MiB of 151 MiB,
+    3.24%)", or at the audited batch."""
+    at = cost.at_gate
+    if not at.projected:
+        return "" if at.batch is None else f" at the audited batch {at.batch}"
+    return (
+        f" at batch {at.batch} (projected from batch {cost.batch}: adds "
+        f"{format_bytes(at.extra_bytes)} of {format_bytes(at.bytes_written)}, {at.share:.2%})"
+    )
 
 
 _PREDICTED = {

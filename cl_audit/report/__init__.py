@@ -22,7 +22,7 @@ from cl_audit.report.compiled import (
     CompiledGraph,
     CompiledSite,
 )
-from cl_audit.report.cost import Cost, CostSite, Gate, MixedSite, Remedy
+from cl_audit.report.cost import Cost, CostSite, Gate, MixedSite, Projection, Remedy
 from cl_audit.report.envelope import (
     BENCH_FORMAT,
     BENCH_READABLE,
@@ -102,6 +102,7 @@ __all__ = [
     "OperatorCoverage",
     "Phase",
     "Producer",
+    "Projection",
     "Provenance",
     "RegainSource",
     "Remedy",

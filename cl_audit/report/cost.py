@@ -4,6 +4,11 @@ A cost site is one place (phase, module, call site, operation) where the two run
 forward or step copied a different number of bytes: channels_last-only bytes where the
 channels_last run copied more, saved bytes where NCHW did. The model's share is its
 channels_last-only bytes over the bytes its channels_last run wrote.
+
+The gate judges at a reference batch (``Gate.batch``, 32 from the CLI and the API): the bytes
+paid once per forward or step (parameter sites; outputs derived from parameters alone and the
+optimizer's writes) are kept as they are, the rest is scaled from the audited batch, so that a
+verdict does not depend on the batch the audit ran with (``Cost.at_gate``).
 """
 
 from __future__ import annotations
@@ -14,9 +19,13 @@ from typing import ClassVar
 from cl_audit.enums import CostKind, Evidence, Phase, Verdict
 from cl_audit.report.codec import JsonForm
 
-__all__ = ["Cost", "CostSite", "Gate", "MixedSite", "Producer", "Remedy"]
+__all__ = [
+    "GATE_BATCH", "Cost", "CostSite", "Gate", "MixedSite", "Producer", "Projection", "Remedy",
+    "project",
+]  # fmt: skip
 
 MIB = 1 << 20
+GATE_BATCH = 32  # the batch the CLI and the API judge at
 
 
 @dataclass(frozen=True)
@@ -34,11 +43,13 @@ class Producer:
 @dataclass(frozen=True)
 class Gate:
     """A model offends when its channels_last-only bytes are at least ``share`` of the bytes
-    written and at least ``bytes``, or (timed) when its losses take ``time_share`` of the step."""
+    written and at least ``bytes``, or (timed) when its losses take ``time_share`` of the step;
+    the bytes as projected to ``batch`` (None: as audited, the only way before report 7)."""
 
     share: float = 0.01
     bytes: int = MIB
     time_share: float = 0.01
+    batch: int | None = None
 
     def verdict(self, extra: int, written: int, time_share: float | None = None) -> Verdict:
         if extra <= 0:
@@ -49,6 +60,23 @@ class Gate:
         if time_share is not None and time_share >= self.time_share:
             return Verdict.OFFENDING
         return Verdict.MINOR
+
+
+@dataclass(frozen=True)
+class Projection:
+    """A cost at another batch: the bytes paid once per forward or step as audited, the bytes
+    paid per sample scaled; ``projected`` False where the batch is the audited one."""
+
+    batch: int | None
+    extra_bytes: int
+    bytes_written: int
+    projected: bool
+
+    json_form: ClassVar[JsonForm] = JsonForm(derived=("share",))
+
+    @property
+    def share(self) -> float:
+        return self.extra_bytes / self.bytes_written if self.bytes_written else 0.0
 
 
 @dataclass(frozen=True)
@@ -128,8 +156,13 @@ class Cost:
     sites: tuple[CostSite, ...]  # most channels_last-only bytes first
     mixed: tuple[MixedSite, ...] = ()
     unlocated_bytes: int = 0  # measured kernel copies where no conversion was predicted
+    batch: int | None = None  # the audited batch: the first input's first dimension
+    fixed_bytes: int = 0  # of extra_bytes, at parameter sites: paid once per forward or step
+    fixed_written_bytes: int = 0  # of bytes_written, not growing with the batch
 
-    json_form: ClassVar[JsonForm] = JsonForm(derived=("net_bytes", "share"))
+    json_form: ClassVar[JsonForm] = JsonForm(
+        derived=("net_bytes", "share", "per_sample_bytes", "per_sample_written_bytes", "at_gate")
+    )
 
     @property
     def net_bytes(self) -> int:
@@ -138,3 +171,48 @@ class Cost:
     @property
     def share(self) -> float:
         return self.extra_bytes / self.bytes_written if self.bytes_written else 0.0
+
+    @property
+    def per_sample_bytes(self) -> float | None:
+        """Channels_last-only bytes that grow with the batch, per sample."""
+        return _per_sample(self.extra_bytes - self.fixed_bytes, self.batch)
+
+    @property
+    def per_sample_written_bytes(self) -> float | None:
+        return _per_sample(self.bytes_written - self.fixed_written_bytes, self.batch)
+
+    @property
+    def at_gate(self) -> Projection:
+        """The cost at the gate's batch, which the verdict judges."""
+        return self.at(self.gate.batch)
+
+    def at(self, batch: int | None) -> Projection:
+        """The cost at ``batch``."""
+        return project(self.extra_bytes, self.fixed_bytes, self, batch)
+
+    def judged(self, sites: tuple[CostSite, ...]) -> Verdict:
+        """The gate's verdict on ``sites`` (of this cost) alone, at its batch."""
+        fixed = sum(s.extra for s in sites if s.kind is CostKind.PARAMETER)
+        at = project(sum(s.extra for s in sites), fixed, self, self.gate.batch)
+        return self.gate.verdict(at.extra_bytes, at.bytes_written)
+
+
+def project(extra: int, fixed: int, run: Cost, batch: int | None) -> Projection:
+    """``extra`` channels_last-only bytes, ``fixed`` of them paid once per forward or step,
+    of ``run``'s audit at ``batch``: the fixed bytes (and bytes written) kept, the rest scaled
+    from the audited batch."""
+    audited = run.batch
+    if batch is None or audited is None or batch == audited:
+        return Projection(audited, extra, run.bytes_written, projected=False)
+    scale = batch / audited
+    written = run.fixed_written_bytes
+    return Projection(
+        batch,
+        fixed + round((extra - fixed) * scale),
+        written + round((run.bytes_written - written) * scale),
+        projected=True,
+    )
+
+
+def _per_sample(size: int, batch: int | None) -> float | None:
+    return None if not batch else size / batch

@@ -1,12 +1,14 @@
 """The versioned JSON envelopes of reports: formats and versions, gzip, schema loading.
 
 Every document is ``{"format": ..., "version": ..., ...}``; readers check both and accept the
-versions they know. Version 4 of the sweep envelope marks rows reused from the sweep cache
-(``cached``, ``summary.cached``); version 4 of the report envelope adds ``compiled``
-(``--compile``: Inductor's layout decision per graph); version 3 of both envelopes weighs what
-channels_last costs against NCHW (``cost``, ``summary.verdict``); version 2 sorted losses by
-what they mean; older versions are still read (versions 1 and 2: offending when there are
-offenders).
+versions they know. Version 7 of the report envelope and 5 of the sweep envelope judge the
+cost at a reference batch (``cost.gate.batch``, ``cost.at_gate``: what the verdict means
+changed; older rows were judged at their audited batch, their gate's batch null). Version 4
+of the sweep envelope marks rows reused from the sweep cache (``cached``,
+``summary.cached``); version 4 of the report envelope adds ``compiled`` (``--compile``:
+Inductor's layout decision per graph); version 3 of both envelopes weighs what channels_last
+costs against NCHW (``cost``, ``summary.verdict``); version 2 sorted losses by what they
+mean; older versions are still read (versions 1 and 2: offending when there are offenders).
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from cl_audit.report.codec import plain_json as plain_json  # public here before
 REPORT_FORMAT = "cl-audit.report"
 
 
-REPORT_VERSION = 6  # 6: environment.mode "replayed" (a traced training step replayed)
+REPORT_VERSION = 7  # 7: the verdict judges the cost at gate.batch (cost.at_gate)
+# 6: environment.mode "replayed" (a traced training step replayed)
 
 
 BENCH_FORMAT = "cl-audit.bench"  # cl_audit.bench_report
@@ -31,7 +34,7 @@ BENCH_VERSION = 2  # 2: verdict a word (faster/slower/inconclusive), verdict_tex
 BENCH_READABLE = (1, BENCH_VERSION)
 
 
-REPORT_READABLE = (1, 2, 3, 4, 5, REPORT_VERSION)
+REPORT_READABLE = (1, 2, 3, 4, 5, 6, REPORT_VERSION)
 
 
 class ReportFormatError(ValueError):
@@ -94,5 +97,5 @@ def load_schema(name: str = "report", version: int | None = None) -> dict[str, A
 SWEEP_FORMAT = "cl-audit.sweep"
 
 
-SWEEP_VERSION = 4
-SWEEP_READABLE = (1, 2, 3, SWEEP_VERSION)
+SWEEP_VERSION = 5  # 5: as report 7, rows judged at gate.batch
+SWEEP_READABLE = (1, 2, 3, 4, SWEEP_VERSION)

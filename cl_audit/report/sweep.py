@@ -312,16 +312,17 @@ def _offences(report: SweepReport) -> set[tuple[str, str]]:
 
 
 def _grown(baseline: SweepReport, current: SweepReport) -> tuple[str, ...]:
-    """Offending rows whose channels_last-only bytes grew past the gate since the baseline."""
+    """Offending rows whose channels_last-only bytes grew past the gate since the baseline (at
+    the gate's batch)."""
     before = {r.key: r.cost for r in baseline.models if r.cost is not None}
     grown = []
     for row in current.models:
         old = before.get(row.key)
         if row.cost is None or old is None or not row.offending:
             continue
-        growth = row.cost.extra_bytes - old.extra_bytes
-        gate = row.cost.gate
-        if growth > 0 and gate.verdict(growth, row.cost.bytes_written) is Verdict.OFFENDING:
+        gate, at = row.cost.gate, row.cost.at_gate  # both judged at this gate's batch
+        growth = at.extra_bytes - old.at(gate.batch).extra_bytes
+        if growth > 0 and gate.verdict(growth, at.bytes_written) is Verdict.OFFENDING:
             grown.append(row.key)
     return tuple(sorted(grown))
 

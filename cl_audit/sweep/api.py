@@ -14,7 +14,7 @@ from cl_audit.errors import UsageError
 from cl_audit.files import check_folder, check_writable
 from cl_audit.plan import plan_run
 from cl_audit.report import ModelRow, SweepReport
-from cl_audit.report.cost import Gate
+from cl_audit.report.cost import GATE_BATCH, Gate
 from cl_audit.settings import AuditSettings
 from cl_audit.sources import ModelRef
 from cl_audit.sweep.cache import DEFAULT_CACHE_MB, SweepCache
@@ -110,6 +110,7 @@ def audit_models(
     optimizer: Optimizer | str = Optimizer.SGD,
     fail_share: float = 100 * Gate.share,
     fail_bytes: int = Gate.bytes,
+    gate_batch: int = GATE_BATCH,
     jobs: int = 2,
     timeout: float = 300.0,
     max_memory: str = "4GB",
@@ -131,7 +132,7 @@ def audit_models(
         audit=AuditSettings(
             device=device,
             tensor_mode=TensorMode.FAKE if fake else TensorMode.EAGER,
-            gate=Gate(share=fail_share / 100, bytes=fail_bytes),
+            gate=Gate(share=fail_share / 100, bytes=fail_bytes, batch=gate_batch),
             amp=None if amp is None else Amp(amp),
             train=train,
             optimizer=Optimizer(optimizer),

@@ -40,7 +40,7 @@ def test_block_in_the_format_the_test_gives(cl_audit):
 # After the test passes, each model it ran is audited: here a training step in channels_last,
 # against the same step in NCHW. On the CPU the convolution backward copies its weight gradient
 # in channels_last (a kernel matter): pinned by its op; any other cost that reaches the gate
-# (1% of the bytes written and 1 MiB) would fail.
+# (1% of the bytes written and 1 MiB, at batch 32) would fail.
 @pytest.mark.cl_audit(train=True, allow=["aten.convolution_backward"])
 def test_every_model_this_test_runs_is_audited_in_training():
     model = torchvision.models.mobilenet_v3_small(num_classes=10)
