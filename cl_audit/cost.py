@@ -8,7 +8,7 @@ from dataclasses import replace
 from cl_audit.enums import CostKind, Evidence, Verdict
 from cl_audit.intercept.ledger import Ledger, Place
 from cl_audit.remedies import SiteContext, remedy_for
-from cl_audit.report.cost import Cost, CostSite, Gate, MixedSite
+from cl_audit.report.cost import Cost, CostSite, Gate, MixedSite, fixed_extra
 
 __all__ = ["compare_ledgers"]
 
@@ -107,8 +107,7 @@ def compare_ledgers(
         mixed=mixed,
         unlocated_bytes=channels_last.unlocated,
         batch=batch,
-        fixed_bytes=sum(s.extra for s in sites if s.kind is CostKind.PARAMETER),
+        fixed_bytes=fixed_extra(sites),
         fixed_written_bytes=channels_last.written_fixed,
     )
-    at = cost.at_gate
-    return replace(cost, verdict=gate.verdict(at.extra_bytes, at.bytes_written, time_share))
+    return replace(cost, verdict=cost.judged(sites, time_share))

@@ -6,9 +6,10 @@ channels_last run copied more, saved bytes where NCHW did. The model's share is 
 channels_last-only bytes over the bytes its channels_last run wrote.
 
 The gate judges at a reference batch (``Gate.batch``, 32 from the CLI and the API): the bytes
-paid once per forward or step (parameter sites; outputs derived from parameters alone and the
-optimizer's writes) are kept as they are, the rest is scaled from the audited batch, so that a
-verdict does not depend on the batch the audit ran with (``Cost.at_gate``).
+paid once per forward or step (parameter sites; outputs derived from parameters alone, the
+parameters' gradients and the optimizer's writes) are kept as they are, the rest is scaled
+from the audited batch, so that a verdict does not depend on the batch the audit ran with
+(``Cost.at_gate``).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from cl_audit.report.codec import JsonForm
 
 __all__ = [
     "GATE_BATCH", "Cost", "CostSite", "Gate", "MixedSite", "Producer", "Projection", "Remedy",
-    "project",
+    "fixed_extra", "project",
 ]  # fmt: skip
 
 MIB = 1 << 20
@@ -190,11 +191,16 @@ class Cost:
         """The cost at ``batch``."""
         return project(self.extra_bytes, self.fixed_bytes, self, batch)
 
-    def judged(self, sites: tuple[CostSite, ...]) -> Verdict:
+    def judged(self, sites: tuple[CostSite, ...], time_share: float | None = None) -> Verdict:
         """The gate's verdict on ``sites`` (of this cost) alone, at its batch."""
-        fixed = sum(s.extra for s in sites if s.kind is CostKind.PARAMETER)
-        at = project(sum(s.extra for s in sites), fixed, self, self.gate.batch)
-        return self.gate.verdict(at.extra_bytes, at.bytes_written)
+        at = project(sum(s.extra for s in sites), fixed_extra(sites), self, self.gate.batch)
+        return self.gate.verdict(at.extra_bytes, at.bytes_written, time_share)
+
+
+def fixed_extra(sites: tuple[CostSite, ...]) -> int:
+    """The channels_last-only bytes of ``sites`` paid once per forward or step: parameter
+    sites'."""
+    return sum(s.extra for s in sites if s.kind is CostKind.PARAMETER)
 
 
 def project(extra: int, fixed: int, run: Cost, batch: int | None) -> Projection:
