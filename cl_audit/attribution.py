@@ -17,7 +17,9 @@ from torch import nn
 
 from cl_audit.enums import Phase
 
-__all__ = ["Location", "ModuleNames", "Traced", "frames_call_site", "locate", "short_path"]
+__all__ = [
+    "Location", "ModuleNames", "Traced", "call_site", "frames_call_site", "locate", "short_path",
+]  # fmt: skip
 
 # torch's package folder and this one (this file lies at the top of cl_audit): frames there are
 # never call sites. Read from ``__file__`` rather than by importing cl_audit, which would cycle.
@@ -77,6 +79,16 @@ def frames_call_site(frames: tuple[tuple[str, int], ...]) -> str | None:
     for filename, line in reversed(frames):
         if not filename.startswith(_SKIPPED_DIRS):
             return f"{short_path(filename)}:{line}"
+    return None
+
+
+def call_site(frame: FrameType | None) -> str | None:
+    """The model-code call site of ``frame``: the innermost frame outside torch and cl_audit,
+    walking out from it."""
+    while frame is not None:
+        if not frame.f_code.co_filename.startswith(_SKIPPED_DIRS):
+            return f"{short_path(frame.f_code.co_filename)}:{frame.f_lineno}"
+        frame = frame.f_back
     return None
 
 

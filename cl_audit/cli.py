@@ -83,6 +83,7 @@ OptionalAmp = Optional[Amp]  # noqa: UP045
 # The options that audit and bench share, declared once.
 InputSize = Annotated[OptionalText, _o("SIZE", "Per-sample CxHxW or CxTxHxW.")]
 OptionalInt = Optional[int]  # noqa: UP045
+OptionalBool = Optional[bool]  # noqa: UP045
 BatchSize = Annotated[OptionalInt, _o("N", "Batch size (default 2).", min=1)]
 Device = Annotated[str, _o("DEVICE", "torch device.")]
 DTypeOption = Annotated[DType, typer.Option(help="Model and input dtype.")]
@@ -158,6 +159,10 @@ def audit_command(
     compile_: Annotated[bool, _o(None, "Also Inductor's layout decisions.", "--compile")] = False,
     force_layout_opt: Annotated[bool, _o(None, "Also forced.", "--force-layout-opt")] = False,
     show_all: Annotated[bool, _o(None, "Parameter and neutral losses too.", "--show-all")] = False,
+    verify: Annotated[
+        OptionalBool,
+        _o(None, "Try remedies in what-if runs (one model: on).", "--verify/--no-verify"),
+    ] = None,
     confirm: Annotated[bool, _o(None, "With --fake: eager re-run.", "--confirm")] = False,
     json_path: Annotated[OptionalPath, _o("FILE", "JSON report ('-': stdout).", "--json")] = None,
     html: Annotated[OptionalPath, _o("FILE", "Self-contained HTML report.")] = None,
@@ -200,6 +205,7 @@ def audit_command(
             resume=resume,
             list_only=list_only,
             show_all=show_all,
+            verify=verify,
             given=frozenset(o for o in ctx.params if _given(ctx, o)),
             console=console,
             cache=cache

@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -57,13 +57,15 @@ def audit(
     list_only: bool,
     show_all: bool,
     given: frozenset[str],
+    verify: bool | None = None,
     console: Console,
     cache: sweep_api.CacheOptions | None = None,
 ) -> Outcome:
     """One model audited in this process, or a sweep (several models, or any of JUnit, a
     baseline, a shard, a resume, a cache), each model in a worker of its own; with
     ``list_only`` the selection is printed instead. ``given`` names the options given on the
-    command line: sweep-only ones are reported as not applied to one model. The settings are
+    command line: sweep-only ones are reported as not applied to one model. ``verify`` (None:
+    on for one model, off for a sweep) tries the remedies in what-if runs. The settings are
     planned (for a sweep, by its front door) before any model is built: a device that cannot
     run them is refused first."""
     stray = sorted(CACHE_ONLY & given) if cache is None else []
@@ -87,7 +89,8 @@ def audit(
                 "--shard, --resume): not applied to one model",
                 highlight=False,
             )
-        return _single(refs[0], plan_run(sweep.audit), outputs, show_all, console)
+        settings = replace(sweep.audit, verify=verify is not False)
+        return _single(refs[0], plan_run(settings), outputs, show_all, console)
     if sweep.audit.compile:
         raise UsageError(
             "--compile explains one model's compiled graphs: give one model (sweeps do not take it)"
@@ -97,6 +100,7 @@ def audit(
             "--time times one model: models audited side by side in a sweep share the "
             "CPU, so their timings would not be comparable"
         )
+    sweep = replace(sweep, audit=replace(sweep.audit, verify=bool(verify)))
     return _sweep(refs, sweep, selection, outputs, baseline, resume, console, cache)
 
 

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from cl_audit.enums import CostKind, Evidence, Verdict
 from cl_audit.intercept.ledger import Ledger, Place
-from cl_audit.remedies import SiteContext, remedy_for
+from cl_audit.remedies import SiteContext, remedy_for, site_contexts
 from cl_audit.report.cost import Cost, CostSite, Gate, MixedSite, fixed_extra
 
 __all__ = ["compare_ledgers"]
@@ -66,13 +66,10 @@ def compare_ledgers(
         (place, channels_last.copies.get(place, none), nchw.copies.get(place, none))
         for place in dict.fromkeys([*channels_last.copies, *nchw.copies])
     ]
-    costing: dict[str | None, set[tuple[CostKind, str]]] = {}  # module -> costing (kind, op)
-    for place, cl, ref in places:
-        if cl[1] > ref[1]:
-            costing.setdefault(place[3], set()).update(
-                (_kind(place), op) for op in place[6:8] if op is not None
-            )
-    contexts = {module: SiteContext(device, frozenset(ops)) for module, ops in costing.items()}
+    contexts = site_contexts(
+        ((place[3], _kind(place), place[6:8]) for place, cl, ref in places if cl[1] > ref[1]),
+        device,
+    )
     plain = SiteContext(device)
     sites = tuple(
         sorted(

@@ -26,6 +26,7 @@ __all__ = [
     "Phase",
     "Provenance",
     "RegainSource",
+    "RemedyStatus",
     "Stage",
     "Status",
     "Strategy",
@@ -230,6 +231,15 @@ class Verdict(str, Enum):
     OFFENDING = "offending"  # channels_last-only bytes reach the gate
     MINOR = "minor"  # a channels_last-only cost under the gate
     CLEAN = "clean"  # no channels_last-only cost
+
+
+@unique
+class RemedyStatus(str, Enum):
+    """Whether a remedy was proven on the model by a what-if run (``cl_audit.phases.verify``)."""
+
+    VERIFIED = "verified"  # a change made at the site ran, kept the output and cut the cost
+    REFUTED = "refuted"  # every change tried failed: not offered as a fix
+    LEAD = "lead"  # not tried: the catalogue's advice for the pattern
 
 
 @unique

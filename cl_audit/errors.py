@@ -6,7 +6,9 @@ import traceback
 
 from cl_audit.enums import Stage
 
-__all__ = ["AuditError", "ModelFailedError", "Stage", "UsageError", "mark_failure"]
+__all__ = [
+    "AuditError", "ModelFailedError", "Stage", "UsageError", "failure_summary", "mark_failure",
+]  # fmt: skip
 
 _FAILED_IN = "_cl_audit_failed_in"  # (operation, call site) on an exception, innermost first
 
@@ -54,6 +56,17 @@ def mark_failure(error: BaseException, operation: str, site: str | None = None) 
     innermost mark stands, so a handler marks on the way out and the first one wins."""
     if not hasattr(error, _FAILED_IN):
         setattr(error, _FAILED_IN, (operation, site))
+
+
+def failure_summary(error: BaseException) -> str:
+    """One line: the operation and model line ``error`` came from, its type and first line
+    (``Tensor.view at models/net.py:12: RuntimeError: view size is not compatible ...``)."""
+    operation, site = getattr(error, _FAILED_IN, (None, None))
+    site = site or failure_site(error)
+    where = " at ".join(part for part in (operation, site) if part)
+    first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    text = f"{type(error).__name__}: {first}".rstrip(": ")
+    return f"{where}: {text}" if where else text
 
 
 def failure_site(error: BaseException) -> str | None:

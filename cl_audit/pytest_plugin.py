@@ -168,8 +168,8 @@ class ClAudit:
         from cl_audit.run import audit_model
 
         label = name or type(model).__name__
-        report = audit_model(
-            model, example_input, name=label, train=train, amp=amp, convert=convert
+        report = audit_model(  # a gate: remedies stay leads (cl-audit MODEL proves them)
+            model, example_input, name=label, train=train, amp=amp, convert=convert, verify=False
         )
         self.reports.append(report)
         self._session.check(f"{self._node_id}::{label}", report, allow, label)

@@ -7,16 +7,21 @@ channels_last costs bytes there (a site where it saves gets none). An entry that
 groups of operations (weight standardisation: the weight's reshape and the convolution that
 converts it back). Nothing else is guessed: an unknown pattern has no remedy, and the reports
 say so.
+
+An entry may name the changes (``cl_audit.whatif``) that carry its advice out at run time; the
+verification phase tries them on the model and the remedy a site shows is the change that held
+(``cl_audit.phases.verify``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from cl_audit.enums import CostKind
 from cl_audit.report.cost import Remedy
 
-__all__ = ["REMEDIES", "SiteContext", "remedy_for"]
+__all__ = ["REMEDIES", "Match", "SiteContext", "matches", "remedy_for", "site_contexts"]
 
 
 @dataclass(frozen=True)
@@ -27,6 +32,7 @@ class _Entry:
     prefix: bool = False  # ops are name prefixes (autograd nodes: ``MeanBackward0``, ``1``)
     devices: frozenset[str] = frozenset({"cpu", "cuda"})  # torch device types
     together: tuple[frozenset[str], ...] = ()  # op groups the module must each cost at
+    changes: tuple[str, ...] = ()  # what-if changes that carry the advice out (whatif.CHANGES)
 
 
 def _entry(
@@ -38,6 +44,7 @@ def _entry(
     prefix: bool = False,
     devices: str = "cpu cuda",
     together: tuple[str, ...] = (),
+    changes: str = "",
 ) -> _Entry:
     return _Entry(
         frozenset(ops.split()),
@@ -46,6 +53,7 @@ def _entry(
         prefix,
         frozenset(devices.split()),
         tuple(frozenset(group.split()) for group in together),
+        tuple(changes.split()),
     )
 
 
@@ -81,6 +89,18 @@ REMEDIES: tuple[_Entry, ...] = (
         "drop the .contiguous() (timm's LayerNorm2d permutes, normalises and permutes back "
         "with no copy), or write .contiguous(memory_format=torch.channels_last) for 4D data",
         "timm/layers/norm.py LayerNorm2d",
+        changes="drop channels_last",
+    ),
+    _entry(
+        "Tensor.contiguous",
+        "copy",
+        "a channel shuffle (view, transpose, .contiguous(), view) of channels_last maps",
+        "F.channel_shuffle(x, groups) (nn.ChannelShuffle) writes the shuffle in the input's "
+        "memory format on the CPU",
+        "aten/src/ATen/native/ChanelShuffle.cpp: channel_shuffle_cpu keeps "
+        "suggest_memory_format(); CUDA runs math_channel_shuffle, which writes NCHW",
+        devices="cpu",
+        changes="channel_shuffle",
     ),
     _entry(
         f"{_STANDARDISE} {_CONVOLVE}",
@@ -155,20 +175,56 @@ def _matches(entry: _Entry, op: str | None, kind: CostKind, context: SiteContext
     )
 
 
+@dataclass(frozen=True)
+class Match:
+    """A catalogue entry that matches a site: by the site's own operation, or (``at_fix``) by
+    its fix site's."""
+
+    remedy: Remedy
+    changes: tuple[str, ...]
+    at_fix: bool
+
+
+def matches(
+    kind: CostKind,
+    ops: tuple[str | None, ...],
+    fix_ops: tuple[str | None, ...],
+    context: SiteContext,
+) -> tuple[Match, ...]:
+    """The entries for a costing site of ``kind`` whose operation goes by ``ops`` (Python name,
+    aten name), then those for its fix site, whose operation goes by ``fix_ops`` (a copy, or
+    for a parameter site a parameter conversion); the catalogue's order within each."""
+    fix_kind = CostKind.PARAMETER if kind is CostKind.PARAMETER else CostKind.COPY
+    own = [
+        Match(e.remedy, e.changes, False)
+        for e in REMEDIES
+        if any(_matches(e, op, kind, context) for op in ops)
+    ]
+    fix = [
+        Match(e.remedy, e.changes, True)
+        for e in REMEDIES
+        if any(_matches(e, op, fix_kind, context) for op in fix_ops)
+    ]
+    return (*own, *fix)
+
+
 def remedy_for(
     kind: CostKind,
     ops: tuple[str | None, ...],
     fix_ops: tuple[str | None, ...],
     context: SiteContext,
 ) -> Remedy | None:
-    """The remedy for a costing site of ``kind`` whose operation goes by ``ops`` (Python name,
-    aten name), or else for its fix site, whose operation goes by ``fix_ops`` (a copy, or for
-    a parameter site a parameter conversion)."""
-    fix_kind = CostKind.PARAMETER if kind is CostKind.PARAMETER else CostKind.COPY
-    for entry in REMEDIES:
-        if any(_matches(entry, op, kind, context) for op in ops):
-            return entry.remedy
-    for entry in REMEDIES:
-        if any(_matches(entry, op, fix_kind, context) for op in fix_ops):
-            return entry.remedy
-    return None
+    """The catalogue's first remedy for the site (``matches``), untried."""
+    found = matches(kind, ops, fix_ops, context)
+    return found[0].remedy if found else None
+
+
+def site_contexts(
+    sites: Iterable[tuple[str | None, CostKind, tuple[str | None, ...]]], device: str
+) -> dict[str | None, SiteContext]:
+    """Each module's context from its costing sites, given as (module path, kind, operation
+    names)."""
+    costing: dict[str | None, set[tuple[CostKind, str]]] = {}
+    for module, kind, ops in sites:
+        costing.setdefault(module, set()).update((kind, op) for op in ops if op is not None)
+    return {module: SiteContext(device, frozenset(ops)) for module, ops in costing.items()}

@@ -26,6 +26,7 @@ from cl_audit.inputs import Example, example_of
 from cl_audit.phases.audited import run_audited
 from cl_audit.phases.compare import compare
 from cl_audit.phases.compile import compile_phase
+from cl_audit.phases.verify import verify
 from cl_audit.plan import RunPlan, plan_run
 from cl_audit.report import ModelReport
 from cl_audit.report.cost import GATE_BATCH, Gate
@@ -66,7 +67,7 @@ def audit_module(
         except Exception as e:
             raise ModelFailedError(Stage.SETUP, label, e) from e
         audited = run_audited(plan, run, forward, model, label, loss)
-        comparison = compare(plan, run, model, audited, loss)
+        comparison = verify(plan, run, model, forward, compare(plan, run, model, audited, loss))
         compiled = None
         if plan.settings.compile:
             compiled = compile_phase(plan, model, example, comparison.offenders, label)
@@ -138,6 +139,7 @@ def audit_model(
     gate_batch: int | None = GATE_BATCH,
     compile: bool = False,
     force_layout_opt: bool = False,
+    verify: bool = True,
 ) -> ModelReport:
     """Audit one eval-mode, no-grad forward pass of ``model``, or with ``train`` one training
     step (train mode, forward and loss, backward, an ``optimizer`` step; see ``training_loss``).
@@ -158,7 +160,9 @@ def audit_model(
     loss; ``time`` adds ``Timing`` (eager runs only). ``compile`` adds ``compiled``: what
     ``torch.compile``'s Inductor decides about layouts for each graph it would compile, and why
     (``force_layout_opt``: also the decision under Inductor's force switch); the verdict stays
-    the eager audit's.
+    the eager audit's. ``verify`` tries the remedies of the costliest sites in what-if runs
+    (an eager inference forward; ``cl_audit.phases.verify``): each remedy says whether it was
+    verified, refuted or is a lead, with the evidence.
     """
     example = example_of(example_input)
     first = example.first
@@ -178,5 +182,6 @@ def audit_model(
         time=time,
         compile=compile,
         force_layout_opt=force_layout_opt,
+        verify=verify,
     )
     return audit_module(model, example, settings, name=name, loss=loss)

@@ -63,6 +63,7 @@ class AuditSettings:
     gate: Gate = DEFAULT_GATE  # when a channels_last-only cost offends
     compile: bool = False  # also Inductor's layout decision per compiled graph (cl_audit.compiled)
     force_layout_opt: bool = False  # with compile: also the decision under Inductor's force switch
+    verify: bool = False  # try the cost sites' remedies in what-if runs (cl_audit.phases.verify)
 
     def __post_init__(self) -> None:
         """Combinations that cannot take effect are refused once, here, with the reason."""

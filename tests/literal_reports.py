@@ -191,8 +191,25 @@ _V7_COST = ("batch", "fixed_bytes", "fixed_written_bytes", "per_sample_bytes",
             "per_sample_written_bytes", "at_gate")  # fmt: skip
 
 
+def before_version_8(data: dict) -> dict:
+    """A report's JSON as versions before 8 wrote it: remedies without their status."""
+    if data.get("cost") is None:
+        return data
+    cost = {k: v for k, v in data["cost"].items() if k != "verify_seconds"}
+    cost["sites"] = [
+        site
+        | {
+            "remedy": site["remedy"]
+            and {k: site["remedy"][k] for k in ("pattern", "advice", "reference")}
+        }
+        for site in cost["sites"]
+    ]
+    return data | {"cost": cost}
+
+
 def before_version_7(data: dict) -> dict:
     """A report's JSON as versions before 7 wrote it: no batch in the cost or its gate."""
+    data = before_version_8(data)
     if data.get("cost") is None:
         return data
     cost = {k: v for k, v in data["cost"].items() if k not in _V7_COST}

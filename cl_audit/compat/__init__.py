@@ -44,6 +44,7 @@ __all__ = [
     "op_traits",
     "profiled_ops",
     "storage_key",
+    "tensor_leaves",
     "torch_version",
     "view_base",
 ]
@@ -177,6 +178,11 @@ def _real_only(func: Any, args: Any, kwargs: dict[str, Any]) -> bool:
     return bool(tensors) and all(
         not is_fake(t) and t.device.type == "cpu" and not t.is_meta for t in tensors
     )
+
+
+def tensor_leaves(value: Any) -> list[torch.Tensor]:
+    """The tensors in a nest of tuples, lists and dicts (a model's output)."""
+    return [a for a in torch.utils._pytree.tree_leaves(value) if isinstance(a, torch.Tensor)]
 
 
 def new_fake_mode() -> FakeTensorMode:

@@ -15,12 +15,20 @@ from cl_audit.layout import MemoryLayout
 from cl_audit.render import format_bytes
 from cl_audit.render import html_text as _e
 from cl_audit.render.html_compiled import compiled_section
-from cl_audit.render.terminal import cost_line, operator_examples, predicted_note, timing_line
+from cl_audit.render.terminal import (
+    cost_line,
+    operator_examples,
+    predicted_note,
+    remedy_lines,
+    timing_line,
+    verify_text,
+)
 from cl_audit.report import (
     Finding,
     ModelReport,
     ModelRow,
     Producer,
+    Remedy,
     SiteGroup,
     SweepReport,
     by_call_site,
@@ -37,6 +45,7 @@ th,td{border:1px solid #d7dae0;padding:.25em .45em;text-align:left;vertical-alig
 th{background:#f1f3f6;cursor:pointer;user-select:none;white-space:nowrap}
 td.num,th.num{text-align:right}code{font-size:.92em;overflow-wrap:anywhere}code.op,code.site{white-space:nowrap;overflow-wrap:normal}
 .verdict-minor{color:#a86400}
+.remedy-verified{color:#1e7d32}.remedy-refuted{color:#a86400}
 tr.target{outline:2px solid #f0a020}
 .cards{display:flex;gap:.6em;flex-wrap:wrap}.card{border:1px solid #d7dae0;border-radius:6px;
 padding:.4em .8em}.card b{display:block;font-size:1.3em}
@@ -258,6 +267,16 @@ def _producer_text(producer: Producer | None) -> str:
     return f"{op} in {producer.module_path or '(root)'} at {producer.call_site or '?'}"
 
 
+def _remedy_cell(remedy: Remedy) -> str:
+    """The remedy and how far it is proven; the changes tried, under a fold."""
+    head, *trials = remedy_lines(remedy)
+    cell = f'<span class="remedy-{_e(remedy.status.value)}">{_e(head)}</span>'
+    if trials:
+        items = "".join(f"<li>{_e(trial.strip())}</li>" for trial in trials)
+        cell += f"<details><summary>changes tried</summary><ul>{items}</ul></details>"
+    return cell
+
+
 def _cost_section(report: ModelReport) -> str:
     """The verdict's figures, then every site where the two runs copied different bytes, the
     costliest first, with its fix site and remedy."""
@@ -269,6 +288,7 @@ def _cost_section(report: ModelReport) -> str:
             "; the verdict counts offenders.</p>"
         )
     lines = cost_line(cost, report.environment.train).split("\n")
+    tried = verify_text(cost)
     rows = "".join(
         f'<tr><td><code class="op">{_e(site.op)}</code></td><td>{_e(site.kind.value)}, '
         f'{_e(site.phase.value)}</td><td><code class="site">{_e(site.where)}</code>'
@@ -277,7 +297,7 @@ def _cost_section(report: ModelReport) -> str:
         f'<td class="num" data-value="{site.saved}">{format_bytes(site.saved)}</td>'
         f"<td>{_e(_producer_text(site.fix_site))}</td><td>"
         + (
-            f'{_e(site.remedy.advice)} <span class="dim">({_e(site.remedy.reference)})</span>'
+            _remedy_cell(site.remedy)
             if site.remedy is not None
             else ('<span class="dim">no known remedy</span>' if site.extra else "")
         )
@@ -291,7 +311,9 @@ def _cost_section(report: ModelReport) -> str:
         for m in cost.mixed
     )
     return (
-        f'<p><b>{_e(lines[0])}</b><br><span class="dim">{_e(lines[1])}</span></p>'
+        f'<p><b>{_e(lines[0])}</b><br><span class="dim">{_e(lines[1])}</span>'
+        + (f'<br><span class="dim">{_e(tried)}</span>' if tried else "")
+        + "</p>"
         '<table class="sortable" id="cost"><thead><tr><th>op</th><th>kind</th><th>call site'
         '</th><th>module</th><th class="num">channels_last only</th><th class="num">saved</th>'
         "<th>NCHW-ordered data from (fix site)</th><th>remedy</th></tr></thead>"

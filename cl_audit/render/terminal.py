@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 from rich.console import Console, ConsoleOptions, Group, RenderResult
+from rich.markup import escape
 from rich.measure import Measurement
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from cl_audit.enums import DifferentialStatus, Evidence, Fate, TensorMode, Verdict
+from cl_audit.enums import DifferentialStatus, Evidence, Fate, RemedyStatus, TensorMode, Verdict
 from cl_audit.render import format_bytes
 from cl_audit.report import (
     Comparison,
@@ -21,10 +24,12 @@ from cl_audit.report import (
     Finding,
     ModelReport,
     Producer,
+    Remedy,
     SiteGroup,
     SweepReport,
     TensorSummary,
     Timing,
+    Trial,
     by_call_site,
 )
 
@@ -36,11 +41,15 @@ __all__ = [
     "offenders_table",
     "operator_examples",
     "predicted_note",
+    "remedy_lines",
     "render_comparison",
     "render_report",
     "render_sweep",
     "summary_text",
     "timing_line",
+    "trial_text",
+    "trials_text",
+    "verify_text",
 ]
 
 
@@ -105,6 +114,53 @@ def cost_line(cost: Cost, train: bool) -> str:
     )  # fmt: skip
 
 
+def remedy_lines(remedy: Remedy) -> list[str]:
+    """A remedy in plain text: the advice and how far it is proven, then a line per change tried
+    ("verified: drop the .contiguous() (...)", "  held: ...", "  failed: ...")."""
+    reference = f" ({remedy.reference})"
+    if remedy.status is RemedyStatus.VERIFIED:
+        head = f"remedy, verified on this model: {remedy.advice}{reference}"
+    elif remedy.status is RemedyStatus.REFUTED:
+        head = f"no tried fix holds for {remedy.pattern}{reference}"
+    else:
+        note = f", {remedy.note}" if remedy.note else ""
+        head = f"remedy (a lead{note}): {remedy.advice}{reference}"
+    return [head, *(f"  {trial_text(trial)}" for trial in remedy.evidence)]
+
+
+def trial_text(trial: Trial) -> str:
+    """What one change did: "held: drop the .contiguous(): output max |diff| 0 (tolerance
+    1e-05); here 2.3 MiB -> 0 B, elsewhere +0 B", or why it failed."""
+    if trial.failure is not None:
+        return f"failed: {trial.change}: {trial.failure}"
+    if not trial.applied:
+        return f"failed: {trial.change}: the pattern it is written for was not found"
+    return f"{'held' if trial.holds else 'failed'}: {trial.change}: {trial_figures(trial)}"
+
+
+def trial_figures(trial: Trial) -> str:
+    """A change's figures: the output's difference and the bytes at its sites and elsewhere."""
+    moved = trial.moved_bytes or 0
+    return (
+        f"output max |diff| {trial.max_abs_diff or 0:.3g} (tolerance {trial.tolerance or 0:.3g});"
+        f" here {format_bytes(trial.site_bytes_before)} -> "
+        f"{format_bytes(trial.site_bytes_after or 0)}, elsewhere "
+        f"{'+' if moved >= 0 else '-'}{format_bytes(abs(moved))}"
+    )
+
+
+def verify_text(cost: Cost) -> str | None:
+    """ "remedies tried in what-if runs (4.9 s): 1 verified, 2 refuted", or None when none
+    ran."""
+    if cost.verify_seconds is None:
+        return None
+    counts = Counter(
+        s.remedy.status for s in cost.sites if s.remedy is not None and s.remedy.evidence
+    )
+    found = ", ".join(f"{status.value} at {n} site{'s' * (n != 1)}" for status, n in counts.items())
+    return f"remedies tried in what-if runs ({cost.verify_seconds:.1f} s): {found or 'none'}"
+
+
 def gate_batch_text(cost: Cost) -> str:
     """Where the gate judged: " at batch 32 (projected from batch 2: 4.9 MiB of 151 MiB,
     3.24%)", or at the audited batch."""
@@ -139,6 +195,8 @@ def summary_text(report: ModelReport) -> Text:
     ]
     if report.cost is not None:
         lines.append(cost_line(report.cost, env.train))
+        tried = verify_text(report.cost)
+        lines += [tried] if tried else []
     else:
         lines.append("cost not weighed: " + _differential_line(report))
     lines += [
@@ -228,15 +286,27 @@ def offenders_table(
 _VERDICT_STYLES = {Verdict.OFFENDING: "red", Verdict.MINOR: "yellow", Verdict.CLEAN: "green"}
 
 
+_REMEDY_STYLES = {
+    RemedyStatus.VERIFIED: "green",
+    RemedyStatus.LEAD: "cyan",
+    RemedyStatus.REFUTED: "yellow",
+}
+
+
 def _fix_cell(site: CostSite) -> str:
     where = _where(site.module_path, site.module_class)
     lines = [where]
     if site.fix_site is not None:
         lines.append(f"[magenta]NCHW-ordered data from {_producer_cell(site.fix_site, False)}[/]")
     if site.remedy is not None:
-        lines.append(
-            f"[green]remedy: {site.remedy.advice}[/green] [dim]({site.remedy.reference})[/]"
-        )
+        remedy = site.remedy
+        style = _REMEDY_STYLES[remedy.status]
+        lines.append(f"[{style}]{escape(remedy_lines(remedy)[0])}[/{style}]")
+        held = next((t for t in remedy.evidence if t.holds), None)
+        if held is not None:
+            lines.append(f"[dim]proven: {escape(trial_figures(held))}[/dim]")
+        elif remedy.evidence:
+            lines.append(f"[dim]{len(remedy.evidence)} changes tried, none held: see below[/dim]")
     elif site.extra:
         lines.append("[dim]no known remedy for this pattern[/dim]")
     return "\n".join(lines)
@@ -282,6 +352,21 @@ def cost_table(sites: tuple[CostSite, ...], top: int = 12) -> Table:
     return table
 
 
+def trials_text(cost: Cost) -> list[str]:
+    """Every change tried, by the line it was made at."""
+    lines: dict[str, list[str]] = {}
+    for site in cost.sites:
+        for trial in site.remedy.evidence if site.remedy is not None else ():
+            tried = lines.setdefault(trial.line, [])
+            if trial_text(trial) not in tried:
+                tried.append(trial_text(trial))
+    return [
+        text
+        for line, tried in lines.items()
+        for text in (f"changes tried at {line}:", *(f"  {t}" for t in tried))
+    ]
+
+
 def render_report(report: ModelReport, console: Console, show_all: bool = False) -> None:
     """The verdict and the cost by site; with ``show_all`` also the findings (offenders,
     parameter conversions, format-neutral losses) and the mixed-format operations. A report
@@ -292,6 +377,8 @@ def render_report(report: ModelReport, console: Console, show_all: bool = False)
     cost = report.cost
     if cost is not None and cost.extra_bytes:
         console.print(cost_table(cost.sites))
+        for line in trials_text(cost):
+            console.print(line, highlight=False, soft_wrap=True)
     if cost is not None and cost.mixed:
         reads = sum(m.bytes_read for m in cost.mixed)
         console.print(

@@ -22,7 +22,7 @@ from cl_audit.report.compiled import (
     CompiledGraph,
     CompiledSite,
 )
-from cl_audit.report.cost import Cost, CostSite, Gate, MixedSite, Projection, Remedy
+from cl_audit.report.cost import Cost, CostSite, Gate, MixedSite, Projection, Remedy, Trial
 from cl_audit.report.envelope import (
     BENCH_FORMAT,
     BENCH_READABLE,
@@ -116,6 +116,7 @@ __all__ = [
     "TensorSummary",
     "TimelineEvent",
     "Timing",
+    "Trial",
     "Verdict",
     "by_call_site",
     "check_envelope",

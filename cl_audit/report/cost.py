@@ -17,12 +17,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from cl_audit.enums import CostKind, Evidence, Phase, Verdict
+from cl_audit.enums import CostKind, Evidence, Phase, RemedyStatus, Verdict
 from cl_audit.report.codec import JsonForm
 
 __all__ = [
     "GATE_BATCH", "Cost", "CostSite", "Gate", "MixedSite", "Producer", "Projection", "Remedy",
-    "fixed_extra", "project",
+    "Trial", "fixed_extra", "project",
 ]  # fmt: skip
 
 MIB = 1 << 20
@@ -81,12 +81,60 @@ class Projection:
 
 
 @dataclass(frozen=True)
+class Trial:
+    """One change tried at a site in a what-if run: the forward run again in both layouts on
+    the same input with the change made at the call site. ``failure``: the operation and line
+    that raised; ``max_abs_diff`` against the unchanged channels_last output, within
+    ``tolerance``; the site's channels_last-only bytes before and after, and what the change
+    added at other sites (``moved_bytes``)."""
+
+    change: str  # what the user would write
+    line: str  # the call site it was made at
+    applied: int  # calls the change was made at, per run
+    failure: str | None
+    max_abs_diff: float | None
+    tolerance: float | None
+    site_bytes_before: int
+    site_bytes_after: int | None
+    moved_bytes: int | None
+    extra_bytes_after: int | None  # the model's channels_last-only bytes with the change
+
+    json_form: ClassVar[JsonForm] = JsonForm(derived=("holds",))
+
+    @property
+    def holds(self) -> bool:
+        """It ran, kept the output and cut the model's channels_last-only bytes at the site."""
+        return (
+            self.failure is None
+            and self.applied > 0
+            and self.max_abs_diff is not None
+            and self.tolerance is not None
+            and self.max_abs_diff <= self.tolerance
+            and self.site_bytes_after is not None
+            and self.site_bytes_after < self.site_bytes_before
+            and self.moved_bytes is not None
+            and self.moved_bytes < self.site_bytes_before - self.site_bytes_after
+        )
+
+
+@dataclass(frozen=True)
 class Remedy:
-    """A known fix for a pattern, with the upstream issue, PR or source that documents it."""
+    """A known fix for a pattern, with the upstream issue, PR or source that documents it;
+    ``status`` says whether a what-if run proved it on this model (``evidence``: each change
+    tried) or why not (``note``)."""
 
     pattern: str
     advice: str
     reference: str
+    status: RemedyStatus = RemedyStatus.LEAD
+    evidence: tuple[Trial, ...] = ()
+    note: str | None = None  # a lead's reason it was not tried; a refuted one's summary
+
+    json_form: ClassVar[JsonForm] = JsonForm(derived=("verified",))
+
+    @property
+    def verified(self) -> bool:
+        return self.status is RemedyStatus.VERIFIED
 
 
 @dataclass(frozen=True)
@@ -160,6 +208,7 @@ class Cost:
     batch: int | None = None  # the audited batch: the first input's first dimension
     fixed_bytes: int = 0  # of extra_bytes, at parameter sites: paid once per forward or step
     fixed_written_bytes: int = 0  # of bytes_written, not growing with the batch
+    verify_seconds: float | None = None  # the what-if runs' time; None: none ran
 
     json_form: ClassVar[JsonForm] = JsonForm(
         derived=("net_bytes", "share", "per_sample_bytes", "per_sample_written_bytes", "at_gate")

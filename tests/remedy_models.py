@@ -1,0 +1,54 @@
+"""Tiny modules for remedies proven by what-if runs (``cl_audit.phases.verify``): a change that
+holds beside one that breaks the model, each at its own line."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class TwoCopies(nn.Module):
+    """Two ``.contiguous()`` calls writing NCHW order: the first can go (the convolution after
+    it takes either order: the output is the same, the copies gone); the second feeds a
+    ``.view`` that flattens channels first, which needs NCHW order (dropping it, or writing
+    channels_last, makes the view raise)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.after = nn.Conv2d(8, 8, 3, padding=1)
+        self.head = nn.Linear(8 * 16 * 16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.after(self.conv(x).contiguous())  # droppable
+        flat = x.contiguous().view(x.shape[0], -1)  # needed by the view
+        return self.head(flat)
+
+
+class ShuffleNet(nn.Module):
+    """ShuffleNet's channel shuffle written out (view, transpose, ``.contiguous()``, view):
+    only ``F.channel_shuffle`` keeps channels_last here."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 3, padding=1)
+        self.after = nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        n, c, h, w = x.shape
+        x = x.view(n, 2, c // 2, h, w).transpose(1, 2).contiguous().view(n, c, h, w)
+        return self.after(x)
+
+
+class ShuffledByTorch(nn.Module):
+    """Control: the same shuffle by ``F.channel_shuffle``: nothing to remedy on the CPU."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 3, padding=1)
+        self.after = nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.after(F.channel_shuffle(self.stem(x), 2))

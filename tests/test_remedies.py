@@ -1,0 +1,168 @@
+"""Remedies proven by what-if runs (``cl_audit.phases.verify``): a change made at its line in
+both layouts is verified only when the model still runs, its output is kept and the cost at
+its sites falls; the changes that break the model are shown failed and not offered."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+import remedy_models as rm
+import torch
+import torchvision
+from literal_reports import before_version_8
+from typer.testing import CliRunner
+
+from cl_audit import audit_model
+from cl_audit.cli import app
+from cl_audit.enums import RemedyStatus
+from cl_audit.report import ModelReport, load_schema
+
+ANY = {"fail_share": 0.0, "fail_bytes": 0}
+SHUFFLE = "F.channel_shuffle(x, groups)"
+
+
+def _input(size: int = 16) -> torch.Tensor:
+    return torch.randn(2, 3, size, size, generator=torch.Generator().manual_seed(0))
+
+
+def _audit(model: torch.nn.Module, **kwargs) -> ModelReport:
+    torch.manual_seed(0)
+    return audit_model(model, _input(), **{**ANY, **kwargs})
+
+
+def _remedies(report: ModelReport) -> dict[str, object]:
+    """Each tried line's remedy (by the line its changes were made at)."""
+    found = {}
+    for site in report.cost.sites:
+        for trial in site.remedy.evidence if site.remedy is not None else ():
+            found[trial.line] = site.remedy
+    return found
+
+
+def _line(model: type, text: str) -> str:
+    import inspect
+
+    lines, start = inspect.getsourcelines(model.forward)
+    (number,) = [start + i for i, line in enumerate(lines) if text in line]
+    return f"remedy_models.py:{number}"
+
+
+def test_a_change_that_holds_is_verified_and_one_that_breaks_the_view_is_refuted():
+    report = _audit(rm.TwoCopies())
+    remedies = _remedies(report)
+    droppable = remedies[_line(rm.TwoCopies, "# droppable")]
+    needed = remedies[_line(rm.TwoCopies, "# needed by the view")]
+    assert droppable.status is RemedyStatus.VERIFIED and droppable.verified
+    assert droppable.advice == "drop the .contiguous()"
+    held = [t for t in droppable.evidence if t.holds]
+    assert held and all(
+        t.max_abs_diff <= t.tolerance and t.site_bytes_after == 0 and t.moved_bytes <= 0
+        for t in held
+    )
+    assert needed.status is RemedyStatus.REFUTED and not needed.verified
+    assert needed.evidence and all(
+        not t.holds and f"Tensor.view at {_line(rm.TwoCopies, 'needed')}" in t.failure
+        for t in needed.evidence
+    )
+    assert report.cost.verify_seconds is not None
+    data = json.loads(report.to_json())
+    jsonschema.validate(data, load_schema("report"))
+    assert ModelReport.from_dict(data) == report
+
+
+def test_the_channel_shuffle_is_proven_where_the_contiguous_edits_break_the_view():
+    report = _audit(rm.ShuffleNet())
+    (remedy,) = _remedies(report).values()
+    assert remedy.status is RemedyStatus.VERIFIED and SHUFFLE in remedy.advice
+    by_change = {t.change.split()[0]: t for t in remedy.evidence}
+    assert by_change["replace"].holds and by_change["replace"].extra_bytes_after == 0
+    for edit in ("drop", "write"):
+        assert not by_change[edit].holds and "Tensor.view" in by_change[edit].failure
+    control = _audit(rm.ShuffledByTorch())
+    assert control.cost.extra_bytes == 0 and control.cost.verify_seconds is None
+
+
+def test_the_channel_shuffle_change_is_tried_only_where_the_pattern_is():
+    remedies = _remedies(_audit(rm.TwoCopies()))
+    changes = {t.change for r in remedies.values() for t in r.evidence}
+    assert changes and not any(SHUFFLE in c for c in changes)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "reason"),
+    [
+        ({"verify": False}, "verification off"),
+        ({"train": True}, "inference forwards"),
+    ],
+)
+def test_an_untried_remedy_is_a_lead_that_says_why(kwargs, reason):
+    report = _audit(rm.TwoCopies(), **kwargs)
+    remedies = [s.remedy for s in report.cost.sites if s.remedy is not None]
+    assert remedies and all(
+        r.status is RemedyStatus.LEAD and not r.evidence and reason in r.note for r in remedies
+    )
+
+
+def test_a_version_7_remedy_reads_back_as_a_lead():
+    data = before_version_8(_audit(rm.TwoCopies()).to_dict()) | {"version": 7}
+    jsonschema.validate(data, load_schema("report", 7))
+    old = ModelReport.from_dict(data)
+    assert all(
+        s.remedy.status is RemedyStatus.LEAD and not s.remedy.evidence
+        for s in old.cost.sites
+        if s.remedy is not None
+    )
+    jsonschema.validate(old.to_dict(), load_schema("report"))
+
+
+def test_shufflenet_gets_the_verified_channel_shuffle_not_the_contiguous_edits():
+    torch.manual_seed(0)
+    model = torchvision.models.shufflenet_v2_x0_5()
+    report = audit_model(model, _input(64))
+    remedies = _remedies(report)
+    assert remedies and all(r.status is RemedyStatus.VERIFIED for r in remedies.values())
+    assert all(SHUFFLE in r.advice for r in remedies.values())
+    failed = [t for r in remedies.values() for t in r.evidence if not t.holds]
+    assert failed and all("Tensor.view at torchvision/models/shufflenetv2.py" in t.failure
+                          for t in failed)  # fmt: skip
+
+
+def _invoke(*args: str):
+    return CliRunner().invoke(app, list(args), env={"COLUMNS": "160"}, catch_exceptions=False)
+
+
+def test_cli_verifies_one_model_and_no_verify_leaves_leads(tmp_path):
+    model = ("tests/remedy_models.py:TwoCopies", "--input-size", "3x16x16", "--fail-bytes", "0")
+    verified = _invoke(*model, "--json", str(tmp_path / "v.json"))
+    assert verified.exit_code == 1, verified.output
+    assert "remedy, verified on this model: drop the .contiguous()" in verified.output
+    assert "changes tried at remedy_models.py:" in verified.output
+    statuses = {
+        s["remedy"]["status"]
+        for s in json.loads((tmp_path / "v.json").read_text())["cost"]["sites"]
+        if s["remedy"]
+    }
+    assert statuses == {"verified", "refuted"}
+    lead = _invoke(*model, "--no-verify", "--json", str(tmp_path / "l.json"))
+    assert lead.exit_code == 1, lead.output
+    assert "remedy (a lead, not tried: verification off" in lead.output
+    cost = json.loads((tmp_path / "l.json").read_text())["cost"]
+    assert cost["verify_seconds"] is None
+    assert {s["remedy"]["status"] for s in cost["sites"] if s["remedy"]} == {"lead"}
+
+
+def test_a_sweep_proves_remedies_only_with_verify(tmp_path):
+    models = ("tests/remedy_models.py:TwoCopies", "tests/remedy_models.py:ShuffleNet")
+    swept = _invoke(*models, "--input-size", "3x16x16", "--verify", "--json", str(tmp_path / "s"))
+    assert swept.exit_code == 0, swept.output
+    data = json.loads((tmp_path / "s").read_text())
+    jsonschema.validate(data, load_schema("sweep"))
+    statuses = {
+        row["name"].split(":")[1]: {
+            s["remedy"]["status"] for s in row["cost"]["sites"] if s["remedy"]
+        }
+        for row in data["models"]
+    }
+    assert statuses == {"TwoCopies": {"verified", "refuted"}, "ShuffleNet": {"verified"}}
