@@ -2,11 +2,12 @@
 made at its line in a what-if run of the same forward in both layouts on the same input
 (``cl_audit.whatif``), is kept as the site's remedy only where it held.
 
-A change holds when the model still runs, its output equals the unchanged channels_last output
-within the output dtype's tolerance (``torch.testing``'s defaults), and the channels_last-only
-bytes of the sites at its line (or fixed there) fall by more than it adds elsewhere. The what-if
-runs an eager inference forward: a fake run has no values to compare, and a training step's
-what-if is not built (its remedies stay leads, saying so).
+A change holds when the model still runs in both layouts, each output equals the unchanged
+model's in that layout within the output dtype's tolerance (``torch.testing``'s defaults), and
+the channels_last-only bytes of the sites at its line (or fixed there), counted against the
+unchanged NCHW run (the model a user compares with), fall by more than it adds elsewhere. The
+what-if runs an eager inference forward: a fake run has no values to compare, and a training
+step's what-if is not built (its remedies stay leads, saying so).
 """
 
 from __future__ import annotations
@@ -42,10 +43,10 @@ _TOLERANCES = {  # torch.testing.assert_close's defaults: (rtol, atol)
 }
 
 
-def untried(plan: RunPlan) -> str | None:
+def _untried(plan: RunPlan) -> str | None:
     """Why the plan's remedies cannot be tried, or None."""
     if not plan.settings.verify:
-        return "not tried: verification off (--verify)"
+        return "not tried: verification off (--no-verify, or a sweep without --verify)"
     if plan.tensors.predicted:
         return "not tried: a fake run computes no values to compare"
     if plan.workload.train:
@@ -60,7 +61,7 @@ def verify(
     cost = comparison.cost
     if cost is None or not any(site.remedy for site in cost.sites):
         return comparison
-    reason = untried(plan)
+    reason = _untried(plan)
     if reason is not None:
         return replace(comparison, cost=_noted(cost, reason))
     started = time.perf_counter()
