@@ -30,11 +30,9 @@ class ModelFailedError(RuntimeError):
         self.stage = stage
         self.model = model
         self.cause = cause
-        self.operation, site = getattr(cause, _FAILED_IN, (None, None))
-        self.site = site or failure_site(cause)
+        self.operation, self.site = _origin(cause)
         self.hint = hint
-        first = str(cause).strip().splitlines()[0] if str(cause).strip() else ""
-        message = f"{model}: {stage.value} failed{self._where()}: {type(cause).__name__}: {first}"
+        message = f"{model}: {stage.value} failed{self._where()}: {_first_line(cause)}"
         super().__init__(message.rstrip(": ") + (f" (hint: {hint})" if hint else ""))
 
     def _where(self) -> str:
@@ -58,14 +56,23 @@ def mark_failure(error: BaseException, operation: str, site: str | None = None) 
         setattr(error, _FAILED_IN, (operation, site))
 
 
+def _origin(error: BaseException) -> tuple[str | None, str | None]:
+    """The operation ``error`` was marked with and the model line it came from."""
+    operation, site = getattr(error, _FAILED_IN, (None, None))
+    return operation, site or failure_site(error)
+
+
+def _first_line(error: BaseException) -> str:
+    """``RuntimeError: the first line of its message``."""
+    first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    return f"{type(error).__name__}: {first}"
+
+
 def failure_summary(error: BaseException) -> str:
     """One line: the operation and model line ``error`` came from, its type and first line
     (``Tensor.view at models/net.py:12: RuntimeError: view size is not compatible ...``)."""
-    operation, site = getattr(error, _FAILED_IN, (None, None))
-    site = site or failure_site(error)
-    where = " at ".join(part for part in (operation, site) if part)
-    first = str(error).strip().splitlines()[0] if str(error).strip() else ""
-    text = f"{type(error).__name__}: {first}".rstrip(": ")
+    where = " at ".join(part for part in _origin(error) if part)
+    text = _first_line(error).rstrip(": ")
     return f"{where}: {text}" if where else text
 
 

@@ -26,24 +26,9 @@ class TwoCopies(nn.Module):
         return self.head(flat)
 
 
-class ShuffleNet(nn.Module):
-    """ShuffleNet's channel shuffle written out (view, transpose, ``.contiguous()``, view):
-    only ``F.channel_shuffle`` keeps channels_last here."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.stem = nn.Conv2d(3, 8, 3, padding=1)
-        self.after = nn.Conv2d(8, 8, 3, padding=1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.stem(x)
-        n, c, h, w = x.shape
-        x = x.view(n, 2, c // 2, h, w).transpose(1, 2).contiguous().view(n, c, h, w)
-        return self.after(x)
-
-
 class ShuffledByTorch(nn.Module):
-    """Control: the same shuffle by ``F.channel_shuffle``: nothing to remedy on the CPU."""
+    """Control for ``cost_models.Shuffle`` (ShuffleNet's channel shuffle written out): the same
+    shuffle by ``F.channel_shuffle``: nothing to remedy on the CPU."""
 
     def __init__(self) -> None:
         super().__init__()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import cost_models as cm
 import jsonschema
 import pytest
 import remedy_models as rm
@@ -73,7 +74,7 @@ def test_a_change_that_holds_is_verified_and_one_that_breaks_the_view_is_refuted
 
 
 def test_the_channel_shuffle_is_proven_where_the_contiguous_edits_break_the_view():
-    report = _audit(rm.ShuffleNet())
+    report = _audit(cm.Shuffle())
     (remedy,) = _remedies(report).values()
     assert remedy.status is RemedyStatus.VERIFIED and SHUFFLE in remedy.advice
     by_change = {t.change.split()[0]: t for t in remedy.evidence}
@@ -154,7 +155,7 @@ def test_cli_verifies_one_model_and_no_verify_leaves_leads(tmp_path):
 
 
 def test_a_sweep_proves_remedies_only_with_verify(tmp_path):
-    models = ("tests/remedy_models.py:TwoCopies", "tests/remedy_models.py:ShuffleNet")
+    models = ("tests/remedy_models.py:TwoCopies", "tests/cost_models.py:Shuffle")
     swept = _invoke(*models, "--input-size", "3x16x16", "--verify", "--json", str(tmp_path / "s"))
     assert swept.exit_code == 0, swept.output
     data = json.loads((tmp_path / "s").read_text())
@@ -165,4 +166,4 @@ def test_a_sweep_proves_remedies_only_with_verify(tmp_path):
         }
         for row in data["models"]
     }
-    assert statuses == {"TwoCopies": {"verified", "refuted"}, "ShuffleNet": {"verified"}}
+    assert statuses == {"TwoCopies": {"verified", "refuted"}, "Shuffle": {"verified"}}

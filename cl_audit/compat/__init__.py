@@ -172,9 +172,7 @@ def _real_only(func: Any, args: Any, kwargs: dict[str, Any]) -> bool:
         return False
     if func in _LIFTS or func._schema.is_mutable or "device" in kwargs:
         return False
-    tensors = [
-        a for a in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)
-    ]
+    tensors = tensor_leaves((args, kwargs))
     return bool(tensors) and all(
         not is_fake(t) and t.device.type == "cpu" and not t.is_meta for t in tensors
     )

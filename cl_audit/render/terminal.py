@@ -41,6 +41,7 @@ __all__ = [
     "offenders_table",
     "operator_examples",
     "predicted_note",
+    "remedy_head",
     "remedy_lines",
     "render_comparison",
     "render_report",
@@ -114,18 +115,20 @@ def cost_line(cost: Cost, train: bool) -> str:
     )  # fmt: skip
 
 
-def remedy_lines(remedy: Remedy) -> list[str]:
-    """A remedy in plain text: the advice and how far it is proven, then a line per change tried
-    ("verified: drop the .contiguous() (...)", "  held: ...", "  failed: ...")."""
+def remedy_head(remedy: Remedy) -> str:
+    """A remedy's advice in plain text and how far it is proven."""
     reference = f" ({remedy.reference})"
     if remedy.status is RemedyStatus.VERIFIED:
-        head = f"remedy, verified on this model: {remedy.advice}{reference}"
-    elif remedy.status is RemedyStatus.REFUTED:
-        head = f"no tried fix holds for {remedy.pattern}{reference}"
-    else:
-        note = f", {remedy.note}" if remedy.note else ""
-        head = f"remedy (a lead{note}): {remedy.advice}{reference}"
-    return [head, *(f"  {trial_text(trial)}" for trial in remedy.evidence)]
+        return f"remedy, verified on this model: {remedy.advice}{reference}"
+    if remedy.status is RemedyStatus.REFUTED:
+        return f"no tried fix holds for {remedy.pattern}{reference}"
+    note = f", {remedy.note}" if remedy.note else ""
+    return f"remedy (a lead{note}): {remedy.advice}{reference}"
+
+
+def remedy_lines(remedy: Remedy) -> list[str]:
+    """``remedy_head``, then a line per change tried ("  held: ...", "  failed: ...")."""
+    return [remedy_head(remedy), *(f"  {trial_text(trial)}" for trial in remedy.evidence)]
 
 
 def trial_text(trial: Trial) -> str:
@@ -133,8 +136,6 @@ def trial_text(trial: Trial) -> str:
     1e-05); here 2.3 MiB -> 0 B, elsewhere +0 B", or why it failed."""
     if trial.failure is not None:
         return f"failed: {trial.change}: {trial.failure}"
-    if not trial.applied:
-        return f"failed: {trial.change}: the pattern it is written for was not found"
     return f"{'held' if trial.holds else 'failed'}: {trial.change}: {trial_figures(trial)}"
 
 
@@ -301,7 +302,7 @@ def _fix_cell(site: CostSite) -> str:
     if site.remedy is not None:
         remedy = site.remedy
         style = _REMEDY_STYLES[remedy.status]
-        lines.append(f"[{style}]{escape(remedy_lines(remedy)[0])}[/{style}]")
+        lines.append(f"[{style}]{escape(remedy_head(remedy))}[/{style}]")
         held = next((t for t in remedy.evidence if t.holds), None)
         if held is not None:
             lines.append(f"[dim]proven: {escape(trial_figures(held))}[/dim]")
@@ -357,9 +358,9 @@ def trials_text(cost: Cost) -> list[str]:
     lines: dict[str, list[str]] = {}
     for site in cost.sites:
         for trial in site.remedy.evidence if site.remedy is not None else ():
-            tried = lines.setdefault(trial.line, [])
-            if trial_text(trial) not in tried:
-                tried.append(trial_text(trial))
+            tried, text = lines.setdefault(trial.line, []), trial_text(trial)
+            if text not in tried:
+                tried.append(text)
     return [
         text
         for line, tried in lines.items()
