@@ -246,3 +246,48 @@ class StandardisedThenCopy(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.after(self.conv(x).contiguous())
+
+
+class Folded(nn.Module):
+    """halonet's attention: the map cut into heads (a copy in NCHW order: the loss), the tokens
+    rewritten, then folded back into a map by ``.contiguous().view()``, which writes NCHW order,
+    with a ReLU and a pool after it that keep that order. The fold, not the cut, is the fix site
+    of the convolution that converts the map (``fold_channels_last``: the fold writes
+    channels_last order, and the convolution converts nothing)."""
+
+    def __init__(self, fold_channels_last: bool = False) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.after = nn.Conv2d(8, 8, 3, padding=1)
+        self.fold_channels_last = fold_channels_last
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.conv(x)
+        n, c, h, w = x.shape
+        heads = x.reshape(n * 2, c // 2, h * w)  # the cut: batch and heads merged, a copy
+        tokens = heads.transpose(1, 2).contiguous()  # (n * 2, hw, c / 2) order
+        if self.fold_channels_last:  # written (n, h, w, c), viewed as the map
+            out = tokens.view(n, 2, h, w, c // 2).permute(0, 2, 3, 1, 4).reshape(n, h, w, c)
+            out = out.permute(0, 3, 1, 2)
+        else:
+            out = tokens.transpose(1, 2).contiguous().view(n, c, h, w)  # the fold
+        return self.after(F.max_pool2d(torch.relu(out), 3, 1, 1))
+
+
+class NormThenTokens(nn.Module):
+    """efficientvim's mixer: timm's LayerNorm2d (its ``layer_norm`` output, permuted back, is
+    read in channels_last order), the map flattened to tokens as a view, a ``Conv1d`` writing
+    (B, C, HW) order, viewed as a map for a depthwise convolution. The ``Conv1d`` is the fix
+    site of the convolution's conversion, not the layer norm."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.norm = nn.LayerNorm(8)
+        self.proj = nn.Conv1d(8, 8, 1)
+        self.dw = nn.Conv2d(8, 8, 3, padding=1, groups=8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.norm(self.conv(x).permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+        n, c, h, w = x.shape
+        return self.dw(self.proj(x.flatten(2)).reshape(n, c, h, w))

@@ -214,6 +214,36 @@ def test_a_real_copy_after_the_permute_is_the_fix_site_not_the_view():
     assert conversion.fix_site.python_op == "Tensor.contiguous"
 
 
+def test_the_fold_writing_nchw_order_is_the_fix_site_not_the_cut_where_the_data_was_lost():
+    report = _audit(cm.Folded())
+    conversion = next(s for s in _extra_sites(report) if s.module_path == "after")
+    assert conversion.kind is CostKind.KERNEL and conversion.extra == MAP
+    fold = conversion.fix_site
+    assert fold.python_op == "Tensor.contiguous"  # through the pool and the ReLU after it
+    (cut,) = [s for s in _extra_sites(report) if s.kind is CostKind.COPY]
+    assert cut.op == "Tensor.reshape" and cut.extra == MAP  # the loss itself, still a cost
+    assert fold.call_site != cut.call_site
+    (regain,) = [r for r in report.regains if r.module_path == "after"]
+    assert regain.root_cause.python_op == "Tensor.reshape"  # the root cause stays the loss
+
+
+def test_a_fold_writing_channels_last_order_leaves_only_the_cut_to_pay_for():
+    report = _audit(cm.Folded(fold_channels_last=True))
+    (cut,) = _extra_sites(report)
+    assert (cut.kind, cut.op, cut.extra) == (CostKind.COPY, "Tensor.reshape", MAP)
+
+
+def test_the_operation_writing_tokens_viewed_as_a_map_is_the_fix_site_not_a_layer_norm():
+    report = _audit(cm.NormThenTokens())
+    (conversion,) = _extra_sites(report)
+    assert (conversion.kind, conversion.module_path, conversion.extra) == (
+        CostKind.KERNEL, "dw", MAP,
+    )  # fmt: skip
+    assert (conversion.fix_site.python_op, conversion.fix_site.module_path) == (
+        "torch.conv1d", "proj",
+    )  # fmt: skip
+
+
 def test_mixed_format_elementwise_operations_are_listed_apart_and_never_cost():
     report = _audit(cm.MixedAdd())
     assert report.cost.extra_bytes == 0

@@ -54,6 +54,20 @@ _Tensor = torch.Tensor
 _SEQUENCES = (list, tuple)
 
 
+def _writes_order(
+    output: torch.Tensor, inputs: list[torch.Tensor], contiguous: list[torch.Tensor]
+) -> bool:
+    """Whether an operation chose the memory order of its new ``output`` rather than keeping
+    its input's: it did unless it read a contiguous map of the output's rank (a convolution,
+    pool or pointwise operation in NCHW keeps that order) or an input of the output's shape
+    and strides (a pointwise operation on tokens)."""
+    rank = output.dim()
+    if any(t.dim() == rank for t in contiguous):
+        return False
+    shape, strides = output.shape, output.stride()
+    return not any(t.shape == shape and t.stride() == strides for t in inputs)
+
+
 class Recorder:
     """Applies the rule to each operation and accumulates findings.
 
@@ -134,7 +148,7 @@ class Recorder:
         if ledger is not None and aten_op is not None:
             if in_keys is None:
                 in_keys = [_storage_key(t) for t in inputs]
-            cause = found[0].producer if found and not found[0].view else None
+            cause = found[0].fix if found else None
             # By position, in OpRecord's order: keywords cost 0.3 us an operation.
             ledger.observe(
                 OpRecord(self.calls_checked, self.phase, aten_op, python_op, inputs, outputs,
@@ -163,7 +177,7 @@ class Recorder:
         if sources or reshaped:  # channels_last data written in another order (torch.stack)
             self._cl_ordered.update(key for t, key in new if layout_of(t) is _OTHER)
         if found:
-            self._carry_origins(found, new)
+            self._carry_origins(aten_op, python_op, inputs, contiguous, found, new)
         elif not contiguous:  # else derived from data from outside the audit: untracked (OUTSIDE)
             self._start_tracking(aten_op, python_op, outputs, out_keys, new, sources)
 
@@ -269,13 +283,30 @@ class Recorder:
                 return True
         return False
 
-    def _carry_origins(self, found: list[Origin], new: list[tuple[torch.Tensor, int]]) -> None:
+    def _carry_origins(
+        self,
+        aten_op: object,
+        python_op: object,
+        inputs: list[torch.Tensor],
+        contiguous: list[torch.Tensor],
+        found: list[Origin],
+        new: list[tuple[torch.Tensor, int]],
+    ) -> None:
         """Data derived from tracked data: its new outputs, unless channels_last, carry on the
-        origins it read, merged."""
+        origins it read, merged. An output whose order this operation chose (``_writes_order``)
+        names it as the writer, the fix site of what converts the data later."""
         origin = merge_origins(found)
         origins = self._origins
+        written: Origin | None = None
         for t, key in new:
-            if layout_of(t) is not _CL:
+            if layout_of(t) is _CL:
+                continue
+            if _writes_order(t, inputs, contiguous):
+                if written is None:
+                    producer = producer_of(aten_op, python_op, self.locate())
+                    written = Origin(origin.producer, origin.occurrences, origin.view, producer)
+                origins[key] = written
+            else:
                 origins[key] = origin
 
     def _start_tracking(
@@ -444,9 +475,10 @@ class Recorder:
         # Downstream, the contiguous data still traces back to the root cause, if there is one,
         # and derives from this occurrence and from the losses its inputs derive from.
         occurrences = merge_origins([Origin(producer, (Occurrence(tally),)), *found]).occurrences
-        origin = Origin(
-            producer if root is None else root.producer, occurrences, root is not None and root.view
-        )
+        if root is None:
+            origin = Origin(producer, occurrences)
+        else:  # the NCHW input's writer is the fix
+            origin = Origin(root.producer, occurrences, root.view, root.writer)
         for _, key in lost:
             self._origins[key] = origin
 

@@ -53,11 +53,20 @@ class Occurrence:
 @dataclass(eq=False)
 class Origin:
     """Where a run of contiguous data began (a loss or another producer; with a root cause, the
-    loss's root cause), and the loss occurrences the data derives from."""
+    loss's root cause), the loss occurrences the data derives from, and the operation that last
+    wrote its order (``writer``, None: the producer), the fix site of a site converting it."""
 
     producer: Producer
     occurrences: tuple[Occurrence, ...]
     view: bool = False  # the producer is a view (tokens viewed as a map): no fix site
+    writer: Producer | None = None
+
+    @property
+    def fix(self) -> Producer | None:
+        """The fix site of data of this origin: its writer, else its producer unless a view."""
+        if self.writer is not None:
+            return self.writer
+        return None if self.view else self.producer
 
 
 def tensor_arguments(values: Any) -> list[torch.Tensor]:
@@ -95,7 +104,7 @@ def merge_origins(origins: list[Origin]) -> Origin:
         for occurrence in origin.occurrences:
             occurrences.setdefault(id(occurrence), occurrence)
     lead = next((o for o in origins if o.occurrences), origins[0])
-    return Origin(lead.producer, tuple(occurrences.values()), lead.view)
+    return Origin(lead.producer, tuple(occurrences.values()), lead.view, lead.writer)
 
 
 class Tallies:
