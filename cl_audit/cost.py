@@ -26,9 +26,12 @@ def _site(
     phase, _, _, module_path, module_class, call_site, python_op, aten_op = place
     kind = _kind(place)
     causes = channels_last.causes.get(place)
-    fix = causes.most_common(1)[0][0] if causes else None
-    if fix is not None and (fix.call_site, fix.module_path) == (call_site, module_path):
+    fix, root = causes.most_common(1)[0][0] if causes else (None, None)
+    here = (call_site, module_path)
+    if fix is not None and (fix.call_site, fix.module_path) == here:
         fix = None  # the site made its own NCHW-ordered data
+    if root is not None and (root == fix or (root.call_site, root.module_path) == here):
+        root = None  # named already
     fix_ops = () if fix is None else (fix.python_op, fix.aten_op)
     costs = cl[1] > nchw[1]  # a remedy only where channels_last costs bytes
     remedy = remedy_for(kind, (python_op, aten_op), fix_ops, context) if costs else None
@@ -45,6 +48,7 @@ def _site(
         channels_last_count=cl[0],
         nchw_count=nchw[0],
         fix_site=fix,
+        root_cause=root,
         remedy=remedy,
     )
 

@@ -191,8 +191,17 @@ _V7_COST = ("batch", "fixed_bytes", "fixed_written_bytes", "per_sample_bytes",
             "per_sample_written_bytes", "at_gate")  # fmt: skip
 
 
+def before_version_9(data: dict) -> dict:
+    """A report's JSON as versions before 9 wrote it: cost sites without a root cause."""
+    if data.get("cost") is None:
+        return data
+    sites = [{k: v for k, v in site.items() if k != "root_cause"} for site in data["cost"]["sites"]]
+    return data | {"cost": data["cost"] | {"sites": sites}}
+
+
 def before_version_8(data: dict) -> dict:
     """A report's JSON as versions before 8 wrote it: remedies without their status."""
+    data = before_version_9(data)
     if data.get("cost") is None:
         return data
     cost = {k: v for k, v in data["cost"].items() if k != "verify_seconds"}

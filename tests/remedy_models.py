@@ -37,3 +37,24 @@ class ShuffledByTorch(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.after(F.channel_shuffle(self.stem(x), 2))
+
+
+class AttentionFold(nn.Module):
+    """coatnet's attention: heads read from a channels_last map as a view, transposed and made
+    contiguous (where the NCHW data begins: a copy NCHW makes too), scaled, then transposed
+    back and reshaped into the map, a copy writing NCHW order (the fix site of the convolution
+    that converts it). Dropping the ``.contiguous()`` upstream makes that reshape a view in
+    channels_last order: the change holds where the data began, not at the fix site."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.after = nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.conv(x)
+        n, c, h, w = x.shape
+        heads = x.view(n, 2, c // 2, h * w)
+        tokens = heads.transpose(-1, -2).contiguous()  # where the NCHW data begins
+        tokens = tokens * 2.0
+        return self.after(tokens.transpose(-1, -2).reshape(n, c, h, w))  # the fold

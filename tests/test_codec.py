@@ -11,7 +11,7 @@ from typing import ClassVar
 
 import jsonschema
 import pytest
-from literal_reports import before_version_7, model_report
+from literal_reports import before_version_7, before_version_9, model_report
 
 from cl_audit.enums import (
     ConvClass,
@@ -35,6 +35,7 @@ from cl_audit.report import (
     CostSite,
     Gate,
     ModelReport,
+    Producer,
     SweepReport,
     Timing,
     load_schema,
@@ -177,6 +178,22 @@ def test_a_version_5_report_is_written_again_exactly():
     assert again == report and json.dumps(again.to_dict(), indent=2) == text
     assert data["compiled"]["graphs"][0]["convolutions"][0]["class"] == "grouped"
     assert data["timing"]["share"] == (0.25 + 0.125) / 3.0 and data["cost"]["net_bytes"] == 4096
+
+
+def test_a_version_8_report_reads_its_cost_sites_without_a_root_cause():
+    """Version 9 names where a cost site's NCHW data began; version 8 wrote no such key."""
+    report = _full_report()
+    began = Producer("Tensor.contiguous", "aten.clone", "attn", "Attention", "net.py:90")
+    site = replace(report.cost.sites[0], root_cause=began)
+    report = replace(report, cost=replace(report.cost, sites=(site,)))
+    current = report.to_dict()
+    jsonschema.validate(current, load_schema("report"))
+    assert current["cost"]["sites"][0]["root_cause"]["call_site"] == "net.py:90"
+    data = before_version_9(current) | {"version": 8}
+    jsonschema.validate(data, load_schema("report", 8))
+    old = ModelReport.from_dict(data)
+    assert old.cost.sites[0].root_cause is None
+    assert old.cost.sites[0].fix_site == site.fix_site and old.verdict is report.verdict
 
 
 def test_a_version_6_report_reads_as_judged_at_its_audited_batch():

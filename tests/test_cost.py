@@ -223,6 +223,7 @@ def test_the_fold_writing_nchw_order_is_the_fix_site_not_the_cut_where_the_data_
     (cut,) = [s for s in _extra_sites(report) if s.kind is CostKind.COPY]
     assert cut.op == "Tensor.reshape" and cut.extra == MAP  # the loss itself, still a cost
     assert fold.call_site != cut.call_site
+    assert conversion.root_cause.call_site == cut.call_site  # where the NCHW data began
     (regain,) = [r for r in report.regains if r.module_path == "after"]
     assert regain.root_cause.python_op == "Tensor.reshape"  # the root cause stays the loss
 
@@ -231,6 +232,7 @@ def test_a_fold_writing_channels_last_order_leaves_only_the_cut_to_pay_for():
     report = _audit(cm.Folded(fold_channels_last=True))
     (cut,) = _extra_sites(report)
     assert (cut.kind, cut.op, cut.extra) == (CostKind.COPY, "Tensor.reshape", MAP)
+    assert cut.fix_site is None and cut.root_cause is None  # the cut made its own data
 
 
 def test_the_operation_writing_tokens_viewed_as_a_map_is_the_fix_site_not_a_layer_norm():

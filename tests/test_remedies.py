@@ -167,3 +167,23 @@ def test_a_sweep_proves_remedies_only_with_verify(tmp_path):
         for row in data["models"]
     }
     assert statuses == {"TwoCopies": {"verified", "refuted"}, "Shuffle": {"verified"}}
+
+
+def test_a_change_where_the_nchw_data_began_is_tried_and_verified_beyond_the_fix_site():
+    report = _audit(rm.AttentionFold())
+    (site,) = [s for s in report.cost.sites if s.extra]
+    began = _line(rm.AttentionFold, "# where the NCHW data begins")
+    assert site.fix_site.python_op == "Tensor.reshape"  # the fold writes the map: no change
+    assert site.root_cause.python_op == "Tensor.contiguous"
+    assert site.root_cause.call_site.endswith(began)
+    assert site.remedy.status is RemedyStatus.VERIFIED
+    assert site.remedy.advice == "drop the .contiguous()"
+    (held,) = [t for t in site.remedy.evidence if t.holds]
+    assert held.line.endswith(began) and held.extra_bytes_after == 0
+
+
+def test_untried_the_fold_keeps_its_cost_and_its_fix_sites_lead():
+    report = _audit(rm.AttentionFold(), verify=False)
+    (site,) = [s for s in report.cost.sites if s.extra]
+    assert site.remedy.status is RemedyStatus.LEAD and not site.remedy.evidence
+    assert site.remedy.pattern == "flatten or reshape of a channels_last map"

@@ -36,7 +36,7 @@ from cl_audit.layout import MemoryLayout, layout_of
 from cl_audit.report import Producer
 from cl_audit.rule import COPY_ATEN_OPS, SPATIAL_RANKS
 
-__all__ = ["METADATA_READS", "STRIDED_READS", "Ledger", "OpRecord", "Place"]
+__all__ = ["METADATA_READS", "STRIDED_READS", "Cause", "Ledger", "OpRecord", "Place"]
 
 # Operations whose kernels read inputs of any strides while writing their output, converting
 # nothing: a layout mismatch there is strided reads, as in an elementwise operation.
@@ -58,6 +58,11 @@ _CL = MemoryLayout.CHANNELS_LAST
 _CONTIGUOUS = MemoryLayout.CONTIGUOUS
 _ORDERED = (_CL, _CONTIGUOUS)
 
+# (fix site, root cause) of the contiguous data an operation read: the writer of its order, and
+# where its run began (``Origin.cause``)
+Cause = tuple[Producer | None, Producer | None]
+_NO_CAUSE: Cause = (None, None)
+
 # (phase, parameter, in kernel, module path, module class, call site, Python op, aten op)
 Place = tuple[Phase, bool, bool, str | None, str | None, str | None, str | None, str | None]
 
@@ -69,9 +74,9 @@ class OpRecord:
     """One operation as the ledger reads it, after it ran; the recorder builds it once per
     operation. ``call`` is its number in the run; ``in_keys`` and ``out_keys`` its tensors'
     storage identities; ``parameters`` the storages of parameter-derived data; ``locate`` finds
-    its place (a stack walk, so only when asked); ``cause`` the producer of the contiguous data
-    among its inputs when the recorder traced one. Read only, yet not frozen: a frozen
-    dataclass's ``__init__`` sets each field through ``object.__setattr__``, 1.5 us more per
+    its place (a stack walk, so only when asked); ``cause`` the (fix site, root cause) of the
+    contiguous data among its inputs when the recorder traced one. Read only, yet not frozen: a
+    frozen dataclass's ``__init__`` sets each field through ``object.__setattr__``, 1.5 us more per
     operation on the hot path than this one's 0.2 us."""
 
     call: int
@@ -84,7 +89,7 @@ class OpRecord:
     out_keys: list[int]
     parameters: set[int]
     locate: Callable[[], Location]
-    cause: Producer | None
+    cause: Cause | None
 
 
 class Ledger:
@@ -99,7 +104,7 @@ class Ledger:
         self.written_fixed = 0  # by parameter-derived outputs and the optimizer: per step
         self.copies: dict[Place, list[int]] = {}  # place -> [count, bytes]
         self.mixed: dict[Place, list[int]] = {}
-        self.causes: dict[Place, Counter[Producer]] = {}
+        self.causes: dict[Place, Counter[Cause]] = {}
         self.unlocated = 0  # measured bytes at calls where no conversion was predicted
         self._calls: dict[int, Place] = {}  # call number -> place of a predicted conversion
         self._explicit: set[int] = set()  # call numbers of explicit copies
@@ -278,13 +283,13 @@ class Ledger:
         )
 
     def _add(
-        self, table: dict[Place, list[int]], place: Place, size: int, cause: Producer | None
+        self, table: dict[Place, list[int]], place: Place, size: int, cause: Cause | None
     ) -> None:
         entry = table.setdefault(place, [0, 0])
         entry[0] += 1
         entry[1] += size
         self._cause(place, cause)
 
-    def _cause(self, place: Place, cause: Producer | None) -> None:
-        if cause is not None:
+    def _cause(self, place: Place, cause: Cause | None) -> None:
+        if cause is not None and cause != _NO_CAUSE:
             self.causes.setdefault(place, Counter())[cause] += 1

@@ -148,7 +148,7 @@ class Recorder:
         if ledger is not None and aten_op is not None:
             if in_keys is None:
                 in_keys = [_storage_key(t) for t in inputs]
-            cause = found[0].fix if found else None
+            cause = found[0].cause if found else None
             # By position, in OpRecord's order: keywords cost 0.3 us an operation.
             ledger.observe(
                 OpRecord(self.calls_checked, self.phase, aten_op, python_op, inputs, outputs,

@@ -62,11 +62,11 @@ class Origin:
     writer: Producer | None = None
 
     @property
-    def fix(self) -> Producer | None:
-        """The fix site of data of this origin: its writer, else its producer unless a view."""
-        if self.writer is not None:
-            return self.writer
-        return None if self.view else self.producer
+    def cause(self) -> tuple[Producer | None, Producer | None]:
+        """(fix site, root cause) of what converts data of this origin: the writer of its
+        order, and where the run began; a view producer is neither."""
+        root = None if self.view else self.producer
+        return (self.writer or root, root)
 
 
 def tensor_arguments(values: Any) -> list[torch.Tensor]:

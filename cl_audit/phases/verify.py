@@ -4,7 +4,8 @@ made at its line in a what-if run of the same forward in both layouts on the sam
 
 A change holds when the model still runs in both layouts, each output equals the unchanged
 model's in that layout within the output dtype's tolerance (``torch.testing``'s defaults), and
-the channels_last-only bytes of the sites at its line (or fixed there), counted against the
+the channels_last-only bytes of the sites at its line (fixed there, or whose NCHW data began
+there), counted against the
 unchanged NCHW run (the model a user compares with), fall by more than it adds elsewhere. The
 what-if runs an eager inference forward: a fake run has no values to compare, and a training
 step's what-if is not built (its remedies stay leads, saying so).
@@ -26,7 +27,7 @@ from cl_audit.errors import failure_summary
 from cl_audit.intercept.ledger import Ledger
 from cl_audit.phases.audited import instrumented
 from cl_audit.plan import RunPlan
-from cl_audit.remedies import Match, matches, site_contexts
+from cl_audit.remedies import Match, SiteContext, matches, site_contexts
 from cl_audit.report.cost import Cost, CostSite, Remedy, Trial
 from cl_audit.report.sections import Comparison
 from cl_audit.tensors import Forward, TensorRun
@@ -77,16 +78,8 @@ def verify(
         if site.remedy is None:
             sites.append(site)
             continue
-        fix = site.fix_site
-        found = matches(
-            site.kind,
-            (site.op, site.aten_op),
-            () if fix is None else (fix.python_op, fix.aten_op),
-            contexts[site.module_path],
-        )
         tried: list[tuple[Match, Trial]] = []
-        for match in found:
-            line = fix.call_site if match.at_fix and fix is not None else site.call_site
+        for match, line in _candidates(site, contexts[site.module_path]):
             if line is None or line not in top:
                 continue
             for name in match.changes:
@@ -99,6 +92,22 @@ def verify(
         sites.append(replace(site, remedy=_judged(site, tried, top)))
     seconds = round(time.perf_counter() - started, 2)
     return replace(comparison, cost=replace(cost, sites=tuple(sites), verify_seconds=seconds))
+
+
+def _candidates(site: CostSite, context: SiteContext) -> list[tuple[Match, str | None]]:
+    """The catalogue entries matching the site, each with the line its changes are made at:
+    the site's own or its fix site's, then those matching where its NCHW data began (a change
+    upstream of the writer: coatnet's dropped ``.contiguous()`` before the attention)."""
+    fix, root = site.fix_site, site.root_cause
+    fix_ops = () if fix is None else (fix.python_op, fix.aten_op)
+    found = [
+        (match, fix.call_site if match.at_fix and fix is not None else site.call_site)
+        for match in matches(site.kind, (site.op, site.aten_op), fix_ops, context)
+    ]
+    if root is not None:
+        root_ops = (root.python_op, root.aten_op)
+        found += [(match, root.call_site) for match in matches(site.kind, (), root_ops, context)]
+    return found
 
 
 def _noted(cost: Cost, reason: str) -> Cost:
@@ -120,9 +129,11 @@ def _top_lines(sites: tuple[CostSite, ...]) -> set[str]:
     ranked = sorted(by_line, key=lambda line: -by_line[line])[:TRIED_SITES]
     lines = {line for line in ranked if by_line[line] * 100 >= total}
     return lines | {
-        s.fix_site.call_site
+        producer.call_site
         for s in sites
-        if s.call_site in lines and s.fix_site is not None and s.fix_site.call_site is not None
+        if s.call_site in lines
+        for producer in (s.fix_site, s.root_cause)
+        if producer is not None and producer.call_site is not None
     }
 
 
@@ -135,6 +146,13 @@ def _judged(site: CostSite, tried: list[tuple[Match, Trial]], top: set[str]) -> 
         return replace(lead, note="not tried: no change made at run time carries it out")
     evidence = tuple(trial for _, trial in tried)
     held = [(match, trial) for match, trial in tried if trial.holds]
+    if not held and all(match.remedy != lead for match, _ in tried):
+        return replace(
+            lead,
+            evidence=evidence,
+            note="not tried: no change made at run time carries it out; none held where its "
+            "NCHW data began",
+        )
     if not held:
         return replace(
             lead,
@@ -153,11 +171,13 @@ def _judged(site: CostSite, tried: list[tuple[Match, Trial]], top: set[str]) -> 
 
 
 def _at(sites: tuple[CostSite, ...], line: str) -> int:
-    """The channels_last-only bytes of the sites at ``line`` or fixed there."""
+    """The channels_last-only bytes of the sites at ``line``, fixed there or whose NCHW data
+    began there."""
     return sum(
         s.extra
         for s in sites
-        if s.call_site == line or (s.fix_site is not None and s.fix_site.call_site == line)
+        if s.call_site == line
+        or any(p is not None and p.call_site == line for p in (s.fix_site, s.root_cause))
     )
 
 

@@ -24,6 +24,7 @@ from cl_audit.render.terminal import (
     verify_text,
 )
 from cl_audit.report import (
+    CostSite,
     Finding,
     ModelReport,
     ModelRow,
@@ -267,6 +268,14 @@ def _producer_text(producer: Producer | None) -> str:
     return f"{op} in {producer.module_path or '(root)'} at {producer.call_site or '?'}"
 
 
+def _fix_text(site: CostSite) -> str:
+    """The fix site, and where the NCHW data began when that was elsewhere."""
+    text = _producer_text(site.fix_site)
+    if site.root_cause is not None:
+        text += f"{'; ' if text else ''}NCHW since {_producer_text(site.root_cause)}"
+    return text
+
+
 def _remedy_cell(remedy: Remedy) -> str:
     """The remedy and how far it is proven; the changes tried, under a fold."""
     head, *trials = remedy_lines(remedy)
@@ -295,7 +304,7 @@ def _cost_section(report: ModelReport) -> str:
         f"</td><td>{_e(site.module_path or '(root)')}</td>"
         f'<td class="num" data-value="{site.extra}">{format_bytes(site.extra)}</td>'
         f'<td class="num" data-value="{site.saved}">{format_bytes(site.saved)}</td>'
-        f"<td>{_e(_producer_text(site.fix_site))}</td><td>"
+        f"<td>{_e(_fix_text(site))}</td><td>"
         + (
             _remedy_cell(site.remedy)
             if site.remedy is not None

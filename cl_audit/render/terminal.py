@@ -299,6 +299,8 @@ def _fix_cell(site: CostSite) -> str:
     lines = [where]
     if site.fix_site is not None:
         lines.append(f"[magenta]NCHW-ordered data from {_producer_cell(site.fix_site, False)}[/]")
+    if site.root_cause is not None:
+        lines.append(f"[magenta]NCHW since {_producer_cell(site.root_cause, False)}[/]")
     if site.remedy is not None:
         remedy = site.remedy
         style = _REMEDY_STYLES[remedy.status]
@@ -320,7 +322,8 @@ def cost_table(sites: tuple[CostSite, ...], top: int = 12) -> Table:
     groups: dict[tuple[object, ...], list[CostSite]] = {}
     for site in sites:
         if site.extra:
-            key = (site.kind, site.phase, site.op, site.call_site, site.fix_site, site.remedy)
+            key = (site.kind, site.phase, site.op, site.call_site, site.fix_site,
+                   site.root_cause, site.remedy)  # fmt: skip
             groups.setdefault(key, []).append(site)
     folded = sorted(groups.values(), key=lambda g: -sum(s.extra for s in g))
     shown = [g for g in folded[:top] if sum(s.extra for s in g) * 100 >= total]

@@ -139,8 +139,9 @@ class Remedy:
 
 @dataclass(frozen=True)
 class CostSite:
-    """Bytes copied at one place in each run; ``fix_site`` is the operation that produced the
-    NCHW-ordered data this site converts, when another operation did."""
+    """Bytes copied at one place in each run; ``fix_site`` is the operation that last wrote
+    the order of the NCHW data this site converts, when another operation did; ``root_cause``
+    where that run of NCHW data began (the loss a finding names), when it is neither."""
 
     kind: CostKind
     phase: Phase
@@ -155,6 +156,7 @@ class CostSite:
     nchw_count: int
     fix_site: Producer | None = None
     remedy: Remedy | None = None
+    root_cause: Producer | None = None
 
     json_form: ClassVar[JsonForm] = JsonForm(derived=("extra", "saved"))
 

@@ -1,17 +1,20 @@
 """The versioned JSON envelopes of reports: formats and versions, gzip, schema loading.
 
 Every document is ``{"format": ..., "version": ..., ...}``; readers check both and accept the
-versions they know. Version 8 of the report envelope and 6 of the sweep envelope prove remedies
+versions they know. Version 9 of the report envelope and 7 of the sweep envelope name a cost site's
+fix site as the operation that last wrote its data's order (followed through folds), with
+``root_cause`` where that NCHW data began: what ``fix_site`` means changed; older sites are read
+without a root cause. Version 8 of the report envelope and 6 of the sweep envelope prove remedies
 (``remedy.status``: verified by a what-if run, refuted and not offered as a fix, or a lead;
-``remedy.evidence``; ``cost.verify_seconds``): what ``remedy`` means changed; older remedies
-are read as leads. Version 7 of the report envelope and 5 of the sweep envelope judge the
-cost at a reference batch (``cost.gate.batch``, ``cost.at_gate``: what the verdict means
-changed; older rows were judged at their audited batch, their gate's batch null). Version 4
-of the sweep envelope marks rows reused from the sweep cache (``cached``,
-``summary.cached``); version 4 of the report envelope adds ``compiled`` (``--compile``:
-Inductor's layout decision per graph); version 3 of both envelopes weighs what channels_last
-costs against NCHW (``cost``, ``summary.verdict``); version 2 sorted losses by what they
-mean; older versions are still read (versions 1 and 2: offending when there are offenders).
+``remedy.evidence``; ``cost.verify_seconds``): what ``remedy`` means changed; older remedies are
+read as leads. Version 7 of the report envelope and 5 of the sweep envelope judge the cost at a
+reference batch (``cost.gate.batch``, ``cost.at_gate``: what the verdict means changed; older rows
+were judged at their audited batch, their gate's batch null). Version 4 of the sweep envelope marks
+rows reused from the sweep cache (``cached``, ``summary.cached``); version 4 of the report envelope
+adds ``compiled`` (``--compile``: Inductor's layout decision per graph); version 3 of both envelopes
+weighs what channels_last costs against NCHW (``cost``, ``summary.verdict``); version 2 sorted
+losses by what they mean; older versions are still read (versions 1 and 2: offending when there are
+offenders).
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ from cl_audit.report.codec import plain_json as plain_json  # public here before
 REPORT_FORMAT = "cl-audit.report"
 
 
-REPORT_VERSION = 8  # 8: remedies verified, refuted or leads (remedy.status, remedy.evidence)
+REPORT_VERSION = 9  # 9: fix_site the writer of the data's order, cost site root_cause
+# 8: remedies verified, refuted or leads (remedy.status, remedy.evidence)
 # 7: the verdict judges the cost at gate.batch (cost.at_gate)
 # 6: environment.mode "replayed" (a traced training step replayed)
 
@@ -38,7 +42,7 @@ BENCH_VERSION = 2  # 2: verdict a word (faster/slower/inconclusive), verdict_tex
 BENCH_READABLE = (1, BENCH_VERSION)
 
 
-REPORT_READABLE = (1, 2, 3, 4, 5, 6, 7, REPORT_VERSION)
+REPORT_READABLE = (1, 2, 3, 4, 5, 6, 7, 8, REPORT_VERSION)
 
 
 class ReportFormatError(ValueError):
@@ -101,5 +105,6 @@ def load_schema(name: str = "report", version: int | None = None) -> dict[str, A
 SWEEP_FORMAT = "cl-audit.sweep"
 
 
-SWEEP_VERSION = 6  # 6: as report 8, remedies proven; 5: as report 7, rows judged at gate.batch
-SWEEP_READABLE = (1, 2, 3, 4, 5, SWEEP_VERSION)
+SWEEP_VERSION = 7  # 7: as report 9, fix sites followed through folds; 6: as report 8, remedies
+# proven; 5: as report 7, rows judged at gate.batch
+SWEEP_READABLE = (1, 2, 3, 4, 5, 6, SWEEP_VERSION)
