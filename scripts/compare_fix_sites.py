@@ -46,7 +46,7 @@ def _sites(row: dict[str, Any]) -> dict[Key, Key | None] | None:
 
 def compare(before: dict[str, dict[str, Any]], after: dict[str, dict[str, Any]]) -> dict[str, Any]:
     counts: Counter[str] = Counter()
-    models: dict[str, list[dict[str, Any]]] = {}
+    models: dict[str, Counter[tuple[Any, ...]]] = {}
     for name in sorted(before.keys() & after.keys()):
         old, new = _sites(before[name]), _sites(after[name])
         if old is None or new is None:
@@ -61,12 +61,19 @@ def compare(before: dict[str, dict[str, Any]], after: dict[str, dict[str, Any]])
                 continue
             change = "added" if was is None else "dropped" if now is None else "moved"
             counts[f"fix site {change}"] += 1
-            models.setdefault(name, []).append(
-                {"site": list(key), "before": was and list(was), "after": now and list(now)}
-            )
+            # by line, not module: a change repeated in every block is one entry
+            line = (key[2], key[4], was and (was[0], was[2]), now and (now[0], now[2]))
+            models.setdefault(name, Counter())[line] += 1
         counts["costing sites in one report only"] += len(old.keys() ^ new.keys())
     counts["models with a fix site changed"] = len(models)
-    return {"counts": dict(counts), "changed": models}
+    changed = {
+        name: [
+            {"op": op, "call_site": site, "before": was, "after": now, "sites": n}
+            for (op, site, was, now), n in lines.items()
+        ]
+        for name, lines in models.items()
+    }
+    return {"counts": dict(counts), "changed": changed}
 
 
 def main() -> None:
