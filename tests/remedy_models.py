@@ -44,17 +44,21 @@ class AttentionFold(nn.Module):
     contiguous (where the NCHW data begins: a copy NCHW makes too), scaled, then transposed
     back and reshaped into the map, a copy writing NCHW order (the fix site of the convolution
     that converts it). Dropping the ``.contiguous()`` upstream makes that reshape a view in
-    channels_last order: the change holds where the data began, not at the fix site."""
+    channels_last order: the change holds where the data began, not at the fix site
+    (``flat``: the tokens are then viewed flat, which needs that copy: no change holds)."""
 
-    def __init__(self) -> None:
+    def __init__(self, flat: bool = False) -> None:
         super().__init__()
         self.conv = nn.Conv2d(3, 8, 3, padding=1)
         self.after = nn.Conv2d(8, 8, 3, padding=1)
+        self.flat = flat
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.conv(x)
         n, c, h, w = x.shape
         heads = x.view(n, 2, c // 2, h * w)
         tokens = heads.transpose(-1, -2).contiguous()  # where the NCHW data begins
+        if self.flat:
+            tokens = tokens.view(n, -1).view(tokens.shape)
         tokens = tokens * 2.0
         return self.after(tokens.transpose(-1, -2).reshape(n, c, h, w))  # the fold

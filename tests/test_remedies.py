@@ -187,3 +187,12 @@ def test_untried_the_fold_keeps_its_cost_and_its_fix_sites_lead():
     (site,) = [s for s in report.cost.sites if s.extra]
     assert site.remedy.status is RemedyStatus.LEAD and not site.remedy.evidence
     assert site.remedy.pattern == "flatten or reshape of a channels_last map"
+
+
+def test_a_fold_whose_upstream_changes_all_fail_stays_a_lead_showing_them():
+    report = _audit(rm.AttentionFold(flat=True))
+    (site,) = [s for s in report.cost.sites if s.extra]
+    assert site.remedy.status is RemedyStatus.LEAD  # the fold's own remedy was never tried
+    assert site.remedy.pattern == "flatten or reshape of a channels_last map"
+    assert site.remedy.evidence and all(t.failure for t in site.remedy.evidence)
+    assert "none held where its NCHW data began" in site.remedy.note

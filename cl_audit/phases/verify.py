@@ -5,10 +5,9 @@ made at its line in a what-if run of the same forward in both layouts on the sam
 A change holds when the model still runs in both layouts, each output equals the unchanged
 model's in that layout within the output dtype's tolerance (``torch.testing``'s defaults), and
 the channels_last-only bytes of the sites at its line (fixed there, or whose NCHW data began
-there), counted against the
-unchanged NCHW run (the model a user compares with), fall by more than it adds elsewhere. The
-what-if runs an eager inference forward: a fake run has no values to compare, and a training
-step's what-if is not built (its remedies stay leads, saying so).
+there), counted against the unchanged NCHW run (the model a user compares with), fall by more
+than it adds elsewhere. The what-if runs an eager inference forward: a fake run has no values
+to compare, and a training step's what-if is not built (its remedies stay leads, saying so).
 """
 
 from __future__ import annotations
