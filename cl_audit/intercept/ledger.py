@@ -60,8 +60,7 @@ _ORDERED = (_CL, _CONTIGUOUS)
 
 # (fix site, root cause) of the contiguous data an operation read: the writer of its order, and
 # where its run began (``Origin.cause``)
-Cause = tuple[Producer | None, Producer | None]
-_NO_CAUSE: Cause = (None, None)
+Cause = tuple[Producer, Producer | None]
 
 # (phase, parameter, in kernel, module path, module class, call site, Python op, aten op)
 Place = tuple[Phase, bool, bool, str | None, str | None, str | None, str | None, str | None]
@@ -291,5 +290,5 @@ class Ledger:
         self._cause(place, cause)
 
     def _cause(self, place: Place, cause: Cause | None) -> None:
-        if cause is not None and cause != _NO_CAUSE:
+        if cause is not None:
             self.causes.setdefault(place, Counter())[cause] += 1

@@ -5,6 +5,7 @@ read tensors on the hot path."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import torch
@@ -61,12 +62,14 @@ class Origin:
     view: bool = False  # the producer is a view (tokens viewed as a map): no fix site
     writer: Producer | None = None
 
-    @property
-    def cause(self) -> tuple[Producer | None, Producer | None]:
+    @cached_property
+    def cause(self) -> tuple[Producer, Producer | None] | None:
         """(fix site, root cause) of what converts data of this origin: the writer of its
-        order, and where the run began; a view producer is neither."""
+        order, and where the run began; a view producer is neither (None: no cause). Read on
+        every operation that reads the data, so made once."""
         root = None if self.view else self.producer
-        return (self.writer or root, root)
+        fix = self.writer or root
+        return None if fix is None else (fix, root)
 
 
 def tensor_arguments(values: Any) -> list[torch.Tensor]:

@@ -131,8 +131,8 @@ def _top_lines(sites: tuple[CostSite, ...]) -> set[str]:
         producer.call_site
         for s in sites
         if s.call_site in lines
-        for producer in (s.fix_site, s.root_cause)
-        if producer is not None and producer.call_site is not None
+        for producer in s.upstream
+        if producer.call_site is not None
     }
 
 
@@ -175,8 +175,7 @@ def _at(sites: tuple[CostSite, ...], line: str) -> int:
     return sum(
         s.extra
         for s in sites
-        if s.call_site == line
-        or any(p is not None and p.call_site == line for p in (s.fix_site, s.root_cause))
+        if s.call_site == line or any(p.call_site == line for p in s.upstream)
     )
 
 

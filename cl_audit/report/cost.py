@@ -161,6 +161,11 @@ class CostSite:
     json_form: ClassVar[JsonForm] = JsonForm(derived=("extra", "saved"))
 
     @property
+    def upstream(self) -> tuple[Producer, ...]:
+        """The fix site and the root cause, those there are."""
+        return tuple(p for p in (self.fix_site, self.root_cause) if p is not None)
+
+    @property
     def extra(self) -> int:
         """Bytes only channels_last copies here."""
         return max(0, self.channels_last_bytes - self.nchw_bytes)
