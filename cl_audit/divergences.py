@@ -13,6 +13,11 @@ Two kinds of knowledge, both keyed by the torch version they hold for:
   source because no GPU measured it. Fake CUDA runs apply them to the operation's output, so
   the rest of the model sees what CUDA would hand it; a report lists each override that fired
   ("predicted from kernel source").
+- measured kernel copies (``kernel_copies.json``, made by ``scripts/kernel_copies.py``): the
+  strided inputs that kernels copy inside before they compute (the CPU softmax of a transposed
+  matrix, a layer norm of permuted tokens), by operation, input position, rank and
+  ``StrideClass``. Fake runs predict these copies from it (``KernelCopies``); eager runs
+  measure them.
 """
 
 from __future__ import annotations
@@ -30,8 +35,11 @@ __all__ = [
     "CUDA_KERNEL_OVERRIDES",
     "HIDDEN_TRAINING_COPIES",
     "DivergenceTable",
+    "KernelCopies",
     "KernelOverride",
+    "StridedInput",
     "divergence_table",
+    "kernel_copy_table",
 ]
 
 # Kernels that copy inside in a training step whatever strides they are handed, by device:
@@ -94,6 +102,47 @@ def divergence_table(device_type: str, version: Version = TORCH_VERSION) -> Dive
     measured = ", ".join(t["torch"] for t in tables)
     name = f"union of torch {measured} {device_type} (torch {label} not measured)"
     return DivergenceTable(name, ops)
+
+
+# (aten op, input position among its tensor arguments, rank, StrideClass value)
+StridedInput = tuple[str, int, int, str]
+
+
+@dataclass(frozen=True)
+class KernelCopies:
+    """The share of a strided input's bytes that a kernel copies inside, by ``StridedInput``,
+    measured on one device; ``name`` says which measurement."""
+
+    name: str
+    copied: Mapping[StridedInput, float]
+
+    def ops(self) -> frozenset[str]:
+        return frozenset(op for op, *_ in self.copied)
+
+
+@functools.cache
+def kernel_copy_table(device_type: str, version: Version = TORCH_VERSION) -> KernelCopies:
+    """The kernel copies measured for this torch version and device type; without a
+    measurement of this version, the newest one before it (else the oldest), named as such;
+    without any for the device, none."""
+    text = resources.files("cl_audit").joinpath("kernel_copies.json").read_text()
+    document = json.loads(text)
+    if document.get("format") != "cl-audit.kernel-copies" or document.get("version") != 1:
+        raise ValueError("cl_audit/kernel_copies.json: not a version-1 kernel-copy table")
+    tables = sorted(
+        (t for t in document["tables"] if t["device"] == device_type),
+        key=lambda t: torch_version(t["torch"]),
+    )
+    if not tables:
+        return KernelCopies(f"none: no kernel copies measured on {device_type}", {})
+    earlier = [t for t in tables if torch_version(t["torch"]) <= version]
+    table = earlier[-1] if earlier else tables[0]
+    label = f"{version[0]}.{version[1]}"
+    name = f"torch {table['torch']} {device_type} ({table['measured']})"
+    if torch_version(table["torch"]) != version:
+        name += f"; torch {label} not measured"
+    copied = {(e["op"], e["input"], e["rank"], e["strides"]): e["copied"] for e in table["copies"]}
+    return KernelCopies(name, copied)
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from enum import Enum, unique
 
 import torch
 
-__all__ = ["MemoryLayout", "classify", "layout_of"]
+__all__ = ["MemoryLayout", "StrideClass", "classify", "layout_of", "stride_class"]
 
 
 @unique
@@ -22,6 +22,21 @@ class MemoryLayout(str, Enum):
     CONTIGUOUS = "contiguous"
     AMBIGUOUS = "ambiguous"
     OTHER = "other"
+
+
+@unique
+class StrideClass(str, Enum):
+    """How a tensor that is not contiguous lies in memory: ``dense`` when its elements fill
+    their span (a permutation of a contiguous tensor), else ``sparse`` (a slice, a broadcast);
+    then which of its last two dims has stride 1: ``dense-second`` is a transposed matrix, as
+    are the (N, C, L) tokens of a flattened channels_last map."""
+
+    DENSE_LAST = "dense-last"
+    DENSE_SECOND = "dense-second"
+    DENSE_NEITHER = "dense-neither"
+    SPARSE_LAST = "sparse-last"
+    SPARSE_SECOND = "sparse-second"
+    SPARSE_NEITHER = "sparse-neither"
 
 
 _CHANNELS_LAST_ORDER = {4: (0, 2, 3, 1), 5: (0, 2, 3, 4, 1)}
@@ -72,3 +87,29 @@ def layout_of(tensor: torch.Tensor) -> MemoryLayout:
             _cache.clear()
         layout = _cache[key] = classify(key[0], key[1])
     return layout
+
+
+def _dense(shape: Sequence[int], strides: Sequence[int]) -> bool:
+    """True when the elements fill their span without overlap: each stride, from the
+    smallest, is the product of the sizes of the dims laid out within it."""
+    span = 1
+    for stride, size in sorted((st, sz) for sz, st in zip(shape, strides, strict=True) if sz > 1):
+        if stride != span:
+            return False
+        span *= size
+    return True
+
+
+def stride_class(tensor: torch.Tensor) -> StrideClass | None:
+    """How ``tensor`` lies when it is not contiguous (``StrideClass``); None when it is."""
+    if tensor.is_contiguous():
+        return None
+    shape, strides = tensor.shape, tensor.stride()
+    dense = "dense" if _dense(shape, strides) else "sparse"
+    if shape[-1] == 1 or strides[-1] == 1:
+        inner = "last"
+    elif len(shape) > 1 and (shape[-2] == 1 or strides[-2] == 1):
+        inner = "second"
+    else:
+        inner = "neither"
+    return StrideClass(f"{dense}-{inner}")

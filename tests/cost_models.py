@@ -120,6 +120,20 @@ class TokenSoftmax(nn.Module):
         return torch.softmax(self.conv(x).flatten(2), dim=-1)
 
 
+class TokenBmm(nn.Module):
+    """The control for ``TokenSoftmax``: the same strided tokens multiplied by a matrix; the
+    CPU ``bmm`` reads a transposed matrix as it lies (measured: no copy inside)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.proj = nn.Parameter(torch.randn(1, 32 * 32, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        tokens = self.conv(x).flatten(2)
+        return torch.bmm(tokens, self.proj.expand(tokens.shape[0], -1, -1))
+
+
 class MeanHead(nn.Module):
     """A global pool by ``mean((2, 3))``: in training its backward expands an NCHW gradient,
     a small cost."""

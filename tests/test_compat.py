@@ -3,7 +3,10 @@ tables by torch version and device, and the CUDA kernel-source overrides."""
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,7 +19,13 @@ from typer.testing import CliRunner
 from cl_audit import compat
 from cl_audit.cli import app
 from cl_audit.compat import TORCH_VERSION
-from cl_audit.divergences import CUDA_KERNEL_OVERRIDES, KernelOverride, divergence_table
+from cl_audit.divergences import (
+    CUDA_KERNEL_OVERRIDES,
+    KernelCopies,
+    KernelOverride,
+    divergence_table,
+    kernel_copy_table,
+)
 from cl_audit.errors import UsageError
 from cl_audit.plan import resolve_device
 from cl_audit.run import audit_module
@@ -144,6 +153,36 @@ def test_divergence_table_is_the_measured_one_else_the_union_said_so():
     assert union.name == "union of torch 2.4, 2.14, 2.15 cpu (torch 2.9 not measured)"
     assert set(union.ops) == set(oldest.ops) | set(measured.ops) | set(newer.ops)
     assert divergence_table("cuda", (2, 14)).ops == {}
+
+
+def test_kernel_copy_table_is_the_measured_one_else_the_newest_before_it_said_so():
+    measured = kernel_copy_table("cpu", (2, 14))
+    assert measured.name.startswith("torch 2.14 cpu (torch 2.14.1")
+    assert measured.copied[("aten._softmax", 0, 3, "dense-second")] == 1.0
+    assert ("aten.bmm", 0, 3, "dense-second") not in measured.copied  # BLAS reads it so
+    later = kernel_copy_table("cpu", (2, 16))
+    assert later.name.endswith("; torch 2.16 not measured") and "torch 2.15 cpu" in later.name
+    assert kernel_copy_table("cuda", (2, 14)) == KernelCopies(
+        "none: no kernel copies measured on cuda", {}
+    )
+
+
+def test_the_kernel_copy_table_is_what_the_script_measures_on_this_torch(tmp_path):
+    """``scripts/kernel_copies.py`` run here (a subprocess) measures the table shipped for
+    this torch and CPU; a torch release whose kernels copy otherwise fails this."""
+    out = tmp_path / "kernel_copies.json"
+    script = Path(__file__).resolve().parents[1] / "scripts" / "kernel_copies.py"
+    subprocess.run(
+        [sys.executable, str(script), "--out", str(out)], check=True, capture_output=True
+    )
+    (table,) = json.loads(out.read_text())["tables"]
+    shipped = kernel_copy_table("cpu")
+    if not shipped.name.startswith(f"torch {table['torch']} cpu"):
+        pytest.skip(f"no table shipped for torch {table['torch']}: {shipped.name}")
+    measured = {
+        (e["op"], e["input"], e["rank"], e["strides"]): e["copied"] for e in table["copies"]
+    }
+    assert measured == dict(shipped.copied)
 
 
 def test_kernel_overrides_hold_for_the_versions_their_source_was_read_at():

@@ -293,6 +293,35 @@ def _fake(model: torch.nn.Module) -> ModelReport:
     return audit_module(model, (_input(),), settings)
 
 
+def test_fake_mode_predicts_the_copy_a_kernel_was_measured_to_make_of_a_strided_input():
+    """The CPU softmax copies a strided 3-D input inside (``kernel_copies.json``, measured for
+    this torch): a fake run, which runs no kernel, predicts the copy the eager run measures."""
+    eager, fake = _audit(cm.TokenSoftmax()), _fake(cm.TokenSoftmax())
+    assert fake.cost.kernel_copies is Evidence.PREDICTED
+    (site,) = _extra_sites(fake)
+    assert (site.kind, site.aten_op, site.extra) == (CostKind.KERNEL, "aten._softmax", MAP)
+    assert [(s.aten_op, s.call_site, s.extra) for s in _extra_sites(eager)] == [
+        (site.aten_op, site.call_site, site.extra)
+    ]
+
+
+def test_fake_mode_predicts_no_copy_where_the_kernel_reads_the_strided_input_as_it_lies():
+    """The control: ``bmm`` of the same tokens (a batch of transposed matrices) copies
+    nothing, measured; the fake run charges nothing either."""
+    eager, fake = _audit(cm.TokenBmm()), _fake(cm.TokenBmm())
+    assert _extra_sites(eager) == _extra_sites(fake) == []
+
+
+def test_fake_mode_predicts_the_saving_where_only_the_nchw_run_hands_a_kernel_strided_data():
+    """LayerNorm2d: NCHW permuted to (N, H, W, C) is strided, and the CPU layer norm copies it
+    first; channels_last permuted so is contiguous. Fake and eager weigh the same saving."""
+    eager, fake = _audit(cm.LayerNorm2d()), _fake(cm.LayerNorm2d())
+    assert fake.cost.extra_bytes == eager.cost.extra_bytes == 0
+    saves = [[(s.kind, s.aten_op, s.saved) for s in r.cost.sites] for r in (eager, fake)]
+    assert saves[0] == saves[1]
+    assert (CostKind.KERNEL, "aten.native_layer_norm", MAP) in saves[1]
+
+
 def test_an_operation_reading_only_metadata_of_a_channels_last_map_is_no_predicted_copy():
     report = _fake(cm.MetadataFill())
     assert [s.op for s in _extra_sites(report)] == []

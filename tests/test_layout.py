@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cl_audit.layout import MemoryLayout, classify, layout_of
+from cl_audit.layout import MemoryLayout, StrideClass, classify, layout_of, stride_class
 
 CL, CONTIG, AMBIG, OTHER = (
     MemoryLayout.CHANNELS_LAST,
@@ -77,3 +77,21 @@ def test_other_ranks_are_contiguous_or_other(shape):
     assert layout_of(x) is CONTIG
     if len(shape) >= 2:
         assert layout_of(x.transpose(0, 1)) is OTHER
+
+
+def test_stride_classes_say_how_a_strided_tensor_lies():
+    tokens = torch.randn(2, 16, 24)
+    nhwc = torch.randn(2, 4, 6, 8).to(memory_format=torch.channels_last)
+    cases = {
+        "contiguous": (tokens, None),
+        "transposed": (tokens.mT, StrideClass.DENSE_SECOND),
+        "outer dims swapped": (tokens.permute(1, 0, 2), StrideClass.DENSE_LAST),
+        "a slice of rows": (tokens[:, :8], StrideClass.SPARSE_LAST),
+        "flattened channels_last": (nhwc.flatten(2), StrideClass.DENSE_SECOND),
+        "its channels split": (nhwc.flatten(2)[:, :2], StrideClass.SPARSE_SECOND),
+        "batch dim fastest": (torch.randn(16, 24, 2).permute(2, 0, 1), StrideClass.DENSE_NEITHER),
+        "a broadcast": (torch.randn(3, 1).expand(3, 4), StrideClass.SPARSE_SECOND),
+    }
+    assert {k: stride_class(t) for k, (t, _) in cases.items()} == {
+        k: c for k, (_, c) in cases.items()
+    }

@@ -10,7 +10,9 @@ Copies are counted three ways, by strides and storage identity only:
   metadata only (``new_full``, ``empty_like``) is handed a
   4D/5D input in the other order than its 4D/5D output (a convolution converting a contiguous
   input to its channels_last output, a softmax writing its channels_last input contiguous), or
-  a channels_last input when it returns no 4D/5D tensor (``im2col``); in an eager run the bytes
+  a channels_last input when it returns no 4D/5D tensor (``im2col``), or a strided input that
+  this torch's kernel was measured to copy on this device (``KernelCopies``: a softmax of
+  transposed tokens, a layer norm of a permuted map); in an eager run the bytes
   are *measured* instead: the profiler's ``aten::copy_`` events inside each operation
   (``add_measured``), placed at every such operation with a 4D/5D input or a strided input
   of another rank, and elsewhere at an unlocated place of the operation's name;
@@ -29,10 +31,11 @@ import torch
 
 from cl_audit.attribution import Location
 from cl_audit.compat import op_traits
+from cl_audit.divergences import KernelCopies
 from cl_audit.enums import Phase
 from cl_audit.intercept.naming import aten_op_name, python_op_name
 from cl_audit.intercept.tracking import nbytes
-from cl_audit.layout import MemoryLayout, layout_of
+from cl_audit.layout import MemoryLayout, layout_of, stride_class
 from cl_audit.report import Producer
 from cl_audit.rule import COPY_ATEN_OPS, SPATIAL_RANKS
 
@@ -91,14 +94,26 @@ class OpRecord:
     cause: Cause | None
 
 
+def _strided_copy(
+    strided: dict[tuple[int, int, str], float], index: int, tensor: torch.Tensor
+) -> int:
+    """The bytes a kernel copies of ``tensor``, its input ``index``, by the measured table."""
+    kind = stride_class(tensor)
+    if kind is None:
+        return 0
+    return round(strided.get((index, tensor.dim(), kind.value), 0.0) * nbytes([tensor]))
+
+
 class Ledger:
     """Bytes written and copied in one run, by place. ``measured``: the conversions inside
     kernels will be measured (``add_measured``) rather than predicted from strides.
     ``written_fixed``: the part of ``written`` that does not grow with the batch (outputs
     derived from parameters alone, the parameters' gradients, the optimizer's step)."""
 
-    def __init__(self, measured: bool = False) -> None:
+    def __init__(self, measured: bool = False, kernel_copies: KernelCopies | None = None) -> None:
         self.measured = measured
+        self.kernel_copies = kernel_copies
+        self._strided: dict[object, dict[tuple[int, int, str], float]] = {}  # op -> its copies
         self.written = 0
         self.written_fixed = 0  # by parameter-derived outputs and the optimizer: per step
         self.copies: dict[Place, list[int]] = {}  # place -> [count, bytes]
@@ -114,6 +129,24 @@ class Ledger:
         # latest output held by each storage (fake storages are reused within a step)
         self._backward: list[tuple[int, int, tuple[int, ...]]] = []
         self._latest: dict[int, int] = {}
+
+    def alike(self) -> Ledger:
+        """An empty ledger that counts as this one does (for the NCHW run)."""
+        return Ledger(self.measured, self.kernel_copies)
+
+    def _strided_copies(self, aten_op: object) -> dict[tuple[int, int, str], float]:
+        """The strided inputs the kernel of ``aten_op`` copies inside, by (input position,
+        rank, stride class), from the measured table; none without one."""
+        known = self._strided.get(aten_op)
+        if known is None:
+            table = self.kernel_copies
+            name = aten_op_name(aten_op)
+            known = self._strided[aten_op] = (
+                {} if table is None or name not in table.ops()
+                else {tuple(key[1:]): share for key, share in table.copied.items()
+                      if key[0] == name}
+            )  # fmt: skip
+        return known
 
     def _kind(self, aten_op: object) -> tuple[int, bool]:
         known = self._kinds.get(aten_op)
@@ -182,15 +215,20 @@ class Ledger:
             return
         parameters = record.parameters
         measured = self.measured
+        strided = None if measured else self._strided_copies(record.aten_op)
         converted = 0
         parameter = True
         spatial_in = strided_in = False
-        for tensor, key in zip(inputs, in_keys, strict=True):
+        for index, (tensor, key) in enumerate(zip(inputs, in_keys, strict=True)):
             if not tensor.is_floating_point():
                 continue
             if tensor.dim() not in SPATIAL_RANKS:
                 if measured and not strided_in:  # only a measured run places by it
                     strided_in = not tensor.is_contiguous()
+                elif strided:
+                    copied = _strided_copy(strided, index, tensor)
+                    converted += copied
+                    parameter = parameter and (not copied or key in parameters)
                 continue
             spatial_in = True
             layout = layout_of(tensor)
@@ -201,6 +239,10 @@ class Ledger:
             ):
                 converted += nbytes([tensor])
                 parameter = parameter and key in parameters
+            elif strided and layout is MemoryLayout.OTHER:  # a permuted map (attention)
+                copied = _strided_copy(strided, index, tensor)
+                converted += copied
+                parameter = parameter and (not copied or key in parameters)
         # Measured, every such kernel with a 4D/5D input, or a strided input of another rank,
         # is placed whatever its strides, in both runs alike, so that their places align
         # (convolution_backward copies inside on the CPU with every input channels_last; the

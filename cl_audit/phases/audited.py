@@ -13,6 +13,7 @@ from torch import nn
 
 from cl_audit.audit import Audit, audit
 from cl_audit.compat import is_data_dependent_error, is_device_runtime_error
+from cl_audit.divergences import kernel_copy_table
 from cl_audit.enums import Engine, Strategy
 from cl_audit.errors import ModelFailedError, UsageError
 from cl_audit.intercept.ledger import Ledger
@@ -97,13 +98,16 @@ def _hint(plan: RunPlan, run: TensorRun, error: Exception) -> str | None:
 
 def _ledger(plan: RunPlan) -> Ledger | None:
     """A cost ledger when the audit compares with NCHW: the dispatch engine, and a strategy
-    that makes the model channels_last (an eager run measures kernel copies)."""
+    that makes the model channels_last (an eager run measures kernel copies; a predicted one
+    reads the copies measured for this torch and device)."""
     settings = plan.settings
     if not settings.differential or settings.engine is not Engine.DISPATCH:
         return None
     if settings.strategy not in COMPARED:
         return None
-    return Ledger(measured=not plan.tensors.predicted)
+    if not plan.tensors.predicted:
+        return Ledger(measured=True)
+    return Ledger(kernel_copies=kernel_copy_table(plan.device.type))
 
 
 @contextlib.contextmanager

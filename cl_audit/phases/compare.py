@@ -15,7 +15,6 @@ from cl_audit.audit import watching
 from cl_audit.cost import compare_ledgers
 from cl_audit.differential import CounterpartWatcher, classify_terminal
 from cl_audit.enums import DifferentialStatus
-from cl_audit.intercept.ledger import Ledger
 from cl_audit.phases.audited import COMPARED, Audited, instrumented
 from cl_audit.plan import RunPlan
 from cl_audit.report import DifferentialRun, Finding
@@ -47,7 +46,7 @@ def compare(
     ledger = audited.ledger
     if ledger is None and watcher is None:
         return Comparison(DifferentialRun(DifferentialStatus.NOT_NEEDED), offenders)
-    nchw = None if ledger is None else Ledger(measured=ledger.measured)
+    nchw = None if ledger is None else ledger.alike()
     try:
         forward = run.nchw()
         if nchw is None:

@@ -111,7 +111,7 @@ def cost_line(cost: Cost, train: bool) -> str:
         f"gate: {gate.share:.0%} and {format_bytes(gate.bytes)}{gate_batch_text(cost)}; copies "
         "inside kernels "
         + ("measured by the profiler" if cost.kernel_copies is Evidence.MEASURED
-           else "predicted from strides")
+           else "predicted from strides and the kernels measured on this torch and device")
     )  # fmt: skip
 
 
