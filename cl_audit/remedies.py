@@ -112,6 +112,7 @@ REMEDIES: tuple[_Entry, ...] = (
         "two copies",
         "timm/layers/std_conv.py",
         together=(_STANDARDISE, _CONVOLVE),
+        changes="rows_in_memory_order",
     ),
     _entry(
         "MeanBackward",

@@ -8,6 +8,7 @@ whichever layout the model runs, and only where the call is the pattern it is wr
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -23,17 +24,23 @@ from cl_audit.intercept.naming import python_op_name
 __all__ = ["CHANGES", "Change", "WhatIf"]
 
 Call = Callable[[tuple[Any, ...], Mapping[str, Any]], "torch.Tensor | None"]
+# (operation name, the operation, args, kwargs) -> the edited result, or None (run as written)
+Follow = Callable[[str, Any, tuple[Any, ...], Mapping[str, Any]], "torch.Tensor | None"]
 
 
 @dataclass(frozen=True)
 class Change:
     """An edit of the calls to ``op`` at one line: ``make`` returns the edited call's result, or
-    None where the call is not the pattern (it then runs as written)."""
+    None where the call is not the pattern (it then runs as written). An edit of several
+    calls has ``follow``: it sees each later call that reads a result of the edit, from any
+    line, and returns what the edited code returns there (its own results followed in turn),
+    or None to run the call as written."""
 
     name: str
     op: str  # the Python-level operation, as ``python_op_name`` names it
     advice: str  # the edit, as the user would write it
     make: Call
+    follow: Follow | None = None
 
 
 def _nchw_order(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> torch.Tensor | None:
@@ -73,6 +80,53 @@ def _channel_shuffle(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> torch.
     return F.channel_shuffle(maps, groups).view(x.shape)
 
 
+def _rows_in_memory_order(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> torch.Tensor | None:
+    """A channels_last 4-D tensor reshaped to one row per output channel, ``w.reshape(1, out,
+    -1)`` (or ``(out, -1)``), taken in memory order instead, ``w.permute(0, 2, 3, 1)
+    .reshape(...)``: a view, its rows holding the same elements in (kh, kw, in) order."""
+    x = args[0] if args else None
+    if not isinstance(x, torch.Tensor) or x.dim() != 4 or x.is_contiguous():
+        return None
+    if not x.is_contiguous(memory_format=torch.channels_last):
+        return None
+    shape = (
+        args[1:]
+        if len(args) > 2 or (len(args) == 2 and isinstance(args[1], int))
+        else (args[1] if len(args) > 1 else kwargs.get("shape"))
+    )
+    if shape is None:
+        return None
+    rows = x.permute(0, 2, 3, 1).reshape(shape)
+    leading = [size for size in rows.shape if size != 1]
+    if rows.dim() not in (2, 3) or not leading or leading[0] != x.shape[0]:
+        return None
+    return rows
+
+
+_ROW_STATISTICS = ("torch.batch_norm", "F.batch_norm")  # per-row statistics: order-free
+_BACK = ("Tensor.reshape_as", "Tensor.reshape", "Tensor.view_as", "Tensor.view")
+
+
+def _rows_back(name: str, func: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
+    """After ``_rows_in_memory_order``: a batch norm of the rows (statistics per output channel,
+    whatever the order within a row) keeps their order; reshaping them back to the weight's
+    (out, in, kh, kw) shape reads them in that order, ``.reshape(out, kh, kw, in).permute(0,
+    3, 1, 2)``: the same values, channels_last."""
+    rows = args[0]
+    if name in _ROW_STATISTICS:
+        return func(*args, **kwargs)
+    if name not in _BACK or len(args) < 2:
+        return None
+    target = args[1]
+    shape = tuple(target.shape) if isinstance(target, torch.Tensor) else tuple(args[1:])
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list, torch.Size)):
+        shape = tuple(shape[0])
+    if len(shape) != 4 or rows.numel() != math.prod(shape):
+        return None
+    out, channels, height, width = shape
+    return rows.reshape(out, height, width, channels).permute(0, 3, 1, 2)
+
+
 CHANGES: dict[str, Change] = {
     change.name: change
     for change in (
@@ -90,6 +144,15 @@ CHANGES: dict[str, Change] = {
             "F.channel_shuffle(x, groups) (nn.ChannelShuffle)",
             _channel_shuffle,
         ),
+        Change(
+            "rows_in_memory_order",
+            "Tensor.reshape",
+            "standardise in NHWC order: rows = w.permute(0, 2, 3, 1).reshape(1, out, -1), "
+            "normalise them, then .reshape(out, kh, kw, in).permute(0, 3, 1, 2) (the "
+            "per-output-channel statistics do not depend on the order within a row)",
+            _rows_in_memory_order,
+            _rows_back,
+        ),
     )
 }
 
@@ -102,12 +165,22 @@ class WhatIf(TorchFunctionMode):
         super().__init__()
         self.change, self.line = change, line
         self.applied = 0
+        self._made: dict[int, torch.Tensor] = {}  # the edit's results, followed (by identity)
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        if python_op_name(func) == self.change.op and call_site(sys._getframe(1)) == self.line:
+        name = python_op_name(func)
+        follow = self.change.follow
+        if follow is not None and args and self._made.get(id(args[0])) is args[0]:
+            result = follow(name, func, args, kwargs)
+            if result is not None:
+                self._made[id(result)] = result
+                return result
+        if name == self.change.op and call_site(sys._getframe(1)) == self.line:
             result = self.change.make(args, kwargs)
             if result is not None:
                 self.applied += 1
+                if follow is not None:
+                    self._made[id(result)] = result
                 return result
         return func(*args, **kwargs)

@@ -62,3 +62,17 @@ class AttentionFold(nn.Module):
             tokens = tokens.view(n, -1).view(tokens.shape)
         tokens = tokens * 2.0
         return self.after(tokens.transpose(-1, -2).reshape(n, c, h, w))  # the fold
+
+
+class CumulativeRows(nn.Conv2d):
+    """The control for weight standardisation in memory order: the weight's rows transformed
+    in an order-dependent way (a cumulative sum), so reading them in (kh, kw, in) order
+    changes the weight; the change must be refuted."""
+
+    def __init__(self) -> None:
+        super().__init__(3, 16, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = self.weight.reshape(1, self.out_channels, -1)
+        weight = F.batch_norm(rows.cumsum(-1), None, None, training=True).reshape_as(self.weight)
+        return F.conv2d(x, weight, self.bias, self.stride, self.padding)

@@ -196,3 +196,26 @@ def test_a_fold_whose_upstream_changes_all_fail_stays_a_lead_showing_them():
     assert site.remedy.pattern == "flatten or reshape of a channels_last map"
     assert site.remedy.evidence and all(t.failure for t in site.remedy.evidence)
     assert "none held where its NCHW data began" in site.remedy.note
+
+
+def test_weight_standardisation_in_memory_order_is_verified_and_removes_both_copies():
+    """timm's StdConv2d: the channels_last weight's rows taken in (kh, kw, in) order, normalised
+    per output channel and read back so: the same weight, channels_last, no copy."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 16, 16, 16, generator=torch.Generator().manual_seed(0))
+    report = audit_model(cm.Standardised(), x, **ANY)
+    sites = [s for s in report.cost.sites if s.extra]
+    assert len(sites) == 2 and all(s.remedy.status is RemedyStatus.VERIFIED for s in sites)
+    (trial,) = {t for s in sites for t in s.remedy.evidence}
+    assert trial.holds and trial.applied == 1 and trial.max_abs_diff <= trial.tolerance
+    assert trial.site_bytes_before == report.cost.extra_bytes and trial.extra_bytes_after == 0
+    assert "permute(0, 2, 3, 1)" in sites[0].remedy.advice
+
+
+def test_rows_transformed_in_their_order_refute_the_memory_order_change():
+    report = _audit(rm.CumulativeRows())
+    sites = [s for s in report.cost.sites if s.extra]
+    trials = {t for s in sites for t in s.remedy.evidence}
+    assert sites and trials and not any(t.holds for t in trials)
+    assert all(t.max_abs_diff > t.tolerance for t in trials)
+    assert all(s.remedy.status is not RemedyStatus.VERIFIED for s in sites)
