@@ -3,7 +3,10 @@ gives them (a tensor, a tuple of arguments, or a dict of keyword arguments).
 
 The 4D and 5D floating-point tensors among them are what a conversion converts (as
 ``Module.to`` converts the model); everything else (timesteps, token ids, masks, embeddings)
-is passed as given.
+is passed as given. Arguments nest in lists, tuples and dicts (a detection model's images and
+targets); a list of equally shaped 3-D floating-point images is the batch it stacks to (a
+conversion to channels_last lays each image out as a slice of a channels_last batch, as
+``list(batch)`` of a channels_last batch gives them).
 """
 
 from __future__ import annotations
@@ -32,16 +35,19 @@ class Example:
 
     @property
     def first(self) -> torch.Tensor | None:
-        """The first 4D/5D floating-point tensor (else the first tensor): the one a report
-        names as the input."""
-        tensors = list(self.tensors())
+        """The first 4D/5D floating-point tensor, a list of images as the batch it stacks to
+        (else the first tensor): the one a report names as the input, whose first dimension
+        is the batch."""
+        tensors = [t for v in (*self.args, *self.kwargs.values()) for t in _leaves(v)]
         spatial = [t for t in tensors if t.dim() in (4, 5) and t.is_floating_point()]
         return (spatial or tensors or [None])[0]
 
     def map(self, convert: Callable[[Any], Any]) -> Example:
-        """Every argument through ``convert`` (which passes what it does not handle)."""
+        """Every argument through ``convert`` (which passes what it does not handle), into
+        lists, tuples and dicts; a list of images as the batch it stacks to, unbound after."""
         return Example(
-            tuple(convert(v) for v in self.args), {k: convert(v) for k, v in self.kwargs.items()}
+            tuple(_mapped(v, convert) for v in self.args),
+            {k: _mapped(v, convert) for k, v in self.kwargs.items()},
         )
 
     def call(self, function: Callable[..., Any]) -> Any:
@@ -72,3 +78,35 @@ def example_of(value: object) -> Example:
         f"an example input is a tensor, a tuple of arguments or a dict of keyword arguments, "
         f"not {type(value).__name__}"
     )
+
+
+def _images(value: list[Any] | tuple[Any, ...]) -> bool:
+    """A list of equally shaped 3-D floating-point images (a detection model's input)."""
+    return bool(value) and all(
+        isinstance(v, torch.Tensor) and v.dim() == 3 and v.is_floating_point()
+        and v.shape == value[0].shape
+        for v in value
+    )  # fmt: skip
+
+
+def _mapped(value: Any, convert: Callable[[Any], Any]) -> Any:
+    if isinstance(value, (list, tuple)) and _images(value):
+        return type(value)(convert(torch.stack(value)).unbind(0))
+    if isinstance(value, (list, tuple)):
+        return type(value)(_mapped(v, convert) for v in value)
+    if isinstance(value, dict):
+        return {k: _mapped(v, convert) for k, v in value.items()}
+    return convert(value)
+
+
+def _leaves(value: Any) -> Iterator[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (list, tuple)) and _images(value):
+        yield torch.stack(value)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _leaves(v)
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _leaves(v)

@@ -103,7 +103,7 @@ class _EagerRun(TensorRun):
 
     def __init__(self, model: nn.Module, example: Example, strategy: Strategy, train: bool):
         self.model, self.example, self.strategy, self.train = model, example, strategy, train
-        first = next(example.tensors(), None)
+        first = example.first
         self.device = None if first is None else str(first.device)
 
     def trainable(self) -> dict[str, torch.Tensor]:

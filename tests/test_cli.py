@@ -70,7 +70,6 @@ def test_batch_size_and_input_size_options():
         (["resnet18", "resnet34", "--shard", "3/2"], "expected K/N"),
         (["resnet18", "resnet34", "--max-memory", "lots"], "expected a size"),
         (["--timm", "nonexistent*"], "matches no timm model"),
-        (["fasterrcnn_resnet50_fpn"], "not supported"),
         ([f"{TOYS}:nope"], "has no callable 'nope'"),
         ([f"{TOYS}:not_a_module"], "expected an nn.Module"),
         (["no_such_pkg.models:build"], "no module named 'no_such_pkg'"),

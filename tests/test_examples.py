@@ -10,10 +10,13 @@ from pathlib import Path
 
 import example_models as em
 import pytest
+import torch
 from typer.testing import CliRunner
 
 import cl_audit
 from cl_audit.cli import app
+from cl_audit.convert import input_to_channels_last, input_to_nchw
+from cl_audit.inputs import Example
 from cl_audit.report import DifferentialStatus
 
 MODELS = Path(__file__).with_name("example_models.py")
@@ -99,3 +102,27 @@ def test_time_takes_an_example():
     assert report.timing is not None and report.timing.step_ms > 0
     (offender,) = report.offenders
     assert offender.time_ms is not None
+
+
+def test_a_list_of_images_converts_as_the_batch_it_stacks_to():
+    """Detection models take lists of 3-D images: channels_last lays each image out as a slice
+    of a channels_last batch; NCHW makes each contiguous; targets pass as given."""
+    images = [torch.randn(3, 8, 10), torch.randn(3, 8, 10)]
+    target = {"boxes": torch.rand(1, 4), "masks": torch.zeros(1, 8, 10, dtype=torch.uint8)}
+    example = Example((images, [target, target]))
+    converted = example.map(input_to_channels_last)
+    (laid_out, targets) = converted.args
+    batch = torch.stack(images).contiguous(memory_format=torch.channels_last)
+    assert [t.stride() for t in laid_out] == [batch[0].stride()] * 2 == [(1, 30, 3)] * 2
+    assert all(torch.equal(a, b) for a, b in zip(laid_out, images, strict=True))
+    assert targets[0]["boxes"] is target["boxes"] and targets[0]["masks"] is target["masks"]
+    back = converted.map(input_to_nchw).args[0]
+    assert all(t.is_contiguous() for t in back)
+    assert example.first.shape == (2, 3, 8, 10)  # the report's input, its batch first
+
+
+def test_a_list_of_tensors_of_other_shapes_is_converted_item_by_item():
+    """The control: tokens of two lengths are no batch of images; 3-D stays as given."""
+    tokens = [torch.randn(4, 8, 10), torch.randn(4, 6, 10)]
+    laid_out = Example((tokens,)).map(input_to_channels_last).args[0]
+    assert [t is u for t, u in zip(laid_out, tokens, strict=True)] == [True, True]

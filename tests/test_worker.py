@@ -56,11 +56,28 @@ def test_fake_rows_are_predicted():
     assert row.status is Status.OK and row.mode is Mode.FAKE and row.predicted
 
 
-def test_small_registry_defaults_are_skipped_with_the_reason():
-    video = Job(ModelRef(ModelSource.TORCHVISION, "r3d_18"), SweepSettings())
-    row = audit_job(video)  # torchvision documents 112 px clips
-    assert row.status is Status.SKIPPED and "below 128 px" in row.message
+def test_a_video_model_is_audited_at_its_own_small_size():
+    """torchvision documents 112 px clips: audited so (1x1 maps are ambiguous, neither a loss
+    nor a keep), not skipped."""
+    fake = SweepSettings(AuditSettings(tensor_mode=TensorMode.FAKE))
+    row = audit_job(Job(ModelRef(ModelSource.TORCHVISION, "r3d_18"), fake))
+    assert row.status is Status.OK and row.cost is not None and row.cost.verdict is not None
     assert row.input_shape == (2, 3, 16, 112, 112)
+
+
+@pytest.mark.parametrize(
+    ("name", "mode"),
+    [
+        ("raft_small", TensorMode.FAKE),  # a pair of frames
+        ("ssdlite320_mobilenet_v3_large", TensorMode.EAGER),  # a list of images (its
+        # post-processing reads values: fake tensors cannot run it)
+    ],
+)
+def test_models_taking_more_than_one_batch_are_audited_with_the_arguments_they_take(name, mode):
+    settings = SweepSettings(AuditSettings(tensor_mode=mode))
+    row = audit_job(Job(ModelRef(ModelSource.TORCHVISION, name), settings))
+    assert row.status is Status.OK, row.message
+    assert row.cost is not None and row.input_shape[0] == 2
 
 
 def test_a_user_factory_is_audited_at_its_declared_size():

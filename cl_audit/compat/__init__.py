@@ -39,6 +39,7 @@ __all__ = [
     "is_data_dependent_error",
     "is_device_runtime_error",
     "is_fake",
+    "is_operator",
     "module_apply",
     "new_fake_mode",
     "op_traits",
@@ -90,6 +91,11 @@ def view_base(tensor: torch.Tensor) -> torch.Tensor | None:
 
 _POINTWISE = getattr(torch.Tag, "pointwise", None)
 _REDUCTION = getattr(torch.Tag, "reduction", None)
+
+
+def is_operator(func: object) -> bool:
+    """A dispatcher operator called from Python (``torch.ops.torchvision.roi_align``)."""
+    return isinstance(func, (torch._ops.OpOverloadPacket, torch._ops.OpOverload))
 
 
 def op_traits(op: object) -> tuple[bool, bool, bool, bool]:

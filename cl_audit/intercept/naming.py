@@ -7,6 +7,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
+from cl_audit.compat import is_operator
 from cl_audit.rule import is_copy_op
 
 __all__ = ["aten_op_name", "is_copy", "python_op_name"]
@@ -31,6 +32,8 @@ def python_op_name(func: object) -> str:
     known = _known_names().get(id(func))
     if known is not None:
         return known
+    if is_operator(func):
+        return f"torch.ops.{aten_op_name(func)}"  # a library's operator: torchvision.roi_align
     owner = getattr(func, "__self__", None)  # e.g. the __get__ of a Tensor property
     if owner is not None and getattr(func, "__name__", "") == "__get__":
         return f"Tensor.{getattr(owner, '__name__', '?')}"

@@ -72,6 +72,9 @@ class LoadedModel:
     declared: bool = False  # input_shape is the user's own, audited as declared
     loss: Callable[[Any], torch.Tensor] | None = None  # a factory's own training loss
     example: Example | None = None  # a factory's own inputs: input_shape is then theirs
+    # a registry model's arguments made of the random batch of input_shape (and whether the
+    # step trains), where it takes more than that batch: an image pair, a list of images
+    arguments: Callable[[torch.Tensor, bool], Example] | None = None
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,8 @@ __all__ = ["audit_loaded", "prepare"]
 def prepare(loaded: LoadedModel, plan: RunPlan) -> tuple[nn.Module, Example]:
     """The model in the settings' dtype where the plan runs it, and its input: the factory's
     example (its floating-point tensors in the settings' dtype), else a random input of the
-    settings' shape; ``ModelFailedError`` at the setup stage otherwise."""
+    settings' shape (made into the model's arguments where it takes more than one batch);
+    ``ModelFailedError`` at the setup stage otherwise."""
     settings = plan.settings
     dtype = settings.dtype.torch_dtype
     if loaded.example is not None:
@@ -38,8 +39,11 @@ def prepare(loaded: LoadedModel, plan: RunPlan) -> tuple[nn.Module, Example]:
     if len(shape) not in (4, 5):
         raise UsageError(f"{loaded.name}: input shape {shape} is not 4D or 5D")
     try:
-        example = plan.tensors.random_input(shape, dtype, plan.device, settings.seed)
-        return plan.tensors.place(loaded.module, Example((example,)), plan.device, dtype)
+        batch = plan.tensors.random_input(shape, dtype, plan.device, settings.seed)
+        made = loaded.arguments or (lambda batch, train: Example((batch,)))
+        return plan.tensors.place(
+            loaded.module, made(batch, plan.workload.train), plan.device, dtype
+        )
     except Exception as e:
         raise ModelFailedError(Stage.SETUP, loaded.name, e) from e
 

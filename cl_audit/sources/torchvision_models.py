@@ -1,11 +1,17 @@
-"""torchvision models that take one image or clip tensor, built with random weights."""
+"""torchvision models, built with random weights, with the input each takes: an image or clip
+batch; for optical flow a pair of frames; for detection a list of images (the model's own
+transform resizes and batches them), with synthetic targets when training (a box, its label, a
+mask and 17 keypoints inside it per image, so that every loss runs)."""
 
 from __future__ import annotations
 
 import inspect
 
+import torch
+
 from cl_audit.enums import Stage
 from cl_audit.errors import ModelFailedError, UsageError
+from cl_audit.inputs import Example
 from cl_audit.sources import (
     BuildOptions,
     LoadedModel,
@@ -32,8 +38,6 @@ CHANNELS_LAST_TIER = (
     "convnext_tiny", "efficientnet_b0", "vit_b_16", "maxvit_t", "deeplabv3_resnet50",
 )  # fmt: skip
 
-# Detection and optical-flow models take lists of images or image pairs, not one tensor.
-_UNSUPPORTED_FAMILIES = {"detection": "a list of images", "optical_flow": "a pair of images"}
 _VIDEO_FRAMES = 16  # torchvision's video models are documented with 16-frame clips
 _DEFAULT_SIZE = 224
 
@@ -77,11 +81,6 @@ def build(name: str, options: BuildOptions) -> LoadedModel:
         raise UsageError(f"unknown torchvision model {name!r}{hint}; for a timm model use --timm")
     builder = models.get_model_builder(name)
     family = _family(builder)
-    if family in _UNSUPPORTED_FAMILIES:
-        raise UsageError(
-            f"torchvision model {name!r} ({family}) takes {_UNSUPPORTED_FAMILIES[family]}, "
-            "not one tensor: not supported"
-        )
     kwargs: dict[str, object] = {"weights": None}
     if "weights_backbone" in inspect.signature(builder).parameters:
         kwargs["weights_backbone"] = None  # segmentation backbones default to downloading
@@ -95,4 +94,40 @@ def build(name: str, options: BuildOptions) -> LoadedModel:
     built_for = getattr(module, "image_size", None)  # ViTs: weights=None builds them for 224
     if isinstance(built_for, int) and built_for != shape[-1]:
         shape = native = (*shape[:-2], built_for, built_for)
-    return LoadedModel(name, module, shape, capped=shape != native)
+    arguments = _ARGUMENTS.get(family)
+    return LoadedModel(name, module, shape, capped=shape != native, arguments=arguments)
+
+
+def _frame_pair(batch: torch.Tensor, train: bool) -> Example:
+    """Optical flow: two frames (the second the first mirrored)."""
+    return Example((batch, batch.flip(-1)))
+
+
+def _target(image: torch.Tensor) -> dict[str, torch.Tensor]:
+    """One object in the middle half of ``image``: its box, label, mask and 17 keypoints."""
+    _, height, width = image.shape
+    device = image.device
+    x0, y0, x1, y1 = width / 4, height / 4, 3 * width / 4, 3 * height / 4
+    mask = torch.zeros((1, height, width), dtype=torch.uint8, device=device)
+    mask[:, height // 4 : 3 * height // 4, width // 4 : 3 * width // 4] = 1
+    steps = torch.linspace(0, 1, 17, device=device)
+    keypoints = torch.stack(
+        [x0 + steps * (x1 - x0), y0 + steps * (y1 - y0), torch.ones(17, device=device)], dim=1
+    )
+    return {
+        "boxes": torch.tensor([[x0, y0, x1, y1]], device=device),
+        "labels": torch.ones(1, dtype=torch.int64, device=device),
+        "masks": mask,
+        "keypoints": keypoints[None],
+    }
+
+
+def _images(batch: torch.Tensor, train: bool) -> Example:
+    """Detection: the batch as a list of images, with a target for each when training."""
+    images = list(batch.unbind(0))
+    if not train:
+        return Example((images,))
+    return Example((images, [_target(image) for image in images]))
+
+
+_ARGUMENTS = {"optical_flow": _frame_pair, "detection": _images}

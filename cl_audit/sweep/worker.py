@@ -20,9 +20,7 @@ from cl_audit.sources import BuildOptions, ModelRef, load_model
 from cl_audit.sources.audit import audit_loaded
 from cl_audit.sweep.footprint import call_site_files, factory_files, module_files
 
-__all__ = ["MIN_VERDICT_SIDE", "Job", "SweepSettings", "audit_job", "failed_row", "parse_memory"]
-
-MIN_VERDICT_SIDE = 128  # below this, 1x1 maps make verdicts ambiguous (3 of 79 models flipped)
+__all__ = ["Job", "SweepSettings", "audit_job", "failed_row", "parse_memory"]
 
 
 @dataclass(frozen=True)
@@ -143,14 +141,6 @@ def _audit(
     on_stage(Stage.BUILD)
     loaded = load_model(job.ref, options)
     on_files(module_files(loaded.module))
-    shape = settings.input_size or loaded.input_shape
-    guarded = settings.input_size is None and not loaded.declared  # a registry default size
-    if guarded and min(shape[-2:]) < MIN_VERDICT_SIDE:
-        side = "x".join(map(str, shape[-2:]))
-        message = f"input {side} is below {MIN_VERDICT_SIDE} px, where 1x1 maps make "
-        message += "verdicts ambiguous"
-        shape = settings.input_shape(shape)
-        return failed_row(job, Status.SKIPPED, message, None, _since(start), input_shape=shape)
     on_stage(Stage.FORWARD)
     try:
         report = audit_loaded(loaded, plan)
