@@ -247,7 +247,9 @@ def test_sweep_only_options_are_reported_for_one_model():
 
 
 def test_a_sweep_in_which_every_model_was_skipped_does_not_exit_0(tmp_path):
-    result = run_cli("r3d_18", "mc3_18", "--json", str(tmp_path / "s.json"))
+    examples = str(Path(__file__).with_name("example_models.py"))
+    factories = (f"{examples}:keywords", f"{examples}:positional")  # their own inputs
+    result = run_cli(*factories, "--batch-size", "4", "--json", str(tmp_path / "s.json"))
     assert result.returncode == 2, result.stderr
     assert "no model was audited: all 2 were skipped" in result.stderr
     assert json.loads((tmp_path / "s.json").read_text())["summary"]["skipped"] == 2
