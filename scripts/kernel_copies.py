@@ -88,6 +88,30 @@ PROBES: tuple[Probe, ...] = (
         ((2, 3, 16, 8), (2, 3, 16, 8), (2, 3, 16, 8)),
         (0, 1, 2),
     ),
+    # maps in neither order (a permuted 4-D position embedding, tokens folded back)
+    (
+        "interpolate bilinear",
+        lambda x: F.interpolate(x, size=(12, 20), mode="bilinear"),
+        ((2, 8, 6, 10),),
+        (0,),
+    ),
+    (
+        "interpolate bicubic",
+        lambda x: F.interpolate(x, size=(12, 20), mode="bicubic"),
+        ((2, 8, 6, 10),),
+        (0,),
+    ),
+    (
+        "interpolate nearest",
+        lambda x: F.interpolate(x, size=(12, 20), mode="nearest"),
+        ((2, 8, 6, 10),),
+        (0,),
+    ),
+    ("conv2d", lambda x, w: F.conv2d(x, w, padding=1), ((2, 8, 6, 10), (4, 8, 3, 3)), (0,)),
+    ("avg_pool2d", lambda x: F.avg_pool2d(x, 2), ((2, 8, 6, 10),), (0,)),
+    ("max_pool2d", lambda x: F.max_pool2d(x, 2), ((2, 8, 6, 10),), (0,)),
+    ("batch_norm 4-D", lambda x, m, v: F.batch_norm(x, m, v), ((2, 8, 6, 10), (8,), (8,)), (0,)),
+    ("group_norm 4-D", lambda x: F.group_norm(x, 2), ((2, 8, 6, 10),), (0,)),
 )
 
 
