@@ -141,11 +141,17 @@ def copies_by_call(
 ) -> tuple[dict[int, list[tuple[int, int | None]]], dict[int, str]]:
     """The ``aten::copy_`` events inside each labelled call (a profiler run with shapes), as
     (elements, element size) pairs, the size None where the profiler recorded no dtype; and
-    each call's operation as the profiler names it (``aten.convolution``)."""
+    each call's operation as the profiler names it (``aten.convolution``). A copy right after
+    an ``aten::expand`` in the same call is a broadcast fill, not a conversion (``addmm``
+    writes its bias into the output before it accumulates the product, where ``bmm`` and
+    ``add`` write as many bytes without a copy), and is left out."""
     copied: dict[int, list[tuple[int, int | None]]] = {}
     names: dict[int, str] = {}
+    previous: dict[int, str] = {}  # the enclosing event -> the name of its latest child
     for op, enclosing in _nested(profiler.ops):
-        if op.name != "aten::copy_" or not op.shapes:
+        parent = id(enclosing[-1]) if enclosing else 0
+        before, previous[parent] = previous.get(parent), op.name
+        if op.name != "aten::copy_" or not op.shapes or before == "aten::expand":
             continue
         labels = [d for d, e in enumerate(enclosing) if e.name.startswith(CALL_LABEL)]
         if not labels:

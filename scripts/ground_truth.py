@@ -11,8 +11,10 @@ output, backward, an SGD step with momentum), eager CPU, float32, batch 2, one t
 - run it once in NCHW and once after ``model.to(memory_format=torch.channels_last)`` with a
   channels_last input, each after one unprofiled warm-up step, under ``torch.profiler`` with
   shapes and stacks; every ``aten::copy_`` is a copy, the ones inside kernels included
-  (``convolution_backward > contiguous``, ``layer_norm > contiguous``...); its bytes are the
-  destination's elements times their size;
+  (``convolution_backward > contiguous``, ``layer_norm > contiguous``...), except a
+  broadcast fill (a copy right after an ``aten::expand`` under the same operation: ``addmm``
+  writing its bias into its output); its bytes are the destination's elements times their
+  size;
 - a copy's site is its outermost aten operation, the innermost module instance and the first
   stack frame outside torch (the model's function), or in a backward the autograd node that
   ran it and the module and function of the forward operation that made the node (the
@@ -138,12 +140,21 @@ def _forward_lines(events) -> dict[int, str]:  # type: ignore[no-untyped-def]
     return lines
 
 
+def _broadcast_fill(event) -> bool:  # type: ignore[no-untyped-def]
+    """A copy right after an ``aten::expand`` under the same operation: a broadcast written
+    into an output (``addmm``'s bias), not a conversion."""
+    parent = event.cpu_parent
+    siblings = list(parent.cpu_children) if parent is not None else []
+    index = next((i for i, e in enumerate(siblings) if e is event), 0)
+    return index > 0 and siblings[index - 1].name == "aten::expand"
+
+
 def _copies(profile) -> dict[str, int]:  # type: ignore[no-untyped-def]
     events = profile.events()
     forward_lines = _forward_lines(events)
     by_site: dict[str, int] = defaultdict(int)
     for event in events:
-        if event.name != "aten::copy_" or not event.input_shapes:
+        if event.name != "aten::copy_" or not event.input_shapes or _broadcast_fill(event):
             continue
         shape = event.input_shapes[0]
         size = _SIZES.get((event.input_dtypes or ["float"])[0], 4)

@@ -305,3 +305,18 @@ class NormThenTokens(nn.Module):
         x = self.norm(self.conv(x).permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
         n, c, h, w = x.shape
         return self.dw(self.proj(x.flatten(2)).reshape(n, c, h, w))
+
+
+class TokensLinear(nn.Module):
+    """ViT-style tokens, ``flatten(2).transpose(1, 2)``, through a Linear with a bias:
+    contiguous from a channels_last map, so ``addmm`` runs (it writes the bias into its output
+    first, a broadcast copy); strided from an NCHW map, so ``bmm`` and ``add`` run. Both write
+    as many bytes: no conversion either way."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.fc = nn.Linear(8, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.conv(x).flatten(2).transpose(1, 2))

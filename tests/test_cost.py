@@ -119,6 +119,15 @@ def test_a_kernel_copy_of_a_strided_token_map_is_placed_at_its_call_site():
     assert unlocated.where == "unlocated: measured inside aten._softmax, not placed"
 
 
+def test_a_broadcast_fill_inside_a_kernel_is_no_conversion():
+    """``addmm`` copies its bias into its output before accumulating (the profiler shows a
+    copy after an ``expand``): bytes written, not converted; the NCHW run's ``bmm`` and ``add``
+    write as many. TokenSoftmax's copy inside the softmax is the control, still a cost."""
+    report = _audit(cm.TokensLinear())
+    assert _extra_sites(report) == [] and report.cost.unlocated_bytes == 0
+    assert report.cost.kernel_copies is Evidence.MEASURED
+
+
 def test_the_same_convolution_not_standardised_is_clean():
     report = _audit(cm.Plain(), channels=16)
     assert report.cost.extra_bytes == 0
