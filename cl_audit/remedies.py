@@ -115,6 +115,16 @@ REMEDIES: tuple[_Entry, ...] = (
         changes="rows_in_memory_order",
     ),
     _entry(
+        "Tensor.new_full Tensor.new_zeros Tensor.new_empty torch.full torch.zeros torch.empty",
+        "copy",
+        "a new 4-D or 5-D tensor allocated in NCHW order, then filled (a batch of images "
+        "padded to one size)",
+        "allocate it channels_last (torch.empty(..., memory_format=torch.channels_last)); "
+        "the data copied into it keeps that order",
+        "torch.empty's memory_format argument (torch docs, tensor creation ops)",
+        changes="allocate_channels_last",
+    ),
+    _entry(
         "MeanBackward",
         "copy kernel",
         "the mean's backward (a global pool by mean((2, 3))) expands an NCHW gradient",

@@ -127,6 +127,27 @@ def _rows_back(name: str, func: Any, args: tuple[Any, ...], kwargs: Mapping[str,
     return rows.reshape(out, height, width, channels).permute(0, 3, 1, 2)
 
 
+def _allocate_channels_last(
+    args: tuple[Any, ...], kwargs: Mapping[str, Any]
+) -> torch.Tensor | None:
+    """A new 4-D or 5-D floating-point tensor, ``x.new_full(shape, value)`` (NCHW order),
+    allocated channels_last instead: ``torch.empty(shape, memory_format=...).fill_(value)``,
+    the same values in the other order (data copied into it afterwards keeps that order)."""
+    if len(args) < 3 or not isinstance(args[0], torch.Tensor):
+        return None
+    source, size, value = args[0], args[1], args[2]
+    if not isinstance(size, (tuple, list, torch.Size)) or len(size) not in (4, 5):
+        return None
+    if "memory_format" in kwargs or kwargs.keys() - {"dtype", "device"}:
+        return None
+    dtype = kwargs.get("dtype") or source.dtype
+    if not dtype.is_floating_point:
+        return None
+    fmt = torch.channels_last if len(size) == 4 else torch.channels_last_3d
+    device = kwargs.get("device") or source.device
+    return torch.empty(tuple(size), dtype=dtype, device=device, memory_format=fmt).fill_(value)
+
+
 CHANGES: dict[str, Change] = {
     change.name: change
     for change in (
@@ -143,6 +164,13 @@ CHANGES: dict[str, Change] = {
             "replace the view, transpose, .contiguous() and view with "
             "F.channel_shuffle(x, groups) (nn.ChannelShuffle)",
             _channel_shuffle,
+        ),
+        Change(
+            "allocate_channels_last",
+            "Tensor.new_full",
+            "allocate it channels_last: torch.empty(shape, dtype=x.dtype, device=x.device, "
+            "memory_format=torch.channels_last).fill_(value) (channels_last_3d for 5-D)",
+            _allocate_channels_last,
         ),
         Change(
             "rows_in_memory_order",

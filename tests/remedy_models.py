@@ -76,3 +76,24 @@ class CumulativeRows(nn.Conv2d):
         rows = self.weight.reshape(1, self.out_channels, -1)
         weight = F.batch_norm(rows.cumsum(-1), None, None, training=True).reshape_as(self.weight)
         return F.conv2d(x, weight, self.bias, self.stride, self.padding)
+
+
+class PaddedBatch(nn.Module):
+    """Images padded into a new batch, as torchvision's detection transform batches them:
+    ``new_full`` allocates it in NCHW order, the channels_last images are copied in, and the
+    convolution converts it back. ``flat=True`` also reads the batch through ``.view`` (it
+    needs NCHW order): the control, where allocating it channels_last breaks the model."""
+
+    def __init__(self, flat: bool = False) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.flat = flat
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n, c, h, w = x.shape
+        batch = x.new_full((n, c, h + 2, w + 2), 0.0)  # the allocation
+        batch[:, :, :h, :w].copy_(x)
+        out = self.conv(batch)
+        if self.flat:
+            return out.sum() + batch.view(n, -1).sum()
+        return out

@@ -219,3 +219,21 @@ def test_rows_transformed_in_their_order_refute_the_memory_order_change():
     assert sites and trials and not any(t.holds for t in trials)
     assert all(t.max_abs_diff > t.tolerance for t in trials)
     assert all(s.remedy.status is not RemedyStatus.VERIFIED for s in sites)
+
+
+def test_a_batch_allocated_nchw_is_allocated_channels_last_and_verified():
+    report = _audit(rm.PaddedBatch())
+    (site,) = [s for s in report.cost.sites if s.extra]
+    assert site.fix_site.python_op == "Tensor.new_full"
+    assert site.remedy.status is RemedyStatus.VERIFIED
+    (trial,) = site.remedy.evidence
+    assert trial.line.endswith(_line(rm.PaddedBatch, "# the allocation"))
+    assert trial.holds and trial.extra_bytes_after == 0 and trial.max_abs_diff == 0
+
+
+def test_a_batch_read_through_a_view_refutes_allocating_it_channels_last():
+    report = _audit(rm.PaddedBatch(flat=True))
+    (site,) = [s for s in report.cost.sites if s.extra]
+    assert site.remedy.status is RemedyStatus.REFUTED
+    (trial,) = site.remedy.evidence
+    assert not trial.holds and "Tensor.view" in trial.failure
