@@ -116,8 +116,13 @@ class KernelCopies:
     name: str
     copied: Mapping[StridedInput, float]
 
-    def ops(self) -> frozenset[str]:
-        return frozenset(op for op, *_ in self.copied)
+    @functools.cached_property
+    def by_op(self) -> Mapping[str, Mapping[tuple[int, int, str], float]]:
+        """``copied`` by operation: (input position, rank, stride class) -> share."""
+        found: dict[str, dict[tuple[int, int, str], float]] = {}
+        for (op, *key), share in self.copied.items():
+            found.setdefault(op, {})[tuple(key)] = share
+        return found
 
 
 @functools.cache

@@ -35,9 +35,9 @@ class Example:
 
     @property
     def first(self) -> torch.Tensor | None:
-        """The first 4D/5D floating-point tensor, a list of images as the batch it stacks to
-        (else the first tensor): the one a report names as the input, whose first dimension
-        is the batch."""
+        """The first 4D/5D floating-point tensor, a list of images as a view of the batch's
+        shape (else the first tensor): the one a report names as the input (its shape, dtype
+        and device), whose first dimension is the batch."""
         tensors = [t for v in (*self.args, *self.kwargs.values()) for t in _leaves(v)]
         spatial = [t for t in tensors if t.dim() in (4, 5) and t.is_floating_point()]
         return (spatial or tensors or [None])[0]
@@ -103,7 +103,7 @@ def _leaves(value: Any) -> Iterator[torch.Tensor]:
     if isinstance(value, torch.Tensor):
         yield value
     elif isinstance(value, (list, tuple)) and _images(value):
-        yield torch.stack(value)
+        yield value[0].expand(len(value), *value[0].shape)  # the batch's shape, not a copy
     elif isinstance(value, (list, tuple)):
         for v in value:
             yield from _leaves(v)

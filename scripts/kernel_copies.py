@@ -27,10 +27,8 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch.autograd.profiler import record_function
-from torch.utils._python_dispatch import TorchDispatchMode
 
-from cl_audit.intercept.dispatch import CALL_LABEL
+from cl_audit.intercept.dispatch import DispatchEngine
 from cl_audit.intercept.naming import aten_op_name
 from cl_audit.intercept.tracking import nbytes, tensor_arguments
 from cl_audit.layout import MemoryLayout, StrideClass, layout_of, stride_class
@@ -149,30 +147,32 @@ def _restrided(tensor: torch.Tensor, wanted: StrideClass) -> torch.Tensor | None
     return result
 
 
-class _Labelling(TorchDispatchMode):
-    """Each aten call in a profiler range of its own, with its tensor inputs kept."""
+class _Calls:
+    """An ``Observer``: each aten call's operation and tensor inputs, in the order the dispatch
+    engine numbers (and labels) them."""
 
     def __init__(self) -> None:
-        super().__init__()
-        self.calls: dict[int, tuple[str, list[torch.Tensor]]] = {}
+        self.calls: list[tuple[str, list[torch.Tensor]]] = []
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        number = len(self.calls) + 1
+    def observe(self, aten_op: Any, python_op: Any, args: Any, kwargs: Any, result: Any) -> None:
         inputs = tensor_arguments(args) + tensor_arguments((kwargs or {}).values())
-        self.calls[number] = (aten_op_name(func), inputs)
-        with record_function(f"{CALL_LABEL}{number}"):
-            return func(*args, **(kwargs or {}))
+        self.calls.append((aten_op_name(aten_op), inputs))
 
 
 def _run(call: Callable[..., Any], inputs: list[torch.Tensor], device: torch.device) -> list:
     """(op, its inputs, bytes copied inside it) for each aten call of one probe run."""
     call(*inputs)  # warm up (first-call allocations, lazy initialisation)
-    mode = _Labelling()
-    with Profiler(device, shapes=True) as profiler, mode:
-        call(*inputs)
+    seen = _Calls()
+    engine = DispatchEngine(seen, label_calls=True)
+    with Profiler(device, shapes=True) as profiler:
+        engine.install()
+        try:
+            call(*inputs)
+        finally:
+            engine.uninstall()
     copies, _ = copies_by_call(profiler)
     measured = []
-    for number, (op, op_inputs) in mode.calls.items():
+    for number, (op, op_inputs) in enumerate(seen.calls, start=1):
         size = next((t.element_size() for t in op_inputs if t.is_floating_point()), 4)
         copied = sum(numel * (element or size) for numel, element in copies.get(number, ()))
         measured.append((op, op_inputs, copied))

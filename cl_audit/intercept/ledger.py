@@ -140,12 +140,8 @@ class Ledger:
         known = self._strided.get(aten_op)
         if known is None:
             table = self.kernel_copies
-            name = aten_op_name(aten_op)
-            known = self._strided[aten_op] = (
-                {} if table is None or name not in table.ops()
-                else {tuple(key[1:]): share for key, share in table.copied.items()
-                      if key[0] == name}
-            )  # fmt: skip
+            found = None if table is None else table.by_op.get(aten_op_name(aten_op))
+            known = self._strided[aten_op] = found or {}
         return known
 
     def _kind(self, aten_op: object) -> tuple[int, bool]:
@@ -222,27 +218,28 @@ class Ledger:
         for index, (tensor, key) in enumerate(zip(inputs, in_keys, strict=True)):
             if not tensor.is_floating_point():
                 continue
-            if tensor.dim() not in SPATIAL_RANKS:
+            if tensor.dim() in SPATIAL_RANKS:
+                spatial_in = True
+                layout = layout_of(tensor)
+                if (
+                    layout in _ORDERED and layout is not spatial_out
+                    if spatial_out is not None
+                    else not has_spatial_out and layout is _CL
+                ):
+                    copied = nbytes([tensor])
+                elif strided and layout is MemoryLayout.OTHER:  # a permuted map (attention)
+                    copied = _strided_copy(strided, index, tensor)
+                else:
+                    continue
+            elif strided:
+                copied = _strided_copy(strided, index, tensor)
+            else:
                 if measured and not strided_in:  # only a measured run places by it
                     strided_in = not tensor.is_contiguous()
-                elif strided:
-                    copied = _strided_copy(strided, index, tensor)
-                    converted += copied
-                    parameter = parameter and (not copied or key in parameters)
                 continue
-            spatial_in = True
-            layout = layout_of(tensor)
-            if (
-                layout in _ORDERED and layout is not spatial_out
-                if spatial_out is not None
-                else not has_spatial_out and layout is _CL
-            ):
-                converted += nbytes([tensor])
-                parameter = parameter and key in parameters
-            elif strided and layout is MemoryLayout.OTHER:  # a permuted map (attention)
-                copied = _strided_copy(strided, index, tensor)
+            if copied:
                 converted += copied
-                parameter = parameter and (not copied or key in parameters)
+                parameter = parameter and key in parameters
         # Measured, every such kernel with a 4D/5D input, or a strided input of another rank,
         # is placed whatever its strides, in both runs alike, so that their places align
         # (convolution_backward copies inside on the CPU with every input channels_last; the
