@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
@@ -33,7 +34,7 @@ from torch import nn
 from torch.func import functional_call
 
 from cl_audit.attribution import frames_call_site
-from cl_audit.compat import fake_tensor, new_fake_mode
+from cl_audit.compat import data_dependent_op, fake_tensor, new_fake_mode
 from cl_audit.compat.inductor import (
     CapturedGraph,
     GraphConv,
@@ -52,7 +53,7 @@ from cl_audit.convert import strategy_input
 from cl_audit.enums import Amp, ConvClass, CopyKind, Fate, LayoutBranch, Phase, Strategy
 from cl_audit.errors import UsageError
 from cl_audit.fake import fake_state
-from cl_audit.inputs import example_of
+from cl_audit.inputs import Example, example_of
 from cl_audit.layout import MemoryLayout, classify
 from cl_audit.report.compiled import (
     Compiled,
@@ -105,39 +106,27 @@ def compiled_layouts(
     target = torch.device(device)
     predicted = target.type == "cuda" and not torch.cuda.is_available()
     traced_on = torch.device("cpu") if predicted else target
-    mode = new_fake_mode()
-    state = fake_state(mode, model, traced_on)
     names = {name for name, _ in model.named_parameters()}
-    for name, tensor in state.items():
-        tensor.requires_grad_(train and name in names)
-    inputs = example.map(
-        lambda x: (
-            fake_tensor(mode, strategy_input(x, strategy), traced_on)
-            if isinstance(x, torch.Tensor)
-            else x
-        )
-    )
-
-    def forward() -> object:
-        with autocast_for(str(traced_on), amp, fake=True):
-            return functional_call(model, state, inputs.args, dict(inputs.kwargs))
-
-    def backward(output: object) -> None:
-        training_loss(output, seed).backward()
-
     was_training = model.training
     model.train(train)
     start = time.perf_counter()
+    data_dependent = None
     try:
-        with torch.set_grad_enabled(train):
-            graphs = capture_graphs(forward, backward if train else None)
+        mode = new_fake_mode()
+        fake = (fake_state(mode, model, traced_on), lambda x: fake_tensor(mode, x, traced_on))
+        try:
+            graphs = _capture(model, example, fake, traced_on, names, train, amp, strategy, seed)
+        except Exception as e:  # re-raised unless fake tensors lacked the values it reads
+            data_dependent = data_dependent_op(e)
+            if data_dependent is None:
+                raise
+            real = (
+                {n: t.detach().clone().to(traced_on) for n, t in _state(model)},
+                lambda x: x.clone().to(traced_on),
+            )
+            graphs = _capture(model, example, real, traced_on, names, train, amp, strategy, seed)
     finally:
         model.train(was_training)
-    if not graphs:
-        raise RuntimeError(
-            "Dynamo captured no graph: the model ran eagerly (a graph break at every operation, "
-            "or Dynamo's errors suppressed by its suppress_errors setting)"
-        )
     generic = target.type != "cpu"
     decided = tuple(_graph(i, g, generic, force) for i, g in enumerate(graphs))
     seconds = time.perf_counter() - start
@@ -150,7 +139,49 @@ def compiled_layouts(
         force_layout_opt=force,
         seconds=seconds,
         graphs=decided,
+        data_dependent=data_dependent,
     )
+
+
+def _state(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    return [*model.named_parameters(), *model.named_buffers()]
+
+
+def _capture(
+    model: nn.Module,
+    example: Example,
+    tensors: tuple[dict[str, torch.Tensor], Callable[[torch.Tensor], torch.Tensor]],
+    device: torch.device,
+    names: set[str],
+    train: bool,
+    amp: Amp | None,
+    strategy: Strategy,
+    seed: int,
+) -> list[CapturedGraph]:
+    """The graphs of one forward (and with ``train`` its loss's backward) of ``model`` on
+    ``tensors`` on ``device``: its state by name and how an input tensor is made."""
+    state, make = tensors
+    for name, tensor in state.items():
+        tensor.requires_grad_(train and name in names)
+    inputs = example.map(
+        lambda x: make(strategy_input(x, strategy)) if isinstance(x, torch.Tensor) else x
+    )
+
+    def forward() -> object:
+        with autocast_for(str(device), amp, fake=True):
+            return functional_call(model, state, inputs.args, dict(inputs.kwargs))
+
+    def backward(output: object) -> None:
+        training_loss(output, seed).backward()
+
+    with torch.set_grad_enabled(train):
+        graphs = capture_graphs(forward, backward if train else None)
+    if not graphs:
+        raise RuntimeError(
+            "Dynamo captured no graph: the model ran eagerly (a graph break at every operation, "
+            "or Dynamo's errors suppressed by its suppress_errors setting)"
+        )
+    return graphs
 
 
 def _graph(index: int, graph: CapturedGraph, generic: bool, force: bool) -> CompiledGraph:

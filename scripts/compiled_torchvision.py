@@ -1,21 +1,24 @@
-"""Inductor's layout decision for every torchvision model that takes one tensor, predicted for
-CUDA without a GPU (``cl_audit.compiled_layouts``), for inference and for a training step:
-per graph on or off, the heuristic's branch, the convolutions that vetoed it, and the layout
-copies Inductor's lowering inserts under the decision and under ``force_layout_optimization``
-(the CPU's lowering under the CUDA decision: a prediction). By default one
-model per builder module (the first in name order: a rule, not a choice); ``--all`` for every
-model (a capture takes up to a few minutes for the largest on a 2-core machine).
+"""Inductor's layout decision for every torchvision model, predicted for CUDA without a GPU
+(``cl_audit.compiled_layouts``), for inference and for a training step: per graph on or off,
+the heuristic's branch, the convolutions that vetoed it, and the layout copies Inductor's
+lowering inserts under the decision and under ``force_layout_optimization`` (the CPU's
+lowering under the CUDA decision: a prediction). By default one model per builder module (the
+first in name order: a rule, not a choice); ``--all`` for every model (a capture takes up to a
+few minutes for the largest on a 2-core machine).
 
     python scripts/compiled_torchvision.py --out reports/compiled/torchvision_cuda_torch-X.json
     python scripts/compiled_torchvision.py --table reports/compiled/torchvision_cuda_torch-X.json
     python scripts/compiled_torchvision.py --copies A.json B.json   # the copies, release by release
 
 Models are built with zero-filled weights (no random draws) at their documented input size,
-batch 2, converted to channels_last; nothing runs (fake copies are traced). Inference graphs
-are traced on fake CUDA tensors, a training step's on fake CPU tensors (autograd's engine
-needs a device for a CUDA backward), both decided as for a GPU. ``--table`` prints the
-Markdown summary that reports/README.md quotes; ``--copies`` the predicted layout copies of the
-models that have any, one column per graph and release.
+batch 2, converted to channels_last, and given the input they take (detection models a list
+of images, with targets for training; optical flow a pair of images); nothing runs (fake
+copies are traced) unless the model's shapes depend on its values (a detection model's
+``nonzero``): then the graphs are traced on real CPU tensors, and the row names the operation
+(``inference_data_dependent``, ``training_data_dependent``). Graphs are traced on fake CPU
+tensors (autograd's engine needs a device for a CUDA backward) and decided as for a GPU.
+``--table`` prints the Markdown summary that reports/README.md quotes; ``--copies`` the
+predicted layout copies of the models that have any, one column per graph and release.
 """
 
 from __future__ import annotations
@@ -109,9 +112,11 @@ def measure(out: str, models: list[str]) -> None:
         x = torch.zeros(2, *loaded.input_shape)
         for mode, train in (("inference", False), ("training", True)):
             start = time.perf_counter()
+            example = loaded.arguments(x, train) if loaded.arguments else x
             try:
-                compiled = compiled_layouts(model, x, device="cuda", train=train, force=True)
+                compiled = compiled_layouts(model, example, device="cuda", train=train, force=True)
                 row[mode] = _graphs(compiled)
+                row[f"{mode}_data_dependent"] = compiled.data_dependent
             except Exception as e:  # a row of its own: the table says which model failed
                 row[mode] = {"error": f"{type(e).__name__}: {e}"[:300]}
             row[f"{mode}_seconds"] = round(time.perf_counter() - start, 2)
@@ -142,7 +147,7 @@ _COLUMNS = (("inference", "forward"), ("training", "forward"), ("training", "bac
 def table(path: str) -> str:
     """Per model: each graph's decision and branch with its predicted layout copies (and the
     copies under Inductor's force switch where forcing changes the decision), and the first
-    vetoing convolution."""
+    vetoing convolution; "(real values)" marks a model traced on real tensors."""
     with open(path) as f:
         document = json.load(f)
     lines = [
@@ -164,7 +169,9 @@ def table(path: str) -> str:
                 if not g["layout_optimization"]
                 for c in g["deciding"][:1]
             ]
-        lines.append(f"| {row['model']} | {' | '.join(cells)} | {vetoes[0] if vetoes else ''} |")
+        real = any(row.get(f"{mode}_data_dependent") for mode in ("inference", "training"))
+        name = f"{row['model']} (real values)" if real else row["model"]
+        lines.append(f"| {name} | {' | '.join(cells)} | {vetoes[0] if vetoes else ''} |")
     return "\n".join(lines)
 
 

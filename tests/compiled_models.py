@@ -133,3 +133,13 @@ class HeldOutGrouped(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.mix(torch.relu(self.stem(x)))  # the grouped convolution
         return self.head(y)
+
+
+class Selected(Plain):
+    """The maps whose mean passes a threshold go on to the second convolution, as a detection
+    model keeps the boxes that score: how many depends on the values (``aten.nonzero``)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        kept = x[x.mean((1, 2, 3)) > -1e9]  # a boolean mask: its size is the data's
+        return self.body(kept)

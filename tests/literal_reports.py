@@ -191,8 +191,18 @@ _V7_COST = ("batch", "fixed_bytes", "fixed_written_bytes", "per_sample_bytes",
             "per_sample_written_bytes", "at_gate")  # fmt: skip
 
 
+def before_version_10(data: dict) -> dict:
+    """A report's JSON as versions before 10 wrote it: compiled graphs without the
+    operation that made them traced on real values."""
+    if data.get("compiled") is None:
+        return data
+    compiled = {k: v for k, v in data["compiled"].items() if k != "data_dependent"}
+    return data | {"compiled": compiled}
+
+
 def before_version_9(data: dict) -> dict:
     """A report's JSON as versions before 9 wrote it: cost sites without a root cause."""
+    data = before_version_10(data)
     if data.get("cost") is None:
         return data
     sites = [{k: v for k, v in site.items() if k != "root_cause"} for site in data["cost"]["sites"]]

@@ -11,7 +11,7 @@ from typing import ClassVar
 
 import jsonschema
 import pytest
-from literal_reports import before_version_7, before_version_9, model_report
+from literal_reports import before_version_7, before_version_9, before_version_10, model_report
 
 from cl_audit.enums import (
     ConvClass,
@@ -178,6 +178,22 @@ def test_a_version_5_report_is_written_again_exactly():
     assert again == report and json.dumps(again.to_dict(), indent=2) == text
     assert data["compiled"]["graphs"][0]["convolutions"][0]["class"] == "grouped"
     assert data["timing"]["share"] == (0.25 + 0.125) / 3.0 and data["cost"]["net_bytes"] == 4096
+
+
+def test_a_version_9_report_reads_its_compiled_graphs_as_traced_on_fake_tensors():
+    """Version 10 names the operation that made the compiled graphs traced on real values;
+    version 9 wrote no such key, and its graphs were traced on fake tensors."""
+    report = _full_report()
+    report = replace(
+        report, compiled=replace(report.compiled, data_dependent="aten.nonzero.default")
+    )
+    current = report.to_dict()
+    jsonschema.validate(current, load_schema("report"))
+    assert current["compiled"]["data_dependent"] == "aten.nonzero.default"
+    data = before_version_10(current) | {"version": 9}
+    jsonschema.validate(data, load_schema("report", 9))
+    old = ModelReport.from_dict(data)
+    assert old.compiled.data_dependent is None and old.compiled.graphs == report.compiled.graphs
 
 
 def test_a_version_8_report_reads_its_cost_sites_without_a_root_cause():

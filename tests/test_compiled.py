@@ -20,6 +20,7 @@ from compiled_models import (
     HeldOutGrouped,
     Narrowing,
     Plain,
+    Selected,
     Shuffled,
     Small,
     Tokens,
@@ -156,6 +157,20 @@ def test_the_explanation_agrees_with_torch_on_every_toy_graph():
         for device in ("cpu", "cuda"):
             for graph in _layouts(cls, device, train=True).graphs:
                 assert graph.branch is not LayoutBranch.UNEXPLAINED, (cls, device, graph.reason)
+
+
+@pytest.mark.parametrize("train", [False, True])
+def test_a_model_whose_shapes_depend_on_its_values_is_traced_on_real_values(train):
+    """Fake tensors cannot run the mask's ``nonzero``: the graphs are traced again on real
+    tensors holding the model's values, and the report names the operation that needed them.
+    Plain, without the selection, is the control traced on fake tensors."""
+    selected = _layouts(Selected, "cuda", train=train)
+    assert selected.data_dependent is not None and "nonzero" in selected.data_dependent
+    assert "with real values (aten.nonzero" in selected.basis
+    assert sum(len(g.convolutions) for g in selected.graphs if g.phase is not Phase.BACKWARD) == 2
+    assert all(g.branch is not LayoutBranch.UNEXPLAINED for g in selected.graphs)
+    plain = _layouts(Plain, "cuda", train=train)
+    assert plain.data_dependent is None and "real values" not in plain.basis
 
 
 def test_the_model_is_not_changed_and_its_mode_restored():

@@ -34,6 +34,7 @@ __all__ = [
     "amp_unscale_",
     "amp_update_scale_",
     "current_autograd_node",
+    "data_dependent_op",
     "fake_cuda_problem",
     "fake_tensor",
     "is_data_dependent_error",
@@ -214,17 +215,30 @@ _DEVICE_ERRORS = tuple(
 )
 
 
+_DATA_DEPENDENT = tuple(
+    kind
+    for kind in (
+        getattr(_fake, "DataDependentOutputException", None),
+        getattr(_fake, "DynamicOutputShapeException", None),
+    )
+    if isinstance(kind, type)
+)
+
+
 def is_data_dependent_error(error: BaseException) -> bool:
     """Whether a fake run failed because the model read a tensor's value (a branch on it)."""
-    kinds = tuple(
-        kind
-        for kind in (
-            getattr(_fake, "DataDependentOutputException", None),
-            getattr(_fake, "DynamicOutputShapeException", None),
-        )
-        if isinstance(kind, type)
-    )
-    return isinstance(error, kinds)
+    return isinstance(error, _DATA_DEPENDENT)
+
+
+def data_dependent_op(error: BaseException) -> str | None:
+    """The operation whose output depends on tensor values (``aten.nonzero.default``) that a
+    fake run refused, found in ``error`` or the exceptions it was raised from; else None."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, _DATA_DEPENDENT):
+            return str(seen.func)
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 def is_device_runtime_error(error: BaseException) -> bool:

@@ -104,7 +104,10 @@ class Compiled:
     """Inductor's layout decisions for a model. ``predicted`` when made for a device this
     machine does not have (fake CUDA), from graphs traced on ``traced_on``; ``seconds`` is the
     capture's and the lowering's wall time (no code is generated). ``sites`` sets the eager
-    audit's losses beside the compiled graphs' copies (None: no eager audit to compare)."""
+    audit's losses beside the compiled graphs' copies (None: no eager audit to compare).
+    ``data_dependent`` names the operation whose output depends on tensor values (a detection
+    model's ``aten.nonzero``) that fake tensors could not run, so the graphs were traced on
+    real tensors holding a copy of the model's values; None: traced on fake tensors."""
 
     device: str
     traced_on: str
@@ -115,15 +118,21 @@ class Compiled:
     seconds: float
     graphs: tuple[CompiledGraph, ...]
     sites: tuple[CompiledSite, ...] | None = None
+    data_dependent: str | None = None
 
     json_form: ClassVar[JsonForm] = JsonForm(written={"seconds": lambda seconds: round(seconds, 3)})
 
     @property
     def basis(self) -> str:
         """How the decisions were made, in words."""
+        values = (
+            ""
+            if self.data_dependent is None
+            else f" with real values ({self.data_dependent} needs them)"
+        )
         if self.predicted:
             return (
                 f"a prediction for {self.device} made without one, from graphs traced on "
-                f"{self.traced_on}"
+                f"{self.traced_on}{values}"
             )
-        return f"Inductor's decision on {self.device}"
+        return f"Inductor's decision on {self.device}{values}"

@@ -29,7 +29,8 @@ from cl_audit.report.codec import plain_json as plain_json  # public here before
 REPORT_FORMAT = "cl-audit.report"
 
 
-REPORT_VERSION = 9  # 9: fix_site the writer of the data's order, cost site root_cause
+REPORT_VERSION = 10  # 10: compiled.data_dependent (graphs traced on real values)
+# 9: fix_site the writer of the data's order, cost site root_cause
 # 8: remedies verified, refuted or leads (remedy.status, remedy.evidence)
 # 7: the verdict judges the cost at gate.batch (cost.at_gate)
 # 6: environment.mode "replayed" (a traced training step replayed)
@@ -42,7 +43,7 @@ BENCH_VERSION = 2  # 2: verdict a word (faster/slower/inconclusive), verdict_tex
 BENCH_READABLE = (1, BENCH_VERSION)
 
 
-REPORT_READABLE = (1, 2, 3, 4, 5, 6, 7, 8, REPORT_VERSION)
+REPORT_READABLE = (1, 2, 3, 4, 5, 6, 7, 8, 9, REPORT_VERSION)
 
 
 class ReportFormatError(ValueError):
