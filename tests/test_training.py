@@ -258,6 +258,24 @@ def test_a_batch_of_one_with_batch_norm_fails_in_forward_with_a_hint():
     assert failed.value.stage is Stage.FORWARD
 
 
+@pytest.mark.parametrize("train", [False, True])
+def test_a_model_only_channels_last_breaks_is_said_so_beside_its_error(train):
+    """The failure is tried again in NCHW: where that runs, channels_last is what breaks the
+    model, and the error says so; where NCHW fails too (MisViewed), it says nothing of it.
+    ReshapedLogits, which copies instead, is audited and its reshape flagged."""
+    x = (torch.randn(2, 3, 8, 8),)
+    settings = AuditSettings(train=train)
+    with pytest.raises(ModelFailedError, match="view size is not compatible") as failed:
+        audit_module(tm.ViewedLogits(), x, settings)
+    assert "channels_last breaks the model here: the same step runs in NCHW" in str(failed.value)
+    assert failed.value.site is not None and failed.value.site.startswith("training_models.py:")
+    with pytest.raises(ModelFailedError) as own:
+        audit_module(tm.MisViewed(), x, settings)
+    assert "channels_last breaks" not in str(own.value)
+    report = audit_module(tm.ReshapedLogits(), x, settings)
+    assert [f.python_op for f in report.offenders] == ["Tensor.reshape"]
+
+
 def test_cli_train_reports_the_backward_loss():
     result = CliRunner().invoke(
         app, [SPEC, "--train", "--json", "-", *ANY_COST], env={"COLUMNS": "120"}

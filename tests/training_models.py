@@ -128,3 +128,32 @@ def map_loss(output: torch.Tensor) -> torch.Tensor:
 def own_loss() -> tuple[nn.Module, tuple[int, ...], object]:
     """A factory with its own training loss: (module, input_shape, loss)."""
     return nn.Conv2d(3, 8, 3, padding=1), (3, 16, 16), map_loss
+
+
+class ViewedLogits(nn.Module):
+    """Each channel's map viewed as a row, as torchvision's keypoint loss views its logits
+    (``roi_heads.py``): the view merges the batch and channel dimensions, which channels_last
+    strides cannot give, so only the NCHW step runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv(x)
+        return y.view(-1, y.shape[2] * y.shape[3])
+
+
+class ReshapedLogits(ViewedLogits):
+    """The control: ``reshape`` copies where the view cannot, a loss that is still flagged."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv(x)
+        return y.reshape(-1, y.shape[2] * y.shape[3])
+
+
+class MisViewed(ViewedLogits):
+    """A view of the wrong size: it fails in NCHW too, so channels_last is not the cause."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(x).view(-1, 7)

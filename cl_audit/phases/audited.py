@@ -69,7 +69,10 @@ def run_audited(
     except UsageError:
         raise  # what the settings cannot do for this model (a replay names why)
     except Exception as e:
-        raise ModelFailedError(step.stage, label, e, _hint(plan, run, e)) from e
+        hint = _hint(plan, run, e)
+        if hint is None and _nchw_runs(plan, run, loss):
+            hint = "channels_last breaks the model here: the same step runs in NCHW"
+        raise ModelFailedError(step.stage, label, e, hint) from e
     observed = active.observed(call_times(prof, plan.device) if settings.time else None)
     training = None
     if plan.workload.train:
@@ -94,6 +97,22 @@ def _hint(plan: RunPlan, run: TensorRun, error: Exception) -> str | None:
     if plan.workload.train and first is not None and first.shape[0] < 2:
         return "batch normalisation in train mode needs a batch of at least 2"
     return None
+
+
+def _nchw_runs(plan: RunPlan, run: TensorRun, loss: Callable[[Any], torch.Tensor] | None) -> bool:
+    """Whether the forward or step that failed in channels_last runs in NCHW (strategies that
+    make the model channels_last): then channels_last is what breaks it."""
+    if plan.settings.strategy not in COMPARED:
+        return False
+    try:
+        step = run.stepper(plan.changed(timeline=False, time=False), run.nchw(), loss)
+        with run.tensor_mode():
+            step.run(None)
+    except Exception:  # the answer: NCHW fails too, so the model's failure is its own
+        return False
+    finally:
+        run.restore()
+    return True
 
 
 def _ledger(plan: RunPlan) -> Ledger | None:
