@@ -14,6 +14,9 @@ engine needs a CUDA device for a CUDA backward, and Dynamo reaches the CUDA driv
 models' fake CUDA tensors) and decided as a GPU would decide them, without mkldnn's CPU branch.
 The heuristic reads only the graph's convolutions (weights, groups, output shapes) and its
 node count, which agree between fake CUDA and CPU traces (measured in reports/README.md).
+A model whose shapes depend on its values (a detection model's ``nonzero`` keeps the boxes that
+score) cannot run on fake tensors: its graphs are traced on real tensors holding a copy of its
+values instead, and the result names the operation that needed them.
 
 Each graph is then lowered by Inductor (``GraphLowering``, no code generated) under its decision,
 and the copies the lowering inserts to change a buffer's layout are reported with the source
@@ -98,7 +101,8 @@ def compiled_layouts(
     switch. Each graph is lowered under its decision to find the layout copies Inductor inserts.
     Convert the model as the strategy says first
     (``model.to(memory_format=torch.channels_last)``); it is not changed (fake copies of its
-    parameters are traced), and the inputs are converted here."""
+    parameters are traced; real copies where the model's shapes depend on its values, which
+    ``Compiled.data_dependent`` names), and the inputs are converted here."""
     problem = compile_problem()
     if problem is not None:
         raise UsageError(problem)
