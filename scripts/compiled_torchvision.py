@@ -101,6 +101,10 @@ def measure(out: str, models: list[str]) -> None:
             rows = [r for r in json.load(f)["models"] if r["model"] in models]
     done = {r["model"] for r in rows}
     for name in (m for m in models if m not in done):
+        # Dynamo's per-code-object recompile limit counts every earlier model's captures of
+        # shared code (the R-CNNs share their forward): without a reset a later model runs
+        # eagerly and captures no graph
+        torch.compiler.reset()
         row: dict[str, object] = {"model": name}
         try:
             ref = ModelRef(ModelSource.TORCHVISION, name)
@@ -162,7 +166,7 @@ def table(path: str) -> str:
                 cells.append("error")
                 continue
             chosen = [g for g in graphs if g["phase"] == phase]
-            cells.append(", ".join(_cell(g) for g in chosen) or "-")
+            cells.append(_cells(chosen))
             vetoes += [
                 f"{c['call_site']} ({c['module_path']}, {c['class']})"
                 for g in chosen
@@ -173,6 +177,17 @@ def table(path: str) -> str:
         name = f"{row['model']} (real values)" if real else row["model"]
         lines.append(f"| {name} | {' | '.join(cells)} | {vetoes[0] if vetoes else ''} |")
     return "\n".join(lines)
+
+
+def _cells(graphs: list[dict[str, object]]) -> str:
+    """A phase's graphs; where a model's graph breaks make several, the graphs with neither a
+    convolution nor a layout copy are counted, not listed."""
+    if len(graphs) <= 1:
+        return ", ".join(_cell(g) for g in graphs) or "-"
+    shown = [g for g in graphs if g["convolutions"] or _copied(g)]
+    rest = len(graphs) - len(shown)
+    more = f"{rest} more graph{'s' if rest > 1 else ''} without a convolution or copy"
+    return ", ".join([_cell(g) for g in shown] + ([more] if rest else []))
 
 
 def _cell(graph: dict[str, object]) -> str:
