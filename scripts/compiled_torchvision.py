@@ -181,12 +181,12 @@ def table(path: str) -> str:
 
 def _cells(graphs: list[dict[str, object]]) -> str:
     """A phase's graphs; where a model's graph breaks make several, the graphs with neither a
-    convolution nor a layout copy are counted, not listed."""
+    convolution nor a layout copy are counted ("+N other graphs"), not listed."""
     if len(graphs) <= 1:
         return ", ".join(_cell(g) for g in graphs) or "-"
     shown = [g for g in graphs if g["convolutions"] or _copied(g)]
     rest = len(graphs) - len(shown)
-    more = f"{rest} more graph{'s' if rest > 1 else ''} without a convolution or copy"
+    more = f"+{rest} other graph{'s' if rest > 1 else ''}"
     return ", ".join([_cell(g) for g in shown] + ([more] if rest else []))
 
 
