@@ -53,7 +53,8 @@ _EXIT_CODES = (
     help="Find where PyTorch models lose the channels_last memory format.\n\ncl-audit MODEL... "
     "[OPTIONS] audits (see cl-audit audit --help); cl-audit bench MODEL times it in nchw, "
     "channels-last and conv-weights; cl-audit merge combines sweep reports; cl-audit render "
-    f"turns a saved report into HTML.\n\n{_EXIT_CODES}"
+    "turns a saved report into HTML; cl-audit ops indexes every operator's channels_last "
+    f"behaviour.\n\n{_EXIT_CODES}"
 )
 def _help() -> None:
     pass
@@ -250,6 +251,21 @@ def bench_command(
             attribute=attribute,
         )
         commands.bench(model, timm_model, settings, json_path, dashboard_json, console)
+
+
+@app.command("ops")
+def ops_command(
+    op: Annotated[Patterns, _o("GLOB", "Only operators matching (repeatable).")] = None,
+    loses: Annotated[bool, _o(None, "Only operators that lose or refuse.", "--loses")] = False,
+    dtype: DTypeOption = DType.FLOAT32,
+) -> None:
+    """Every operator of torch's own test database given channels_last input, on this CPU:
+    keeps, loses, other, follows, refuses or ambiguous (docs/ops.md).
+
+    Exit codes: 0 printed, 2 usage error (the database cannot load: pip install
+    'cl-audit[ops]'; no operator matches)."""
+    with _exit_codes():
+        commands.ops(tuple(op or ()), loses, dtype, Console())
 
 
 @app.command("merge")

@@ -6,6 +6,7 @@ model against sweep, gates on baselines and writes every output; the CLI maps th
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import json
 import sys
 from dataclasses import dataclass, replace
@@ -14,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from rich.console import Console
 
-from cl_audit.enums import Outcome, Verdict
+from cl_audit.enums import DType, OpBehaviour, Outcome, Verdict
 from cl_audit.errors import UsageError
 from cl_audit.files import check_writable, read_report, read_sweep, write_text
 from cl_audit.plan import RunPlan, plan_run
@@ -27,7 +28,7 @@ from cl_audit.sweep.worker import SweepSettings
 if TYPE_CHECKING:
     from cl_audit.bench import BenchSettings
 
-__all__ = ["AuditOutputs", "audit", "bench", "merge_reports", "render"]
+__all__ = ["AuditOutputs", "audit", "bench", "merge_reports", "ops", "render"]
 
 # Options that only a sweep uses; given for one model they are reported as not applied.
 SWEEP_ONLY = ("jobs", "timeout", "max_memory", "max_input_size", "checkpoint", "confirm")
@@ -245,6 +246,29 @@ def merge_reports(
         f"{s.failed} failed"
     )
     return Outcome.CLEAN if previous is None else _gate(previous, merged, console)
+
+
+def ops(patterns: tuple[str, ...], loses: bool, dtype: DType, console: Console) -> None:
+    """The operator coverage index of the installed torch on the CPU, printed (the rows
+    matching ``patterns``; with ``loses`` those that lose channels_last or refuse it)."""
+    from cl_audit.compat.opinfo import operator_entries, opinfo_problem
+    from cl_audit.ops import build_index, select
+    from cl_audit.render.ops import render_ops
+
+    problem = opinfo_problem()
+    if problem is not None:
+        raise UsageError(problem)
+    entries = operator_entries("cpu", dtype.torch_dtype)
+    if patterns:  # only the operators asked for are run
+        chosen = tuple(patterns)
+        entries = (e for e in entries if any(fnmatch.fnmatchcase(e.name, p) for p in chosen))
+    with console.status("running every operator's samples"):
+        index = build_index(entries, "cpu", dtype.torch_dtype)
+    wanted = (OpBehaviour.LOSES, OpBehaviour.REFUSES) if loses else ()
+    rows = select(index, patterns, wanted)
+    if not index.rows:
+        raise UsageError(f"no operator with a 4-D or 5-D sample matches {', '.join(patterns)}")
+    render_ops(index, rows, console)
 
 
 def render(report_path: Path, html: Path) -> None:

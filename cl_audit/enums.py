@@ -302,3 +302,16 @@ class Fate(str, Enum):
     REMOVED = "removed"  # an eager loss with no copy at its site in the compiled graphs
     KEPT = "kept"  # an eager loss whose site the compiled graphs still copy at
     ADDED = "added"  # a compiled copy at a site where the eager audit found no loss
+
+
+@unique
+class OpBehaviour(str, Enum):
+    """What an operator returns for channels_last input (``cl-audit ops``), worst first."""
+
+    REFUSES = "refuses"  # raises where the same call in NCHW runs
+    LOSES = "loses"  # returns NCHW (contiguous) strides
+    OTHER = "other"  # returns strides of neither order where NCHW input gives NCHW
+    FOLLOWS = "follows"  # a view or reordering: NCHW input gives other strides too
+    KEEPS = "keeps"  # returns channels_last
+    AMBIGUOUS = "ambiguous"  # size-1 dimensions: both orders at once, neither lost nor kept
+    NO_MAP = "no-map"  # returns no 4-D or 5-D tensor

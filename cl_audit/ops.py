@@ -1,0 +1,205 @@
+"""The operator coverage index (``cl-audit ops``): what each operator returns for channels_last
+input, from the sample inputs of torch's own operator database (``cl_audit.compat.opinfo``).
+
+A sample counts when its first input is a 4-D or 5-D floating-point tensor. It runs twice: as
+the database gives it (NCHW), then with every 4-D and 5-D floating-point tensor among its
+arguments made channels_last (channels_last_3d), as a channels_last model hands them over (the
+data and the convolution weights alike). A sample that fails in NCHW is not counted. The
+channels_last call's first 4-D or 5-D output then says what the operator does
+(``OpBehaviour``): it keeps channels_last, loses it (NCHW strides), returns other strides, only
+follows its input (the NCHW call's output is not NCHW either: a view or a reordering), refuses
+(raises), or the input or output is both orders at once: size-1 dimensions, or no elements
+(ambiguous, naming which). An operator's behaviour is the worst of its samples', with that
+sample as the example; every count is kept.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import time
+import warnings
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from cl_audit.compat import tensor_leaves
+from cl_audit.compat.opinfo import OperatorEntry, Sample
+from cl_audit.enums import OpBehaviour
+from cl_audit.layout import MemoryLayout, layout_of
+
+__all__ = [
+    "OperatorRow",
+    "OpsIndex",
+    "SampleResult",
+    "build_index",
+    "operator_row",
+    "probe_sample",
+    "select",
+]
+
+_WORST = tuple(OpBehaviour)  # the enum's order: worst first
+
+
+@dataclass(frozen=True)
+class SampleResult:
+    """One sample's behaviour, its input's and output's shape and strides in channels_last
+    (the output None where it raised or returned no map), and a note: which dimensions are
+    ambiguous, or the error's first line."""
+
+    behaviour: OpBehaviour
+    input_shape: tuple[int, ...]
+    input_strides: tuple[int, ...]
+    output_shape: tuple[int, ...] | None = None
+    output_strides: tuple[int, ...] | None = None
+    note: str | None = None
+
+
+@dataclass(frozen=True)
+class OperatorRow:
+    """An operator: its worst behaviour, how many samples behaved each way, and the example
+    (the first sample of the worst behaviour); ``error`` when its samples could not be made."""
+
+    op: str
+    behaviour: OpBehaviour | None
+    counts: tuple[tuple[OpBehaviour, int], ...]
+    example: SampleResult | None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class OpsIndex:
+    """The index of one torch release, device and dtype; ``without_map``: operators none of
+    whose samples has a 4-D or 5-D floating-point first input (not listed)."""
+
+    torch: str
+    device: str
+    dtype: str
+    rows: tuple[OperatorRow, ...]
+    without_map: int
+    seconds: float
+
+    def count(self, behaviour: OpBehaviour) -> int:
+        return sum(row.behaviour is behaviour for row in self.rows)
+
+
+def _is_map(value: object) -> bool:
+    return isinstance(value, torch.Tensor) and value.dim() in (4, 5) and value.is_floating_point()
+
+
+def _channels_last(value: object) -> object:
+    if not _is_map(value):
+        return value
+    assert isinstance(value, torch.Tensor)
+    fmt = torch.channels_last if value.dim() == 4 else torch.channels_last_3d
+    return value.contiguous(memory_format=fmt)
+
+
+def _size_one(tensor: torch.Tensor) -> str:
+    """Which dimensions make ``tensor`` both orders at once."""
+    spatial = tensor.shape[2:]
+    if tensor.shape[1] == 1:
+        return "size-1 channels"
+    if all(size == 1 for size in spatial):
+        return "size-1 spatial dimensions"
+    return "size-1 dimensions"
+
+
+def _first_map(value: object) -> torch.Tensor | None:
+    return next((t for t in tensor_leaves(value) if t.dim() in (4, 5)), None)
+
+
+def _first_line(error: Exception) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}"[:200]
+
+
+def probe_sample(call: Callable[..., Any], sample: Sample) -> SampleResult | None:
+    """What ``call`` returns for ``sample`` made channels_last; None when the sample does not
+    count (its first input is no map, or it fails in NCHW)."""
+    if not _is_map(sample.input):
+        return None
+    try:
+        reference = call(sample.input, *sample.args, **sample.kwargs)
+    except Exception:  # the sample is not valid here: not counted, whatever channels_last does
+        return None
+    x = _channels_last(sample.input)
+    assert isinstance(x, torch.Tensor)
+    seen = {"input_shape": tuple(x.shape), "input_strides": x.stride()}
+    if x.numel() == 0:
+        return SampleResult(OpBehaviour.AMBIGUOUS, **seen, note="input: no elements")
+    if layout_of(x) is MemoryLayout.AMBIGUOUS:
+        return SampleResult(OpBehaviour.AMBIGUOUS, **seen, note=f"input: {_size_one(x)}")
+    args = tuple(_channels_last(a) for a in sample.args)
+    kwargs = {k: _channels_last(v) for k, v in sample.kwargs.items()}
+    try:
+        result = call(x, *args, **kwargs)
+    except Exception as e:
+        return SampleResult(OpBehaviour.REFUSES, **seen, note=_first_line(e))
+    out, ref = _first_map(result), _first_map(reference)
+    if out is None or ref is None:
+        return SampleResult(OpBehaviour.NO_MAP, **seen)
+    seen |= {"output_shape": tuple(out.shape), "output_strides": out.stride()}
+    layout = layout_of(out)
+    if layout is MemoryLayout.AMBIGUOUS:
+        return SampleResult(OpBehaviour.AMBIGUOUS, **seen, note=f"output: {_size_one(out)}")
+    if layout is MemoryLayout.CHANNELS_LAST:
+        return SampleResult(OpBehaviour.KEEPS, **seen)
+    if layout_of(ref) not in (MemoryLayout.CONTIGUOUS, MemoryLayout.AMBIGUOUS):
+        return SampleResult(OpBehaviour.FOLLOWS, **seen)
+    if layout is MemoryLayout.CONTIGUOUS:
+        return SampleResult(OpBehaviour.LOSES, **seen)
+    return SampleResult(OpBehaviour.OTHER, **seen)
+
+
+def operator_row(entry: OperatorEntry) -> OperatorRow | None:
+    """``entry``'s row, or None when none of its samples counts."""
+    results: list[SampleResult] = []
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # deprecations of the database's own calls
+            for sample in entry.samples():
+                found = probe_sample(entry.call, sample)
+                if found is not None:
+                    results.append(found)
+    except Exception as e:  # making a sample failed: a row with its error, never a crash
+        return OperatorRow(entry.name, None, (), None, _first_line(e))
+    if not results:
+        return None
+    counts = Counter(r.behaviour for r in results)
+    worst = next(b for b in _WORST if counts[b])
+    example = next(r for r in results if r.behaviour is worst)
+    ordered = tuple((b, counts[b]) for b in _WORST if counts[b])
+    return OperatorRow(entry.name, worst, ordered, example)
+
+
+def build_index(entries: Iterable[OperatorEntry], device: str, dtype: torch.dtype) -> OpsIndex:
+    """Every operator's row, the random samples seeded (0) for a repeatable index."""
+    start = time.perf_counter()
+    torch.manual_seed(0)
+    rows: list[OperatorRow] = []
+    without = 0
+    for entry in entries:
+        row = operator_row(entry)
+        if row is None:
+            without += 1
+        else:
+            rows.append(row)
+    name = str(dtype).removeprefix("torch.")
+    seconds = time.perf_counter() - start
+    return OpsIndex(torch.__version__, device, name, tuple(rows), without, seconds)
+
+
+def select(
+    index: OpsIndex, patterns: tuple[str, ...] = (), behaviours: tuple[OpBehaviour, ...] = ()
+) -> tuple[OperatorRow, ...]:
+    """The rows whose operator matches one of ``patterns`` (globs; all when none) and whose
+    behaviour is one of ``behaviours`` (all when none)."""
+    return tuple(
+        row
+        for row in index.rows
+        if (not patterns or any(fnmatch.fnmatchcase(row.op, p) for p in patterns))
+        and (not behaviours or row.behaviour in behaviours)
+    )

@@ -1,0 +1,52 @@
+"""Rich rendering of the operator coverage index (``cl-audit ops``): a head with the counts,
+then one row per operator, worst first."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from cl_audit.enums import OpBehaviour
+from cl_audit.ops import OperatorRow, OpsIndex
+
+__all__ = ["render_ops"]
+
+_ORDER = {b: i for i, b in enumerate(OpBehaviour)}
+
+
+def render_ops(index: OpsIndex, rows: tuple[OperatorRow, ...], console: Console) -> None:
+    counts = ", ".join(f"{b.value} {index.count(b)}" for b in OpBehaviour if index.count(b))
+    failed = sum(row.error is not None for row in index.rows)
+    console.print(
+        f"torch {index.torch}, {index.device} {index.dtype}, eager: {len(index.rows)} operators "
+        f"with 4-D or 5-D samples ({counts}"
+        + (f"; {failed} whose samples could not be made" if failed else "")
+        + f"); {index.without_map} without such a sample; {index.seconds:.1f} s",
+        highlight=False,
+    )
+    table = Table(expand=True, show_lines=False)
+    table.add_column("operator", style="bold", overflow="fold", ratio=2)
+    table.add_column("channels_last", no_wrap=True)
+    table.add_column("samples", overflow="fold", ratio=2)
+    table.add_column("example: input -> output strides", overflow="fold", ratio=3)
+    for row in sorted(rows, key=lambda r: (_ORDER.get(r.behaviour, -1), r.op)):
+        table.add_row(
+            row.op,
+            row.behaviour.value if row.behaviour else "error",
+            ", ".join(f"{b.value} {n}" for b, n in row.counts),
+            _example(row),
+        )
+    console.print(table)
+    console.print(f"{len(rows)} of {len(index.rows)} operators shown", highlight=False)
+
+
+def _example(row: OperatorRow) -> str:
+    if row.error is not None:
+        return row.error
+    e = row.example
+    if e is None:
+        return ""
+    text = f"{tuple(e.input_shape)} {tuple(e.input_strides)}"
+    if e.output_strides is not None:
+        text += f" -> {tuple(e.output_shape or ())} {tuple(e.output_strides)}"
+    return text + (f" ({e.note})" if e.note else "")

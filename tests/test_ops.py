@@ -1,0 +1,118 @@
+"""The operator coverage index (``cl-audit ops``): each behaviour proved on a call of known
+behaviour beside its control, the worst sample naming an operator, and the real command over
+torch's own operator database."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from test_cli import invoke
+
+from cl_audit.compat.opinfo import OperatorEntry, Sample, opinfo_problem
+from cl_audit.enums import OpBehaviour
+from cl_audit.ops import operator_row, probe_sample
+
+B = OpBehaviour
+
+
+def _map(*shape: int) -> torch.Tensor:
+    return torch.randn(*shape)
+
+
+def _conv(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return F.conv2d(x, weight, padding=1)
+
+
+def _merge_batch_and_channels(x: torch.Tensor) -> torch.Tensor:
+    return x.view(x.shape[0] * x.shape[1], x.shape[2], x.shape[3])
+
+
+def test_a_convolution_keeps_channels_last_with_its_weight_converted_too():
+    result = probe_sample(_conv, Sample(_map(2, 3, 8, 8), (_map(4, 3, 3, 3),), {}))
+    assert result.behaviour is B.KEEPS and result.output_strides == (256, 1, 32, 4)
+    assert result.input_strides == (192, 1, 24, 3)
+
+
+def test_softmax_over_channels_and_instance_norm_return_nchw_where_relu_keeps():
+    """The losses of the index's first measurement (reports/README.md), on torch 2.4.1 to
+    2.15.0 alike; relu, elementwise, is the control that keeps."""
+    x = Sample(_map(2, 3, 8, 8), (), {})
+    assert probe_sample(lambda t: t.softmax(1), x).behaviour is B.LOSES
+    assert probe_sample(F.instance_norm, x).behaviour is B.LOSES
+    assert probe_sample(F.relu, x).behaviour is B.KEEPS
+
+
+def test_size_one_channels_are_ambiguous_not_lost():
+    """A 1-channel map is both orders at once: neither a loss nor a keep, and the note says
+    which dimensions; the same call on 3 channels is the control that is judged."""
+    one = probe_sample(lambda t: t.softmax(1), Sample(_map(2, 1, 8, 8), (), {}))
+    assert one.behaviour is B.AMBIGUOUS and one.note == "input: size-1 channels"
+    pooled = probe_sample(
+        lambda t: F.adaptive_avg_pool2d(t, 1).contiguous(), Sample(_map(2, 3, 8, 8), (), {})
+    )
+    assert pooled.behaviour is B.AMBIGUOUS and pooled.note == "output: size-1 spatial dimensions"
+    assert probe_sample(lambda t: t.softmax(1), Sample(_map(2, 3, 8, 8), (), {})).behaviour is (
+        B.LOSES
+    )
+
+
+def test_a_view_channels_last_cannot_give_refuses_and_a_permutation_follows():
+    """Merging batch and channels is a view of NCHW data only: channels_last raises. A
+    permutation's NCHW output is not NCHW either: the operator follows its input."""
+    x = Sample(_map(2, 3, 8, 8), (), {})
+    refused = probe_sample(_merge_batch_and_channels, x)
+    assert refused.behaviour is B.REFUSES and refused.note.startswith("RuntimeError: view size")
+    assert probe_sample(lambda t: t.permute(0, 1, 3, 2), x).behaviour is B.FOLLOWS
+    assert probe_sample(lambda t: t.flatten(2), x).behaviour is B.NO_MAP
+
+
+def test_a_sample_that_fails_in_nchw_or_is_no_map_does_not_count():
+    assert probe_sample(_merge_batch_and_channels, Sample(_map(2, 3), (), {})) is None
+    assert probe_sample(lambda t: t.view(7, -1), Sample(_map(2, 3, 8, 8), (), {})) is None
+
+
+def test_an_operator_is_its_worst_sample_with_every_count_kept():
+    samples = [Sample(_map(2, 3, 8, 8), (), {}), Sample(_map(2, 1, 8, 8), (), {})]
+    entry = OperatorEntry(
+        "toy.softmax",
+        lambda t, dim: t.softmax(dim),
+        lambda: iter([Sample(s.input, (d,), {}) for s in samples for d in (1, -1)]),
+    )
+    row = operator_row(entry)
+    assert row.behaviour is B.LOSES and row.example.input_shape == (2, 3, 8, 8)
+    assert dict(row.counts) == {B.LOSES: 2, B.AMBIGUOUS: 2}
+
+
+def test_an_operator_whose_samples_cannot_be_made_is_a_row_with_its_error():
+    def broken():
+        raise ValueError("no sample here")
+        yield  # a generator, as the database's
+
+    row = operator_row(OperatorEntry("toy.broken", F.relu, broken))
+    assert row.behaviour is None and row.error == "ValueError: no sample here"
+
+
+@pytest.mark.skipif(opinfo_problem() is not None, reason=str(opinfo_problem()))
+def test_cl_audit_ops_runs_torchs_own_samples():
+    result = invoke("ops", "--op", "nn.functional.conv2d", "--op", "nn.functional.instance_norm")
+    assert result.exit_code == 0, result.output
+    assert "2 operators with 4-D or 5-D samples (loses 1, keeps 1)" in result.output
+    lines = {
+        line.split()[1]: line for line in result.output.splitlines() if "nn.functional" in line
+    }
+    assert (
+        "keeps" in lines["nn.functional.conv2d"] and "loses" in lines["nn.functional.instance_norm"]
+    )
+    only = invoke(
+        "ops", "--op", "nn.functional.conv2d", "--op", "nn.functional.instance_norm", "--loses"
+    )
+    assert (
+        "nn.functional.instance_norm" in only.output and "nn.functional.conv2d" not in only.output
+    )
+
+
+def test_cl_audit_ops_with_no_matching_operator_is_a_usage_error():
+    result = invoke("ops", "--op", "no_such_operator*")
+    assert result.exit_code == 2
+    assert "no operator" in result.output or "pip install" in result.output
