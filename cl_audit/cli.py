@@ -258,6 +258,9 @@ def ops_command(
     op: Annotated[Patterns, _o("GLOB", "Only operators matching (repeatable).")] = None,
     loses: Annotated[bool, _o(None, "Only operators that lose or refuse.", "--loses")] = False,
     dtype: DTypeOption = DType.FLOAT32,
+    json_path: Annotated[
+        OptionalPath, _o("FILE", "The index as JSON ('-': stdout).", "--json")
+    ] = None,
 ) -> None:
     """Every operator of torch's own test database given channels_last input, on this CPU:
     keeps, loses, other, follows, refuses or ambiguous (docs/ops.md).
@@ -265,7 +268,8 @@ def ops_command(
     Exit codes: 0 printed, 2 usage error (the database cannot load: pip install
     'cl-audit[ops]'; no operator matches)."""
     with _exit_codes():
-        commands.ops(tuple(op or ()), loses, dtype, Console())
+        console = Console(stderr=json_path is not None and str(json_path) == "-")
+        commands.ops(tuple(op or ()), loses, dtype, json_path, console)
 
 
 @app.command("merge")

@@ -248,9 +248,16 @@ def merge_reports(
     return Outcome.CLEAN if previous is None else _gate(previous, merged, console)
 
 
-def ops(patterns: tuple[str, ...], loses: bool, dtype: DType, console: Console) -> None:
+def ops(
+    patterns: tuple[str, ...],
+    loses: bool,
+    dtype: DType,
+    json_path: Path | None,
+    console: Console,
+) -> None:
     """The operator coverage index of the installed torch on the CPU, printed (the rows
-    matching ``patterns``; with ``loses`` those that lose channels_last or refuse it)."""
+    matching ``patterns``; with ``loses`` those that lose channels_last or refuse it), and
+    written whole to ``json_path`` (the operators ``patterns`` chose)."""
     from cl_audit.compat.opinfo import operator_entries, opinfo_problem
     from cl_audit.ops import build_index, select
     from cl_audit.render.ops import render_ops
@@ -258,6 +265,8 @@ def ops(patterns: tuple[str, ...], loses: bool, dtype: DType, console: Console) 
     problem = opinfo_problem()
     if problem is not None:
         raise UsageError(problem)
+    if json_path is not None and str(json_path) != "-":
+        check_writable(json_path, "--json")
     entries = operator_entries("cpu", dtype.torch_dtype)
     if patterns:  # only the operators asked for are run
         chosen = tuple(patterns)
@@ -269,6 +278,9 @@ def ops(patterns: tuple[str, ...], loses: bool, dtype: DType, console: Console) 
     if not index.rows:
         raise UsageError(f"no operator with a 4-D or 5-D sample matches {', '.join(patterns)}")
     render_ops(index, rows, console)
+    if json_path is not None:
+        write_text(json_path, index.to_json() + "\n", "--json")
+        _wrote((json_path,))
 
 
 def render(report_path: Path, html: Path) -> None:

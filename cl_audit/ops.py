@@ -16,6 +16,7 @@ sample as the example; every count is kept.
 from __future__ import annotations
 
 import fnmatch
+import json
 import time
 import warnings
 from collections import Counter
@@ -29,6 +30,14 @@ from cl_audit.compat import tensor_leaves
 from cl_audit.compat.opinfo import OperatorEntry, Sample
 from cl_audit.enums import OpBehaviour
 from cl_audit.layout import MemoryLayout, layout_of
+from cl_audit.report.codec import decode, encode
+from cl_audit.report.envelope import (
+    OPS_FORMAT,
+    OPS_READABLE,
+    OPS_VERSION,
+    ReportFormatError,
+    check_envelope,
+)
 
 __all__ = [
     "OperatorRow",
@@ -83,6 +92,20 @@ class OpsIndex:
 
     def count(self, behaviour: OpBehaviour) -> int:
         return sum(row.behaviour is behaviour for row in self.rows)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": OPS_FORMAT, "version": OPS_VERSION, **encode(self)}
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> OpsIndex:
+        check_envelope(data, OPS_FORMAT, OPS_READABLE)
+        try:
+            return decode(cls, data)
+        except (KeyError, TypeError, ValueError) as e:
+            raise ReportFormatError(f"malformed {OPS_FORMAT} document: {e!r}") from None
 
 
 def _is_map(value: object) -> bool:

@@ -4,6 +4,9 @@ torch's own operator database."""
 
 from __future__ import annotations
 
+import json
+
+import jsonschema
 import pytest
 import torch
 import torch.nn.functional as F
@@ -11,7 +14,8 @@ from test_cli import invoke
 
 from cl_audit.compat.opinfo import OperatorEntry, Sample, opinfo_problem
 from cl_audit.enums import OpBehaviour
-from cl_audit.ops import operator_row, probe_sample
+from cl_audit.ops import OpsIndex, operator_row, probe_sample
+from cl_audit.report import load_schema
 
 B = OpBehaviour
 
@@ -94,9 +98,26 @@ def test_an_operator_whose_samples_cannot_be_made_is_a_row_with_its_error():
 
 
 @pytest.mark.skipif(opinfo_problem() is not None, reason=str(opinfo_problem()))
-def test_cl_audit_ops_runs_torchs_own_samples():
-    result = invoke("ops", "--op", "nn.functional.conv2d", "--op", "nn.functional.instance_norm")
+def test_cl_audit_ops_runs_torchs_own_samples(tmp_path):
+    out = tmp_path / "ops.json"
+    result = invoke(
+        "ops",
+        "--op",
+        "nn.functional.conv2d",
+        "--op",
+        "nn.functional.instance_norm",
+        "--json",
+        str(out),
+    )
     assert result.exit_code == 0, result.output
+    data = json.loads(out.read_text())
+    jsonschema.validate(data, load_schema("ops"))
+    index = OpsIndex.from_dict(data)
+    assert {r.op: r.behaviour for r in index.rows} == {
+        "nn.functional.conv2d": B.KEEPS,
+        "nn.functional.instance_norm": B.LOSES,
+    }
+    assert index.to_dict() == data
     assert "2 operators with 4-D or 5-D samples (loses 1, keeps 1)" in result.output
     lines = {
         line.split()[1]: line for line in result.output.splitlines() if "nn.functional" in line

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -38,6 +39,9 @@ class OperatorEntry:
 @functools.cache
 def opinfo_problem() -> str | None:
     """Why this installation cannot read torch's operator database, or None."""
+    quiet = logging.getLogger("torch.utils.cpp_extension")  # "No CUDA runtime is found"
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
     try:
         module = importlib.import_module(_MODULE)
     except ModuleNotFoundError as e:
@@ -47,6 +51,8 @@ def opinfo_problem() -> str | None:
         )
     except Exception as e:  # an internal module of another release: say which, never crash
         return f"torch {torch.__version__}'s operator database does not load: {e}"
+    finally:
+        quiet.setLevel(level)
     if not isinstance(getattr(module, "op_db", None), list):
         return f"torch {torch.__version__}'s {_MODULE} has no op_db list"
     return None

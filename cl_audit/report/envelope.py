@@ -43,6 +43,13 @@ BENCH_VERSION = 2  # 2: verdict a word (faster/slower/inconclusive), verdict_tex
 BENCH_READABLE = (1, BENCH_VERSION)
 
 
+OPS_FORMAT = "cl-audit.ops"  # cl_audit.ops: the operator coverage index
+
+
+OPS_VERSION = 1
+OPS_READABLE = (OPS_VERSION,)
+
+
 REPORT_READABLE = (1, 2, 3, 4, 5, 6, 7, 8, 9, REPORT_VERSION)
 
 
@@ -96,8 +103,13 @@ def check_envelope(data: Any, expected_format: str, readable: tuple[int, ...]) -
 
 def load_schema(name: str = "report", version: int | None = None) -> dict[str, Any]:
     """The JSON Schema shipped in the package for ``cl-audit.<name>`` documents (report, sweep,
-    bench) of ``version`` (the current one by default)."""
-    current = {"report": REPORT_VERSION, "sweep": SWEEP_VERSION, "bench": BENCH_VERSION}[name]
+    bench, ops) of ``version`` (the current one by default)."""
+    current = {
+        "report": REPORT_VERSION,
+        "sweep": SWEEP_VERSION,
+        "bench": BENCH_VERSION,
+        "ops": OPS_VERSION,
+    }[name]
     version = current if version is None else version
     file = f"{name}.schema.json" if version == current else f"{name}-v{version}.schema.json"
     return json.loads(resources.files("cl_audit.schema").joinpath(file).read_text())
