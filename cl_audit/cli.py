@@ -253,8 +253,13 @@ def bench_command(
         commands.bench(model, timm_model, settings, json_path, dashboard_json, console)
 
 
-@app.command("ops")
+ops_app = typer.Typer(rich_markup_mode=None, add_completion=False)
+app.add_typer(ops_app, name="ops")
+
+
+@ops_app.callback(invoke_without_command=True)
 def ops_command(
+    ctx: typer.Context,
     op: Annotated[Patterns, _o("GLOB", "Only operators matching (repeatable).")] = None,
     loses: Annotated[bool, _o(None, "Only operators that lose or refuse.", "--loses")] = False,
     dtype: DTypeOption = DType.FLOAT32,
@@ -263,13 +268,29 @@ def ops_command(
     ] = None,
 ) -> None:
     """Every operator of torch's own test database given channels_last input, on this CPU:
-    keeps, loses, other, follows, refuses or ambiguous (docs/ops.md).
+    keeps, loses, other, follows, refuses or ambiguous (docs/ops.md); cl-audit ops diff OLD
+    NEW compares two saved indexes.
 
     Exit codes: 0 printed, 2 usage error (the database cannot load: pip install
     'cl-audit[ops]'; no operator matches)."""
+    if ctx.invoked_subcommand is not None:
+        return
     with _exit_codes():
         console = Console(stderr=json_path is not None and str(json_path) == "-")
         commands.ops(tuple(op or ()), loses, dtype, json_path, console)
+
+
+@ops_app.command("diff")
+def ops_diff_command(
+    old: Annotated[Path, typer.Argument(help="An index saved with --json.", metavar="OLD")],
+    new: Annotated[Path, typer.Argument(help="Another, to compare.", metavar="NEW")],
+) -> None:
+    """What changed between two saved indexes (a torch release against another): each operator
+    whose behaviour differs, worse first.
+
+    Exit codes: 0 compared, 2 unreadable index."""
+    with _exit_codes():
+        commands.ops_diff(old, new, Console())
 
 
 @app.command("merge")

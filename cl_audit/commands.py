@@ -17,7 +17,7 @@ from rich.console import Console
 
 from cl_audit.enums import DType, OpBehaviour, Outcome, Verdict
 from cl_audit.errors import UsageError
-from cl_audit.files import check_writable, read_report, read_sweep, write_text
+from cl_audit.files import check_writable, read_ops, read_report, read_sweep, write_text
 from cl_audit.plan import RunPlan, plan_run
 from cl_audit.report import SweepReport, compare, merge
 from cl_audit.sources import BuildOptions, ModelRef, load_model
@@ -28,7 +28,7 @@ from cl_audit.sweep.worker import SweepSettings
 if TYPE_CHECKING:
     from cl_audit.bench import BenchSettings
 
-__all__ = ["AuditOutputs", "audit", "bench", "merge_reports", "ops", "render"]
+__all__ = ["AuditOutputs", "audit", "bench", "merge_reports", "ops", "ops_diff", "render"]
 
 # Options that only a sweep uses; given for one model they are reported as not applied.
 SWEEP_ONLY = ("jobs", "timeout", "max_memory", "max_input_size", "checkpoint", "confirm")
@@ -281,6 +281,15 @@ def ops(
     if json_path is not None:
         write_text(json_path, index.to_json() + "\n", "--json")
         _wrote((json_path,))
+
+
+def ops_diff(old: Path, new: Path, console: Console) -> None:
+    """The operators whose behaviour differs between two saved indexes, printed."""
+    from cl_audit.ops import diff
+    from cl_audit.render.ops import render_ops_diff
+
+    before, after = read_ops(old), read_ops(new)
+    render_ops_diff(before, after, diff(before, after), console)
 
 
 def render(report_path: Path, html: Path) -> None:

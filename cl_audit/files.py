@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from cl_audit.errors import UsageError
+from cl_audit.ops import OpsIndex
 from cl_audit.report import (
     REPORT_FORMAT,
     SWEEP_FORMAT,
@@ -19,7 +20,14 @@ from cl_audit.report import (
     encode_document,
 )
 
-__all__ = ["check_folder", "check_writable", "read_report", "read_sweep", "write_text"]
+__all__ = [
+    "check_folder",
+    "check_writable",
+    "read_ops",
+    "read_report",
+    "read_sweep",
+    "write_text",
+]
 
 
 def check_writable(path: Path | None, option: str) -> None:
@@ -97,6 +105,16 @@ def read_sweep(path: Path) -> SweepReport:
     """A sweep report written by ``--json`` (any readable version, gzip or not)."""
     try:
         return SweepReport.from_bytes(path.read_bytes())
+    except OSError as e:
+        raise UsageError(f"{path}: {e.strerror}") from None
+    except ReportFormatError as e:
+        raise UsageError(f"{path}: {e}") from None
+
+
+def read_ops(path: Path) -> OpsIndex:
+    """An operator coverage index written by ``cl-audit ops --json`` (gzip or not)."""
+    try:
+        return OpsIndex.from_dict(decode_document(path.read_bytes()))
     except OSError as e:
         raise UsageError(f"{path}: {e.strerror}") from None
     except ReportFormatError as e:

@@ -40,10 +40,12 @@ from cl_audit.report.envelope import (
 )
 
 __all__ = [
+    "OpChange",
     "OperatorRow",
     "OpsIndex",
     "SampleResult",
     "build_index",
+    "diff",
     "operator_row",
     "probe_sample",
     "select",
@@ -225,4 +227,34 @@ def select(
         for row in index.rows
         if (not patterns or any(fnmatch.fnmatchcase(row.op, p) for p in patterns))
         and (not behaviours or row.behaviour in behaviours)
+    )
+
+
+@dataclass(frozen=True)
+class OpChange:
+    """An operator whose behaviour differs between two indexes (None: absent from that index,
+    or its samples could not be made there)."""
+
+    op: str
+    old: OpBehaviour | None
+    new: OpBehaviour | None
+
+    @property
+    def better(self) -> bool | None:
+        """True when the new behaviour is less bad (``OpBehaviour``'s order), False when worse,
+        None when the operator is in one index only."""
+        if self.old is None or self.new is None:
+            return None
+        return _WORST.index(self.new) > _WORST.index(self.old)
+
+
+def diff(old: OpsIndex, new: OpsIndex) -> tuple[OpChange, ...]:
+    """The operators whose behaviour differs from ``old`` to ``new`` (what a torch release
+    fixed or broke), by name."""
+    before = {row.op: row.behaviour for row in old.rows}
+    after = {row.op: row.behaviour for row in new.rows}
+    return tuple(
+        OpChange(op, before.get(op), after.get(op))
+        for op in sorted(before.keys() | after.keys())
+        if before.get(op) != after.get(op)
     )

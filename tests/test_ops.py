@@ -14,7 +14,7 @@ from test_cli import invoke
 
 from cl_audit.compat.opinfo import OperatorEntry, Sample, opinfo_problem
 from cl_audit.enums import OpBehaviour
-from cl_audit.ops import OpsIndex, operator_row, probe_sample
+from cl_audit.ops import OperatorRow, OpsIndex, diff, operator_row, probe_sample
 from cl_audit.report import load_schema
 
 B = OpBehaviour
@@ -137,3 +137,27 @@ def test_cl_audit_ops_with_no_matching_operator_is_a_usage_error():
     result = invoke("ops", "--op", "no_such_operator*")
     assert result.exit_code == 2
     assert "no operator" in result.output or "pip install" in result.output
+
+
+def _index(torch_version: str, **behaviours: OpBehaviour) -> OpsIndex:
+    rows = tuple(OperatorRow(op, b, ((b, 1),), None) for op, b in behaviours.items())
+    return OpsIndex(torch_version, "cpu", "float32", rows, 0, 1.0)
+
+
+def test_the_diff_names_what_a_release_broke_fixed_and_added(tmp_path):
+    old = _index("2.0", conv=B.KEEPS, norm=B.LOSES, pool=B.KEEPS, gone=B.LOSES)
+    new = _index("2.1", conv=B.KEEPS, norm=B.KEEPS, pool=B.LOSES, added=B.KEEPS)
+    changes = {c.op: c for c in diff(old, new)}
+    assert "conv" not in changes  # unchanged: the control
+    assert changes["norm"].better is True and changes["pool"].better is False
+    assert changes["added"].old is None and changes["gone"].new is None
+    paths = []
+    for name, index in (("old", old), ("new", new)):
+        paths.append(tmp_path / f"{name}.json")
+        paths[-1].write_text(index.to_json())
+    result = invoke("ops", "diff", *map(str, paths))
+    assert result.exit_code == 0, result.output
+    lines = [line for line in result.output.splitlines() if line.startswith("│")]
+    assert [line.split()[1] for line in lines] == ["pool", "norm", "added", "gone"]
+    assert "worse" in lines[0] and "better" in lines[1] and "only in new" in lines[2]
+    assert invoke("ops", "diff", str(paths[0]), str(tmp_path / "missing.json")).exit_code == 2

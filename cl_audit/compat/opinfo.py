@@ -3,8 +3,10 @@ an internal API (``torch.testing._internal``), reached here only, behind a probe
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
+import io
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -43,7 +45,8 @@ def opinfo_problem() -> str | None:
     level = quiet.level
     quiet.setLevel(logging.ERROR)
     try:
-        module = importlib.import_module(_MODULE)
+        with contextlib.redirect_stdout(io.StringIO()):  # torch 2.4 prints hypothesis' absence
+            module = importlib.import_module(_MODULE)
     except ModuleNotFoundError as e:
         return (
             f"torch's operator database ({_MODULE}) needs the {e.name} package: "

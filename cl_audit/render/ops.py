@@ -7,9 +7,9 @@ from rich.console import Console
 from rich.table import Table
 
 from cl_audit.enums import OpBehaviour
-from cl_audit.ops import OperatorRow, OpsIndex
+from cl_audit.ops import OpChange, OperatorRow, OpsIndex
 
-__all__ = ["render_ops"]
+__all__ = ["render_ops", "render_ops_diff"]
 
 _ORDER = {b: i for i, b in enumerate(OpBehaviour)}
 
@@ -50,3 +50,37 @@ def _example(row: OperatorRow) -> str:
     if e.output_strides is not None:
         text += f" -> {tuple(e.output_shape or ())} {tuple(e.output_strides)}"
     return text + (f" ({e.note})" if e.note else "")
+
+
+def render_ops_diff(
+    old: OpsIndex, new: OpsIndex, changes: tuple[OpChange, ...], console: Console
+) -> None:
+    """What moved between two indexes: worse first, then better, then the operators in one
+    index only (the database gained or dropped their 4-D samples, or they failed there)."""
+    console.print(
+        f"torch {old.torch} ({len(old.rows)} operators) -> torch {new.torch} ({len(new.rows)}), "
+        f"{new.device} {new.dtype}: {len(changes)} changed",
+        highlight=False,
+    )
+    if old.device != new.device or old.dtype != new.dtype:
+        console.print(f"note: {old.device} {old.dtype} against {new.device} {new.dtype}")
+    if not changes:
+        return
+    table = Table(expand=False)
+    table.add_column("operator", style="bold", overflow="fold")
+    table.add_column(old.torch, no_wrap=True)
+    table.add_column(new.torch, no_wrap=True)
+    table.add_column("", no_wrap=True)
+    order = {False: 0, True: 1, None: 2}
+    for change in sorted(changes, key=lambda c: (order[c.better], c.op)):
+        word = {
+            False: "worse",
+            True: "better",
+            None: "only in new" if change.old is None else "only in old",
+        }
+        table.add_row(change.op, _word(change.old), _word(change.new), word[change.better])
+    console.print(table)
+
+
+def _word(behaviour: OpBehaviour | None) -> str:
+    return "-" if behaviour is None else behaviour.value
