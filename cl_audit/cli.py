@@ -262,14 +262,15 @@ def ops_command(
     ctx: typer.Context,
     op: Annotated[Patterns, _o("GLOB", "Only operators matching (repeatable).")] = None,
     loses: Annotated[bool, _o(None, "Only operators that lose or refuse.", "--loses")] = False,
+    device: Annotated[str, _o("DEVICE", "cpu, or cuda (fake: predicted without a GPU).")] = "cpu",
     dtype: DTypeOption = DType.FLOAT32,
     json_path: Annotated[
         OptionalPath, _o("FILE", "The index as JSON ('-': stdout).", "--json")
     ] = None,
 ) -> None:
-    """Every operator of torch's own test database given channels_last input, on this CPU:
-    keeps, loses, other, follows, refuses or ambiguous (docs/ops.md); cl-audit ops diff OLD
-    NEW compares two saved indexes.
+    """Every operator of torch's own test database given channels_last input, on the CPU or
+    CUDA (predicted on fake tensors without a GPU): keeps, loses, other, follows, refuses or
+    ambiguous (docs/ops.md); cl-audit ops diff OLD NEW compares two saved indexes.
 
     Exit codes: 0 printed, 2 usage error (the database cannot load: pip install
     'cl-audit[ops]'; no operator matches)."""
@@ -277,7 +278,7 @@ def ops_command(
         return
     with _exit_codes():
         console = Console(stderr=json_path is not None and str(json_path) == "-")
-        commands.ops(tuple(op or ()), loses, dtype, json_path, console)
+        commands.ops(tuple(op or ()), loses, device, dtype, json_path, console)
 
 
 @ops_app.command("diff")

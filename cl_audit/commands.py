@@ -251,20 +251,23 @@ def merge_reports(
 def ops(
     patterns: tuple[str, ...],
     loses: bool,
+    device: str,
     dtype: DType,
     json_path: Path | None,
     console: Console,
 ) -> None:
-    """The operator coverage index of the installed torch on the CPU, printed (the rows
-    matching ``patterns``; with ``loses`` those that lose channels_last or refuse it), and
-    written whole to ``json_path`` (the operators ``patterns`` chose)."""
+    """The operator coverage index of the installed torch on ``device`` (predicted on fake
+    tensors for a CUDA device this machine lacks), printed (the rows matching ``patterns``;
+    with ``loses`` those that lose channels_last or refuse it), and written whole to
+    ``json_path`` (the operators ``patterns`` chose)."""
     from cl_audit.compat.opinfo import operator_entries, opinfo_problem
-    from cl_audit.ops import build_index, select
+    from cl_audit.ops import build_index, select, target_for
     from cl_audit.render.ops import render_ops
 
     problem = opinfo_problem()
     if problem is not None:
         raise UsageError(problem)
+    target = target_for(device)
     if json_path is not None and str(json_path) != "-":
         check_writable(json_path, "--json")
     entries = operator_entries("cpu", dtype.torch_dtype)
@@ -272,7 +275,7 @@ def ops(
         chosen = tuple(patterns)
         entries = (e for e in entries if any(fnmatch.fnmatchcase(e.name, p) for p in chosen))
     with console.status("running every operator's samples"):
-        index = build_index(entries, "cpu", dtype.torch_dtype)
+        index = build_index(entries, target, dtype.torch_dtype)
     wanted = (OpBehaviour.LOSES, OpBehaviour.REFUSES) if loses else ()
     rows = select(index, patterns, wanted)
     if not index.rows:

@@ -15,20 +15,29 @@ sample as the example; every count is kept.
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import json
 import time
 import warnings
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from cl_audit.compat import tensor_leaves
+from cl_audit.compat import (
+    fake_cuda_problem,
+    fake_tensor,
+    map_tensors,
+    new_fake_mode,
+    tensor_leaves,
+)
 from cl_audit.compat.opinfo import OperatorEntry, Sample
 from cl_audit.enums import OpBehaviour
+from cl_audit.errors import UsageError
+from cl_audit.fake import KernelSourceMode
 from cl_audit.layout import MemoryLayout, layout_of
 from cl_audit.report.codec import decode, encode
 from cl_audit.report.envelope import (
@@ -44,11 +53,13 @@ __all__ = [
     "OperatorRow",
     "OpsIndex",
     "SampleResult",
+    "Target",
     "build_index",
     "diff",
     "operator_row",
     "probe_sample",
     "select",
+    "target_for",
 ]
 
 _WORST = tuple(OpBehaviour)  # the enum's order: worst first
@@ -83,7 +94,8 @@ class OperatorRow:
 @dataclass(frozen=True)
 class OpsIndex:
     """The index of one torch release, device and dtype; ``without_map``: operators none of
-    whose samples has a 4-D or 5-D floating-point first input (not listed)."""
+    whose samples has a 4-D or 5-D floating-point first input (not listed); ``predicted``:
+    run on fake tensors of a device this machine lacks (no kernel ran)."""
 
     torch: str
     device: str
@@ -91,6 +103,7 @@ class OpsIndex:
     rows: tuple[OperatorRow, ...]
     without_map: int
     seconds: float
+    predicted: bool = False
 
     def count(self, behaviour: OpBehaviour) -> int:
         return sum(row.behaviour is behaviour for row in self.rows)
@@ -141,13 +154,61 @@ def _first_line(error: Exception) -> str:
     return f"{type(error).__name__}: {text[0] if text else ''}"[:200]
 
 
-def probe_sample(call: Callable[..., Any], sample: Sample) -> SampleResult | None:
-    """What ``call`` returns for ``sample`` made channels_last; None when the sample does not
-    count (its first input is no map, or it fails in NCHW)."""
+@dataclass(frozen=True)
+class Target:
+    """Where the samples run: ``place`` puts a CPU tensor there (with its strides), and every
+    call runs inside ``context()`` (the fake mode and kernel-source overrides of a predicted
+    device)."""
+
+    device: str
+    predicted: bool = False
+    place: Callable[[torch.Tensor], torch.Tensor] = lambda t: t
+    context: Callable[[], contextlib.AbstractContextManager[object]] = contextlib.nullcontext
+
+
+CPU = Target("cpu")
+
+
+def target_for(device: str) -> Target:
+    """The CPU; a CUDA device (fake tensors with the kernel-source overrides, a prediction,
+    where this machine has no GPU); ``UsageError`` where fake CUDA cannot predict honestly."""
+    kind = torch.device(device).type
+    if kind == "cpu":
+        return CPU
+    if kind != "cuda":
+        raise UsageError(f"cl-audit ops runs on cpu or cuda, not {device}")
+    if torch.cuda.is_available():
+        return Target("cuda", place=lambda t: t.to("cuda"))
+    problem = fake_cuda_problem()
+    if problem is not None:
+        raise UsageError(problem)
+    mode = new_fake_mode()
+    kernels = KernelSourceMode.for_device(torch.device("cuda"))
+
+    @contextlib.contextmanager
+    def fake_cuda() -> Iterator[None]:
+        with mode, kernels:
+            yield
+
+    cuda = torch.device("cuda")
+    return Target("cuda", True, lambda t: fake_tensor(mode, t, cuda), fake_cuda)
+
+
+def _run(call: Callable[..., Any], target: Target, x: Any, args: Any, kwargs: Any) -> Any:
+    x, args, kwargs = map_tensors(target.place, (x, args, kwargs))
+    with target.context():
+        return call(x, *args, **kwargs)
+
+
+def probe_sample(
+    call: Callable[..., Any], sample: Sample, target: Target = CPU
+) -> SampleResult | None:
+    """What ``call`` returns on ``target`` for ``sample`` made channels_last; None when the
+    sample does not count (its first input is no map, or it fails in NCHW)."""
     if not _is_map(sample.input):
         return None
     try:
-        reference = call(sample.input, *sample.args, **sample.kwargs)
+        reference = _run(call, target, sample.input, sample.args, sample.kwargs)
     except Exception:  # the sample is not valid here: not counted, whatever channels_last does
         return None
     x = _channels_last(sample.input)
@@ -160,7 +221,7 @@ def probe_sample(call: Callable[..., Any], sample: Sample) -> SampleResult | Non
     args = tuple(_channels_last(a) for a in sample.args)
     kwargs = {k: _channels_last(v) for k, v in sample.kwargs.items()}
     try:
-        result = call(x, *args, **kwargs)
+        result = _run(call, target, x, args, kwargs)
     except Exception as e:
         return SampleResult(OpBehaviour.REFUSES, **seen, note=_first_line(e))
     out, ref = _first_map(result), _first_map(reference)
@@ -179,14 +240,14 @@ def probe_sample(call: Callable[..., Any], sample: Sample) -> SampleResult | Non
     return SampleResult(OpBehaviour.OTHER, **seen)
 
 
-def operator_row(entry: OperatorEntry) -> OperatorRow | None:
-    """``entry``'s row, or None when none of its samples counts."""
+def operator_row(entry: OperatorEntry, target: Target = CPU) -> OperatorRow | None:
+    """``entry``'s row on ``target``, or None when none of its samples counts."""
     results: list[SampleResult] = []
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # deprecations of the database's own calls
             for sample in entry.samples():
-                found = probe_sample(entry.call, sample)
+                found = probe_sample(entry.call, sample, target)
                 if found is not None:
                     results.append(found)
     except Exception as e:  # making a sample failed: a row with its error, never a crash
@@ -200,21 +261,24 @@ def operator_row(entry: OperatorEntry) -> OperatorRow | None:
     return OperatorRow(entry.name, worst, ordered, example)
 
 
-def build_index(entries: Iterable[OperatorEntry], device: str, dtype: torch.dtype) -> OpsIndex:
-    """Every operator's row, the random samples seeded (0) for a repeatable index."""
+def build_index(entries: Iterable[OperatorEntry], target: Target, dtype: torch.dtype) -> OpsIndex:
+    """Every operator's row on ``target``, the random samples seeded (0) for a repeatable
+    index (made on the CPU, then placed)."""
     start = time.perf_counter()
     torch.manual_seed(0)
     rows: list[OperatorRow] = []
     without = 0
     for entry in entries:
-        row = operator_row(entry)
+        row = operator_row(entry, target)
         if row is None:
             without += 1
         else:
             rows.append(row)
     name = str(dtype).removeprefix("torch.")
     seconds = time.perf_counter() - start
-    return OpsIndex(torch.__version__, device, name, tuple(rows), without, seconds)
+    return OpsIndex(
+        torch.__version__, target.device, name, tuple(rows), without, seconds, target.predicted
+    )
 
 
 def select(

@@ -12,9 +12,11 @@ import torch
 import torch.nn.functional as F
 from test_cli import invoke
 
+from cl_audit.compat import fake_cuda_problem
 from cl_audit.compat.opinfo import OperatorEntry, Sample, opinfo_problem
 from cl_audit.enums import OpBehaviour
-from cl_audit.ops import OperatorRow, OpsIndex, diff, operator_row, probe_sample
+from cl_audit.errors import UsageError
+from cl_audit.ops import OperatorRow, OpsIndex, diff, operator_row, probe_sample, target_for
 from cl_audit.report import load_schema
 
 B = OpBehaviour
@@ -161,3 +163,22 @@ def test_the_diff_names_what_a_release_broke_fixed_and_added(tmp_path):
     assert [line.split()[1] for line in lines] == ["pool", "norm", "added", "gone"]
     assert "worse" in lines[0] and "better" in lines[1] and "only in new" in lines[2]
     assert invoke("ops", "diff", str(paths[0]), str(tmp_path / "missing.json")).exit_code == 2
+
+
+@pytest.mark.skipif(fake_cuda_problem() is not None, reason=str(fake_cuda_problem()))
+def test_fake_cuda_predicts_what_the_cuda_kernels_return_where_the_cpu_differs():
+    """Reflection padding keeps channels_last on the CPU (torch 2.4.1 to 2.15.0) and writes
+    NCHW on CUDA (read from the kernel source; fake tensors agree); the convolution keeps it on
+    both: the control."""
+    cuda = target_for("cuda")
+    assert cuda.predicted and cuda.device == "cuda"
+    x = Sample(_map(2, 3, 8, 8), ((1, 1, 1, 1),), {"mode": "reflect"})
+    assert probe_sample(F.pad, x).behaviour is B.KEEPS
+    assert probe_sample(F.pad, x, cuda).behaviour is B.LOSES
+    conv = Sample(_map(2, 3, 8, 8), (_map(4, 3, 3, 3),), {})
+    assert probe_sample(_conv, conv, cuda).behaviour is B.KEEPS
+
+
+def test_a_device_the_index_cannot_run_on_is_a_usage_error():
+    with pytest.raises(UsageError, match="runs on cpu or cuda, not mps"):
+        target_for("mps")

@@ -41,6 +41,7 @@ __all__ = [
     "is_device_runtime_error",
     "is_fake",
     "is_operator",
+    "map_tensors",
     "module_apply",
     "new_fake_mode",
     "op_traits",
@@ -182,6 +183,13 @@ def _real_only(func: Any, args: Any, kwargs: dict[str, Any]) -> bool:
     tensors = tensor_leaves((args, kwargs))
     return bool(tensors) and all(
         not is_fake(t) and t.device.type == "cpu" and not t.is_meta for t in tensors
+    )
+
+
+def map_tensors(fn: Callable[[torch.Tensor], Any], value: Any) -> Any:
+    """``value`` (a nest of tuples, lists and dicts) with each tensor replaced by ``fn(it)``."""
+    return torch.utils._pytree.tree_map(
+        lambda v: fn(v) if isinstance(v, torch.Tensor) else v, value
     )
 
 

@@ -18,7 +18,9 @@ def render_ops(index: OpsIndex, rows: tuple[OperatorRow, ...], console: Console)
     counts = ", ".join(f"{b.value} {index.count(b)}" for b in OpBehaviour if index.count(b))
     failed = sum(row.error is not None for row in index.rows)
     console.print(
-        f"torch {index.torch}, {index.device} {index.dtype}, eager: {len(index.rows)} operators "
+        f"torch {index.torch}, {index.device} {index.dtype}, "
+        f"{'predicted on fake tensors (no kernel ran)' if index.predicted else 'eager'}: "
+        f"{len(index.rows)} operators "
         f"with 4-D or 5-D samples ({counts}"
         + (f"; {failed} whose samples could not be made" if failed else "")
         + f"); {index.without_map} without such a sample; {index.seconds:.1f} s",
