@@ -79,6 +79,7 @@ _CACHE_MAX = "--cache-max-size"
 # Option types: typer needs Optional on Python 3.10.
 Patterns = Optional[list[str]]  # noqa: UP045
 OptionalPath = Optional[Path]  # noqa: UP045
+OptionalPaths = Optional[list[Path]]  # noqa: UP045
 OptionalText = Optional[str]  # noqa: UP045
 OptionalAmp = Optional[Amp]  # noqa: UP045
 # The options that audit and bench share, declared once.
@@ -267,10 +268,17 @@ def ops_command(
     json_path: Annotated[
         OptionalPath, _o("FILE", "The index as JSON ('-': stdout).", "--json")
     ] = None,
+    index_path: Annotated[
+        OptionalPath, _o("FILE", "Read a saved index instead.", "--index")
+    ] = None,
+    from_sweep: Annotated[
+        OptionalPaths, _o("FILE", "Rank what a sweep's losses cost (repeatable).", "--from-sweep")
+    ] = None,
 ) -> None:
     """Every operator of torch's own test database given channels_last input, on the CPU or
     CUDA (predicted on fake tensors without a GPU): keeps, loses, other, follows, refuses or
-    ambiguous (docs/ops.md); cl-audit ops diff OLD NEW compares two saved indexes.
+    ambiguous (docs/ops.md); --from-sweep ranks the operations whose losses cost a sweep's
+    models most beside their rows; cl-audit ops diff OLD NEW compares two saved indexes.
 
     Exit codes: 0 printed, 2 usage error (the database cannot load: pip install
     'cl-audit[ops]'; no operator matches)."""
@@ -278,7 +286,8 @@ def ops_command(
         return
     with _exit_codes():
         console = Console(stderr=json_path is not None and str(json_path) == "-")
-        commands.ops(tuple(op or ()), loses, device, dtype, json_path, console)
+        sources = commands.OpsSources(index_path, tuple(from_sweep or ()))
+        commands.ops(tuple(op or ()), loses, device, dtype, json_path, sources, console)
 
 
 @ops_app.command("diff")

@@ -27,8 +27,18 @@ from cl_audit.sweep.worker import SweepSettings
 
 if TYPE_CHECKING:
     from cl_audit.bench import BenchSettings
+    from cl_audit.ops import OpsIndex
 
-__all__ = ["AuditOutputs", "audit", "bench", "merge_reports", "ops", "ops_diff", "render"]
+__all__ = [
+    "AuditOutputs",
+    "OpsSources",
+    "audit",
+    "bench",
+    "merge_reports",
+    "ops",
+    "ops_diff",
+    "render",
+]
 
 # Options that only a sweep uses; given for one model they are reported as not applied.
 SWEEP_ONLY = ("jobs", "timeout", "max_memory", "max_input_size", "checkpoint", "confirm")
@@ -248,42 +258,65 @@ def merge_reports(
     return Outcome.CLEAN if previous is None else _gate(previous, merged, console)
 
 
+@dataclass(frozen=True)
+class OpsSources:
+    """Where ``cl-audit ops`` reads from besides torch: a saved index to use instead of
+    running one, and sweep reports whose losses it ranks."""
+
+    index: Path | None = None
+    sweeps: tuple[Path, ...] = ()
+
+
 def ops(
     patterns: tuple[str, ...],
     loses: bool,
     device: str,
     dtype: DType,
     json_path: Path | None,
+    sources: OpsSources,
     console: Console,
 ) -> None:
     """The operator coverage index of the installed torch on ``device`` (predicted on fake
-    tensors for a CUDA device this machine lacks), printed (the rows matching ``patterns``;
-    with ``loses`` those that lose channels_last or refuse it), and written whole to
-    ``json_path`` (the operators ``patterns`` chose)."""
+    tensors for a CUDA device this machine lacks), or the one saved at ``sources.index``,
+    printed (the rows matching ``patterns``; with ``loses`` those that lose channels_last or
+    refuse it) and written whole to ``json_path`` (the operators ``patterns`` chose); with
+    ``sources.sweeps``, the operations their losses cost most, beside the index's rows."""
+    from cl_audit.ops import rank_costs, select
+    from cl_audit.render.ops import render_op_costs, render_ops
+
+    if json_path is not None and str(json_path) != "-":
+        check_writable(json_path, "--json")
+    sweeps = [read_sweep(path) for path in sources.sweeps]
+    if sources.index is not None:
+        index = read_ops(sources.index)
+    else:
+        index = _run_index(patterns, device, dtype, console)
+    wanted = (OpBehaviour.LOSES, OpBehaviour.REFUSES) if loses else ()
+    rows = select(index, patterns, wanted)
+    if not select(index, patterns):
+        raise UsageError(f"no operator with a 4-D or 5-D sample matches {', '.join(patterns)}")
+    if sweeps:
+        render_op_costs(index, rank_costs(index, sweeps), console)
+    else:
+        render_ops(index, rows, console)
+    if json_path is not None:
+        write_text(json_path, index.to_json() + "\n", "--json")
+        _wrote((json_path,))
+
+
+def _run_index(patterns: tuple[str, ...], device: str, dtype: DType, console: Console) -> OpsIndex:
     from cl_audit.compat.opinfo import operator_entries, opinfo_problem
-    from cl_audit.ops import build_index, select, target_for
-    from cl_audit.render.ops import render_ops
+    from cl_audit.ops import build_index, target_for
 
     problem = opinfo_problem()
     if problem is not None:
         raise UsageError(problem)
     target = target_for(device)
-    if json_path is not None and str(json_path) != "-":
-        check_writable(json_path, "--json")
     entries = operator_entries("cpu", dtype.torch_dtype)
     if patterns:  # only the operators asked for are run
-        chosen = tuple(patterns)
-        entries = (e for e in entries if any(fnmatch.fnmatchcase(e.name, p) for p in chosen))
+        entries = (e for e in entries if any(fnmatch.fnmatchcase(e.name, p) for p in patterns))
     with console.status("running every operator's samples"):
-        index = build_index(entries, target, dtype.torch_dtype)
-    wanted = (OpBehaviour.LOSES, OpBehaviour.REFUSES) if loses else ()
-    rows = select(index, patterns, wanted)
-    if not index.rows:
-        raise UsageError(f"no operator with a 4-D or 5-D sample matches {', '.join(patterns)}")
-    render_ops(index, rows, console)
-    if json_path is not None:
-        write_text(json_path, index.to_json() + "\n", "--json")
-        _wrote((json_path,))
+        return build_index(entries, target, dtype.torch_dtype)
 
 
 def ops_diff(old: Path, new: Path, console: Console) -> None:

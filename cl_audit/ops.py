@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from cl_audit.compat import (
+    TorchDispatchMode,
     fake_cuda_problem,
     fake_tensor,
     map_tensors,
@@ -38,7 +39,9 @@ from cl_audit.compat.opinfo import OperatorEntry, Sample
 from cl_audit.enums import OpBehaviour
 from cl_audit.errors import UsageError
 from cl_audit.fake import KernelSourceMode
+from cl_audit.intercept.naming import aten_op_name
 from cl_audit.layout import MemoryLayout, layout_of
+from cl_audit.report import SweepReport
 from cl_audit.report.codec import decode, encode
 from cl_audit.report.envelope import (
     OPS_FORMAT,
@@ -50,6 +53,7 @@ from cl_audit.report.envelope import (
 
 __all__ = [
     "OpChange",
+    "OpCost",
     "OperatorRow",
     "OpsIndex",
     "SampleResult",
@@ -58,6 +62,7 @@ __all__ = [
     "diff",
     "operator_row",
     "probe_sample",
+    "rank_costs",
     "select",
     "target_for",
 ]
@@ -68,8 +73,8 @@ _WORST = tuple(OpBehaviour)  # the enum's order: worst first
 @dataclass(frozen=True)
 class SampleResult:
     """One sample's behaviour, its input's and output's shape and strides in channels_last
-    (the output None where it raised or returned no map), and a note: which dimensions are
-    ambiguous, or the error's first line."""
+    (the output None where it raised or returned no map), a note (which dimensions are
+    ambiguous, or the error's first line), and the aten operation that made the output."""
 
     behaviour: OpBehaviour
     input_shape: tuple[int, ...]
@@ -77,6 +82,7 @@ class SampleResult:
     output_shape: tuple[int, ...] | None = None
     output_strides: tuple[int, ...] | None = None
     note: str | None = None
+    producer: str | None = None  # the aten operation that made the output (``aten.convolution``)
 
 
 @dataclass(frozen=True)
@@ -89,6 +95,7 @@ class OperatorRow:
     counts: tuple[tuple[OpBehaviour, int], ...]
     example: SampleResult | None
     error: str | None = None
+    aten_ops: tuple[str, ...] = ()  # what made its samples' outputs: how sweeps' sites join it
 
 
 @dataclass(frozen=True)
@@ -194,10 +201,27 @@ def target_for(device: str) -> Target:
     return Target("cuda", True, lambda t: fake_tensor(mode, t, cuda), fake_cuda)
 
 
-def _run(call: Callable[..., Any], target: Target, x: Any, args: Any, kwargs: Any) -> Any:
+class _Producers(TorchDispatchMode):
+    """The aten operation that made each tensor of a call, by identity."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.made: dict[int, str] = {}
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        result = func(*args, **(kwargs or {}))
+        for tensor in tensor_leaves(result):
+            self.made[id(tensor)] = aten_op_name(func)
+        return result
+
+
+def _run(
+    call: Callable[..., Any], target: Target, x: Any, args: Any, kwargs: Any
+) -> tuple[Any, _Producers]:
     x, args, kwargs = map_tensors(target.place, (x, args, kwargs))
-    with target.context():
-        return call(x, *args, **kwargs)
+    producers = _Producers()
+    with target.context(), producers:
+        return call(x, *args, **kwargs), producers
 
 
 def probe_sample(
@@ -208,7 +232,7 @@ def probe_sample(
     if not _is_map(sample.input):
         return None
     try:
-        reference = _run(call, target, sample.input, sample.args, sample.kwargs)
+        reference, _ = _run(call, target, sample.input, sample.args, sample.kwargs)
     except Exception:  # the sample is not valid here: not counted, whatever channels_last does
         return None
     x = _channels_last(sample.input)
@@ -221,13 +245,17 @@ def probe_sample(
     args = tuple(_channels_last(a) for a in sample.args)
     kwargs = {k: _channels_last(v) for k, v in sample.kwargs.items()}
     try:
-        result = _run(call, target, x, args, kwargs)
+        result, producers = _run(call, target, x, args, kwargs)
     except Exception as e:
         return SampleResult(OpBehaviour.REFUSES, **seen, note=_first_line(e))
     out, ref = _first_map(result), _first_map(reference)
     if out is None or ref is None:
         return SampleResult(OpBehaviour.NO_MAP, **seen)
-    seen |= {"output_shape": tuple(out.shape), "output_strides": out.stride()}
+    seen |= {
+        "output_shape": tuple(out.shape),
+        "output_strides": out.stride(),
+        "producer": producers.made.get(id(out)),
+    }
     layout = layout_of(out)
     if layout is MemoryLayout.AMBIGUOUS:
         return SampleResult(OpBehaviour.AMBIGUOUS, **seen, note=f"output: {_size_one(out)}")
@@ -258,7 +286,8 @@ def operator_row(entry: OperatorEntry, target: Target = CPU) -> OperatorRow | No
     worst = next(b for b in _WORST if counts[b])
     example = next(r for r in results if r.behaviour is worst)
     ordered = tuple((b, counts[b]) for b in _WORST if counts[b])
-    return OperatorRow(entry.name, worst, ordered, example)
+    made = tuple(sorted({r.producer for r in results if r.producer is not None}))
+    return OperatorRow(entry.name, worst, ordered, example, aten_ops=made)
 
 
 def build_index(entries: Iterable[OperatorEntry], target: Target, dtype: torch.dtype) -> OpsIndex:
@@ -321,4 +350,67 @@ def diff(old: OpsIndex, new: OpsIndex) -> tuple[OpChange, ...]:
         OpChange(op, before.get(op), after.get(op))
         for op in sorted(before.keys() | after.keys())
         if before.get(op) != after.get(op)
+    )
+
+
+@dataclass(frozen=True)
+class OpCost:
+    """An operation that lost channels_last across a registry: the Python and aten operation
+    that wrote the NCHW data a cost site converts (its fix site, else the site's own), how many
+    models it costs and the channels_last-only bytes, and the index's rows for it."""
+
+    python_op: str | None
+    aten_op: str | None
+    models: int
+    bytes: int
+    rows: tuple[OperatorRow, ...]
+
+
+_PREFIXES = ("Tensor.", "torch.", "F.", "nn.functional.")
+
+
+def _bare(python_op: str) -> str:
+    for prefix in _PREFIXES:
+        if python_op.startswith(prefix):
+            return python_op[len(prefix) :]
+    return python_op
+
+
+def _rows_for(index: OpsIndex, python_op: str | None, aten_op: str | None) -> tuple:
+    """The index's rows for an operation: by name (``F.interpolate`` is
+    ``nn.functional.interpolate`` and its variants; those whose samples' outputs the same aten
+    operation made, where some are); by the aten operation alone only for a site without a
+    Python name."""
+    if python_op is not None:
+        bare = _bare(python_op)
+        named = tuple(
+            row
+            for row in index.rows
+            if _bare(row.op) == bare or _bare(row.op).startswith(bare + ".")
+        )
+        exact = tuple(row for row in named if aten_op in row.aten_ops)
+        return exact or named
+    if aten_op is None:
+        return ()
+    return tuple(row for row in index.rows if aten_op in row.aten_ops)
+
+
+def rank_costs(index: OpsIndex, sweeps: Iterable[SweepReport]) -> tuple[OpCost, ...]:
+    """The operations whose losses cost the sweeps' models most, costliest first: each cost
+    site with channels_last-only bytes is charged to the operation that wrote its NCHW data."""
+    models: dict[tuple[str | None, str | None], set[str]] = {}
+    spent: Counter[tuple[str | None, str | None]] = Counter()
+    for sweep in sweeps:
+        for row in sweep.models:
+            for site in row.cost.sites if row.cost is not None else ():
+                if site.extra <= 0:
+                    continue
+                fix = site.fix_site
+                key = (fix.python_op, fix.aten_op) if fix else (site.op, site.aten_op)
+                models.setdefault(key, set()).add(f"{row.source.value}:{row.name}")
+                spent[key] += site.extra
+    return tuple(
+        OpCost(python_op, aten_op, len(models[key]), spent[key], _rows_for(index, *key))
+        for key, _ in spent.most_common()
+        for python_op, aten_op in (key,)
     )

@@ -5,21 +5,34 @@ torch's own operator database."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
+from pathlib import Path
 
 import jsonschema
 import pytest
 import torch
 import torch.nn.functional as F
+from literal_reports import cost_site, costed_row, sweep
 from test_cli import invoke
 
 from cl_audit.compat import fake_cuda_problem
 from cl_audit.compat.opinfo import OperatorEntry, Sample, opinfo_problem
-from cl_audit.enums import OpBehaviour
+from cl_audit.enums import CostKind, OpBehaviour, Phase
 from cl_audit.errors import UsageError
-from cl_audit.ops import OperatorRow, OpsIndex, diff, operator_row, probe_sample, target_for
+from cl_audit.ops import (
+    OperatorRow,
+    OpsIndex,
+    diff,
+    operator_row,
+    probe_sample,
+    rank_costs,
+    target_for,
+)
 from cl_audit.report import load_schema
+from cl_audit.report.cost import Producer
 
 B = OpBehaviour
+REPORTS = Path(__file__).resolve().parents[1] / "reports"
 
 
 def _map(*shape: int) -> torch.Tensor:
@@ -182,3 +195,68 @@ def test_fake_cuda_predicts_what_the_cuda_kernels_return_where_the_cpu_differs()
 def test_a_device_the_index_cannot_run_on_is_a_usage_error():
     with pytest.raises(UsageError, match="runs on cpu or cuda, not mps"):
         target_for("mps")
+
+
+def test_a_sweeps_losses_are_charged_to_the_operation_that_wrote_the_nchw_data():
+    """A cost site is charged to its fix site (the interpolation that wrote NCHW data a
+    convolution converts), else to itself; the operations rank by bytes, each beside the
+    index's rows found by name or, for the same name, by the aten operation that made the
+    outputs; a site that channels_last does not cost (no extra bytes) is the control."""
+    wrote = Producer("F.interpolate", "aten.upsample_bilinear2d", "up", "Upsample", "net.py:9")
+    upsampled = replace(
+        cost_site(CostKind.KERNEL, phase=Phase.FORWARD, extra=5 << 20), fix_site=wrote
+    )
+    norm = cost_site(CostKind.COPY, "F.instance_norm", "aten.clone", Phase.FORWARD, extra=1 << 20)
+    free = cost_site(CostKind.COPY, "Tensor.reshape", "aten.clone", Phase.FORWARD, extra=0)
+    report = sweep(costed_row("a", upsampled, norm), costed_row("b", upsampled, free))
+    index = OpsIndex(
+        "2.14.1",
+        "cpu",
+        "float32",
+        (
+            OperatorRow(
+                "nn.functional.interpolate.nearest",
+                B.KEEPS,
+                ((B.KEEPS, 1),),
+                None,
+                aten_ops=("aten.upsample_nearest2d",),
+            ),
+            OperatorRow(
+                "nn.functional.interpolate.bilinear",
+                B.KEEPS,
+                ((B.KEEPS, 1),),
+                None,
+                aten_ops=("aten.upsample_bilinear2d",),
+            ),
+            OperatorRow(
+                "nn.functional.instance_norm",
+                B.LOSES,
+                ((B.LOSES, 1),),
+                None,
+                aten_ops=("aten.view",),
+            ),
+        ),
+        0,
+        1.0,
+    )
+    costs = rank_costs(index, [report])
+    assert [(c.python_op, c.models, c.bytes) for c in costs] == [
+        ("F.interpolate", 2, 10 << 20),
+        ("F.instance_norm", 1, 1 << 20),
+    ]
+    assert [r.op for r in costs[0].rows] == ["nn.functional.interpolate.bilinear"]
+    assert [r.op for r in costs[1].rows] == ["nn.functional.instance_norm"]
+
+
+def test_cl_audit_ops_from_sweep_ranks_a_committed_registry_against_a_saved_index():
+    result = invoke(
+        "ops",
+        "--index",
+        str(REPORTS / "ops" / "cpu-float32_torch-2.14.1.json"),
+        "--from-sweep",
+        str(REPORTS / "torchvision_torch-2.14.1_cpu_eager.json.gz"),
+    )
+    assert result.exit_code == 0, result.output
+    lines = [line for line in result.output.splitlines() if line.startswith("│")]
+    assert lines and "MiB" in lines[0]
+    assert any("F.instance_norm" in line and "instance_norm: loses" in line for line in lines)

@@ -7,9 +7,9 @@ from rich.console import Console
 from rich.table import Table
 
 from cl_audit.enums import OpBehaviour
-from cl_audit.ops import OpChange, OperatorRow, OpsIndex
+from cl_audit.ops import OpChange, OpCost, OperatorRow, OpsIndex
 
-__all__ = ["render_ops", "render_ops_diff"]
+__all__ = ["render_op_costs", "render_ops", "render_ops_diff"]
 
 _ORDER = {b: i for i, b in enumerate(OpBehaviour)}
 
@@ -86,3 +86,32 @@ def render_ops_diff(
 
 def _word(behaviour: OpBehaviour | None) -> str:
     return "-" if behaviour is None else behaviour.value
+
+
+def render_op_costs(
+    index: OpsIndex, costs: tuple[OpCost, ...], console: Console, top: int = 30
+) -> None:
+    """The operations whose losses cost the sweeps' models most, each beside the index's rows
+    for it (what the operator does with channels_last input in torch's own samples)."""
+    console.print(
+        f"the operations that wrote the NCHW data the sweeps' cost sites convert, costliest "
+        f"first ({len(costs)}; index: torch {index.torch}, {index.device} {index.dtype})",
+        highlight=False,
+    )
+    table = Table(expand=True)
+    table.add_column("operation", style="bold", overflow="fold", ratio=2)
+    table.add_column("models", justify="right", no_wrap=True)
+    table.add_column("channels_last adds", justify="right", no_wrap=True)
+    table.add_column("in the index", overflow="fold", ratio=3)
+    for cost in costs[:top]:
+        rows = ", ".join(f"{r.op}: {_word(r.behaviour)}" for r in cost.rows[:4])
+        more = f" (+{len(cost.rows) - 4})" if len(cost.rows) > 4 else ""
+        table.add_row(
+            f"{cost.python_op or '-'} ({cost.aten_op or '-'})",
+            str(cost.models),
+            f"{cost.bytes / 2**20:.1f} MiB",
+            (rows + more) or "none (not in the database, or no 4-D or 5-D sample)",
+        )
+    console.print(table)
+    if len(costs) > top:
+        console.print(f"{top} of {len(costs)} operations shown", highlight=False)
