@@ -74,7 +74,10 @@ _WORST = tuple(OpBehaviour)  # the enum's order: worst first
 class SampleResult:
     """One sample's behaviour, its input's and output's shape and strides in channels_last
     (the output None where it raised or returned no map), a note (which dimensions are
-    ambiguous, or the error's first line), and the aten operation that made the output."""
+    ambiguous, or the error's first line), the aten operation that made the output, and what
+    the backward hands the input for a channels_last gradient of that output (``gradient``:
+    keeps, loses, other or ambiguous; None where nothing was differentiated: no real kernel,
+    no gradient, or the backward failed)."""
 
     behaviour: OpBehaviour
     input_shape: tuple[int, ...]
@@ -83,6 +86,8 @@ class SampleResult:
     output_strides: tuple[int, ...] | None = None
     note: str | None = None
     producer: str | None = None  # the aten operation that made the output (``aten.convolution``)
+    gradient: OpBehaviour | None = None  # the input gradient's, for a channels_last output's
+    gradient_strides: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -96,6 +101,8 @@ class OperatorRow:
     example: SampleResult | None
     error: str | None = None
     aten_ops: tuple[str, ...] = ()  # what made its samples' outputs: how sweeps' sites join it
+    gradient: OpBehaviour | None = None  # the worst of its samples' input gradients
+    gradient_counts: tuple[tuple[OpBehaviour, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -256,6 +263,8 @@ def probe_sample(
         "output_strides": out.stride(),
         "producer": producers.made.get(id(out)),
     }
+    if not target.predicted:  # autograd's engine runs real kernels only
+        seen |= _gradient(call, x, args, kwargs)
     layout = layout_of(out)
     if layout is MemoryLayout.AMBIGUOUS:
         return SampleResult(OpBehaviour.AMBIGUOUS, **seen, note=f"output: {_size_one(out)}")
@@ -266,6 +275,30 @@ def probe_sample(
     if layout is MemoryLayout.CONTIGUOUS:
         return SampleResult(OpBehaviour.LOSES, **seen)
     return SampleResult(OpBehaviour.OTHER, **seen)
+
+
+def _gradient(call: Callable[..., Any], x: torch.Tensor, args: Any, kwargs: Any) -> dict:
+    """The input gradient's behaviour and strides for a channels_last gradient of the
+    output, as a channels_last model's backward hands it over; nothing where none flows."""
+    leaf = x.detach().requires_grad_(True)
+    try:
+        with torch.enable_grad():
+            out = _first_map(call(leaf, *args, **kwargs))
+            if out is None or not out.requires_grad:
+                return {}
+            grad_out = _channels_last(torch.ones(out.shape, dtype=out.dtype))
+            (grad,) = torch.autograd.grad(out, leaf, grad_out, allow_unused=True)
+    except Exception:  # no backward for these arguments: the gradient is not judged
+        return {}
+    if grad is None:
+        return {}
+    layout = layout_of(grad)
+    behaviour = {
+        MemoryLayout.CHANNELS_LAST: OpBehaviour.KEEPS,
+        MemoryLayout.CONTIGUOUS: OpBehaviour.LOSES,
+        MemoryLayout.AMBIGUOUS: OpBehaviour.AMBIGUOUS,
+    }.get(layout, OpBehaviour.OTHER)
+    return {"gradient": behaviour, "gradient_strides": grad.stride()}
 
 
 def operator_row(entry: OperatorEntry, target: Target = CPU) -> OperatorRow | None:
@@ -287,7 +320,16 @@ def operator_row(entry: OperatorEntry, target: Target = CPU) -> OperatorRow | No
     example = next(r for r in results if r.behaviour is worst)
     ordered = tuple((b, counts[b]) for b in _WORST if counts[b])
     made = tuple(sorted({r.producer for r in results if r.producer is not None}))
-    return OperatorRow(entry.name, worst, ordered, example, aten_ops=made)
+    graded = Counter(r.gradient for r in results if r.gradient is not None)
+    return OperatorRow(
+        entry.name,
+        worst,
+        ordered,
+        example,
+        aten_ops=made,
+        gradient=next((b for b in _WORST if graded[b]), None),
+        gradient_counts=tuple((b, graded[b]) for b in _WORST if graded[b]),
+    )
 
 
 def build_index(entries: Iterable[OperatorEntry], target: Target, dtype: torch.dtype) -> OpsIndex:

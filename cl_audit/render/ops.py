@@ -29,12 +29,14 @@ def render_ops(index: OpsIndex, rows: tuple[OperatorRow, ...], console: Console)
     table = Table(expand=True, show_lines=False)
     table.add_column("operator", style="bold", overflow="fold", ratio=2)
     table.add_column("channels_last", no_wrap=True)
+    table.add_column("gradient", no_wrap=True)
     table.add_column("samples", overflow="fold", ratio=2)
     table.add_column("example: input -> output strides", overflow="fold", ratio=3)
     for row in sorted(rows, key=lambda r: (_ORDER.get(r.behaviour, -1), r.op)):
         table.add_row(
             row.op,
             row.behaviour.value if row.behaviour else "error",
+            _word(row.gradient),
             ", ".join(f"{b.value} {n}" for b, n in row.counts),
             _example(row),
         )
