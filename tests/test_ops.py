@@ -257,3 +257,12 @@ def test_cl_audit_ops_from_sweep_ranks_a_committed_registry_against_a_saved_inde
     lines = [line for line in result.output.splitlines() if line.startswith("│")]
     assert lines and "MiB" in lines[0]
     assert any("F.instance_norm" in line and "instance_norm: loses" in line for line in lines)
+
+
+@pytest.mark.parametrize("path", sorted((REPORTS / "ops").glob("*.json")), ids=lambda p: p.stem)
+def test_the_committed_indexes_match_the_schema_and_read_back(path):
+    data = json.loads(path.read_text())
+    jsonschema.validate(data, load_schema("ops"))
+    index = OpsIndex.from_dict(data)
+    assert index.rows and index.to_dict() == data
+    assert index.predicted == path.stem.startswith("cuda")
