@@ -264,7 +264,7 @@ def probe_sample(
         "producer": producers.made.get(id(out)),
     }
     if not target.predicted:  # autograd's engine runs real kernels only
-        seen |= _gradient(call, x, args, kwargs)
+        seen |= _gradient(call, *map_tensors(target.place, (x, args, kwargs)))
     layout = layout_of(out)
     if layout is MemoryLayout.AMBIGUOUS:
         return SampleResult(OpBehaviour.AMBIGUOUS, **seen, note=f"output: {_size_one(out)}")
@@ -286,7 +286,7 @@ def _gradient(call: Callable[..., Any], x: torch.Tensor, args: Any, kwargs: Any)
             out = _first_map(call(leaf, *args, **kwargs))
             if out is None or not out.requires_grad:
                 return {}
-            grad_out = _channels_last(torch.ones(out.shape, dtype=out.dtype))
+            grad_out = _channels_last(torch.ones_like(out, memory_format=torch.contiguous_format))
             (grad,) = torch.autograd.grad(out, leaf, grad_out, allow_unused=True)
     except Exception:  # no backward for these arguments: the gradient is not judged
         return {}
