@@ -288,6 +288,8 @@ def ops(
         check_writable(json_path, "--json")
     sweeps = [read_sweep(path) for path in sources.sweeps]
     if sources.index is not None:
+        if device != "cpu" or dtype is not DType.FLOAT32:
+            raise UsageError("--index reads a saved index: --device and --dtype do not apply")
         index = read_ops(sources.index)
     else:
         index = _run_index(patterns, device, dtype, console)

@@ -245,6 +245,13 @@ def test_a_sweeps_losses_are_charged_to_the_operation_that_wrote_the_nchw_data()
     assert [r.op for r in costs[1].rows] == ["nn.functional.instance_norm"]
 
 
+def test_a_saved_index_with_a_device_or_dtype_is_refused_not_ignored():
+    saved = str(REPORTS / "ops" / "cpu-float32_torch-2.14.1.json")
+    result = invoke("ops", "--index", saved, "--device", "cuda")
+    assert result.exit_code == 2 and "--device and --dtype do not apply" in result.output
+    assert invoke("ops", "--index", saved, "--op", "nn.functional.conv2d").exit_code == 0
+
+
 def test_cl_audit_ops_from_sweep_ranks_a_committed_registry_against_a_saved_index():
     result = invoke(
         "ops",
