@@ -15,8 +15,7 @@ from cl_audit.report import (
     BENCH_READABLE,
     BENCH_VERSION,
     Environment,
-    ReportFormatError,
-    check_envelope,
+    read_envelope,
 )
 from cl_audit.report.codec import JsonForm, decode, encode
 
@@ -243,11 +242,7 @@ class BenchReport:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> BenchReport:
-        check_envelope(data, BENCH_FORMAT, BENCH_READABLE)
-        try:
-            return decode(cls, data)
-        except (KeyError, TypeError, ValueError) as e:
-            raise ReportFormatError(f"malformed {BENCH_FORMAT} document: {e!r}") from None
+        return read_envelope(data, BENCH_FORMAT, BENCH_READABLE, lambda _: decode(cls, data))
 
 
 def dashboard_records(report: BenchReport, source: str) -> list[dict[str, Any]]:

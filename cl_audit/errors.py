@@ -7,7 +7,8 @@ import traceback
 from cl_audit.enums import Stage
 
 __all__ = [
-    "AuditError", "ModelFailedError", "Stage", "UsageError", "failure_summary", "mark_failure",
+    "AuditError", "ModelFailedError", "Stage", "UsageError", "failure_summary", "first_line",
+    "mark_failure",
 ]  # fmt: skip
 
 _FAILED_IN = "_cl_audit_failed_in"  # (operation, call site) on an exception, innermost first
@@ -32,7 +33,7 @@ class ModelFailedError(RuntimeError):
         self.cause = cause
         self.operation, self.site = _origin(cause)
         self.hint = hint
-        message = f"{model}: {stage.value} failed{self._where()}: {_first_line(cause)}"
+        message = f"{model}: {stage.value} failed{self._where()}: {first_line(cause)}"
         super().__init__(message.rstrip(": ") + (f" (hint: {hint})" if hint else ""))
 
     def _where(self) -> str:
@@ -62,7 +63,7 @@ def _origin(error: BaseException) -> tuple[str | None, str | None]:
     return operation, site or failure_site(error)
 
 
-def _first_line(error: BaseException) -> str:
+def first_line(error: BaseException) -> str:
     """``RuntimeError: the first line of its message``."""
     first = str(error).strip().splitlines()[0] if str(error).strip() else ""
     return f"{type(error).__name__}: {first}"
@@ -72,7 +73,7 @@ def failure_summary(error: BaseException) -> str:
     """One line: the operation and model line ``error`` came from, its type and first line
     (``Tensor.view at models/net.py:12: RuntimeError: view size is not compatible ...``)."""
     where = " at ".join(part for part in _origin(error) if part)
-    text = _first_line(error).rstrip(": ")
+    text = first_line(error).rstrip(": ")
     return f"{where}: {text}" if where else text
 
 

@@ -27,8 +27,8 @@ from typing import Any
 
 import torch
 
+from cl_audit.audit import watching
 from cl_audit.compat import (
-    TorchDispatchMode,
     fake_cuda_problem,
     fake_tensor,
     map_tensors,
@@ -36,8 +36,8 @@ from cl_audit.compat import (
     tensor_leaves,
 )
 from cl_audit.compat.opinfo import OperatorEntry, Sample
-from cl_audit.enums import OpBehaviour
-from cl_audit.errors import UsageError
+from cl_audit.enums import Engine, OpBehaviour
+from cl_audit.errors import UsageError, first_line
 from cl_audit.fake import KernelSourceMode
 from cl_audit.intercept.naming import aten_op_name
 from cl_audit.layout import MemoryLayout, layout_of
@@ -47,8 +47,7 @@ from cl_audit.report.envelope import (
     OPS_FORMAT,
     OPS_READABLE,
     OPS_VERSION,
-    ReportFormatError,
-    check_envelope,
+    read_envelope,
 )
 
 __all__ = [
@@ -130,11 +129,7 @@ class OpsIndex:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> OpsIndex:
-        check_envelope(data, OPS_FORMAT, OPS_READABLE)
-        try:
-            return decode(cls, data)
-        except (KeyError, TypeError, ValueError) as e:
-            raise ReportFormatError(f"malformed {OPS_FORMAT} document: {e!r}") from None
+        return read_envelope(data, OPS_FORMAT, OPS_READABLE, lambda _: decode(cls, data))
 
 
 def _is_map(value: object) -> bool:
@@ -161,11 +156,6 @@ def _size_one(tensor: torch.Tensor) -> str:
 
 def _first_map(value: object) -> torch.Tensor | None:
     return next((t for t in tensor_leaves(value) if t.dim() in (4, 5)), None)
-
-
-def _first_line(error: Exception) -> str:
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0] if text else ''}"[:200]
 
 
 @dataclass(frozen=True)
@@ -208,27 +198,33 @@ def target_for(device: str) -> Target:
     return Target("cuda", True, lambda t: fake_tensor(mode, t, cuda), fake_cuda)
 
 
-class _Producers(TorchDispatchMode):
-    """The aten operation that made each tensor of a call, by identity."""
+class _Producers:
+    """An ``Observer``: the aten operation that made each tensor of a call, by identity."""
 
     def __init__(self) -> None:
-        super().__init__()
         self.made: dict[int, str] = {}
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        result = func(*args, **(kwargs or {}))
+    def observe(self, aten_op: object, python_op: object, args: Any, kwargs: Any, result: Any):
         for tensor in tensor_leaves(result):
-            self.made[id(tensor)] = aten_op_name(func)
-        return result
+            self.made[id(tensor)] = aten_op_name(aten_op)
 
 
 def _run(
-    call: Callable[..., Any], target: Target, x: Any, args: Any, kwargs: Any
-) -> tuple[Any, _Producers]:
+    call: Callable[..., Any],
+    target: Target,
+    x: Any,
+    args: Any,
+    kwargs: Any,
+    producers: _Producers | None = None,
+) -> Any:
+    """``call`` on ``target``; with ``producers``, under the dispatch engine that tells them
+    which operation made each tensor."""
     x, args, kwargs = map_tensors(target.place, (x, args, kwargs))
-    producers = _Producers()
-    with target.context(), producers:
-        return call(x, *args, **kwargs), producers
+    with target.context():
+        if producers is None:
+            return call(x, *args, **kwargs)
+        with watching(Engine.DISPATCH, producers):
+            return call(x, *args, **kwargs)
 
 
 def probe_sample(
@@ -239,7 +235,7 @@ def probe_sample(
     if not _is_map(sample.input):
         return None
     try:
-        reference, _ = _run(call, target, sample.input, sample.args, sample.kwargs)
+        reference = _run(call, target, sample.input, sample.args, sample.kwargs)
     except Exception:  # the sample is not valid here: not counted, whatever channels_last does
         return None
     x = _channels_last(sample.input)
@@ -252,9 +248,10 @@ def probe_sample(
     args = tuple(_channels_last(a) for a in sample.args)
     kwargs = {k: _channels_last(v) for k, v in sample.kwargs.items()}
     try:
-        result, producers = _run(call, target, x, args, kwargs)
+        producers = _Producers()
+        result = _run(call, target, x, args, kwargs, producers)
     except Exception as e:
-        return SampleResult(OpBehaviour.REFUSES, **seen, note=_first_line(e))
+        return SampleResult(OpBehaviour.REFUSES, **seen, note=first_line(e)[:200])
     out, ref = _first_map(result), _first_map(reference)
     if out is None or ref is None:
         return SampleResult(OpBehaviour.NO_MAP, **seen)
@@ -312,7 +309,7 @@ def operator_row(entry: OperatorEntry, target: Target = CPU) -> OperatorRow | No
                 if found is not None:
                     results.append(found)
     except Exception as e:  # making a sample failed: a row with its error, never a crash
-        return OperatorRow(entry.name, None, (), None, _first_line(e))
+        return OperatorRow(entry.name, None, (), None, first_line(e)[:200])
     if not results:
         return None
     counts = Counter(r.behaviour for r in results)
@@ -449,7 +446,7 @@ def rank_costs(index: OpsIndex, sweeps: Iterable[SweepReport]) -> tuple[OpCost, 
                     continue
                 fix = site.fix_site
                 key = (fix.python_op, fix.aten_op) if fix else (site.op, site.aten_op)
-                models.setdefault(key, set()).add(f"{row.source.value}:{row.name}")
+                models.setdefault(key, set()).add(row.key)
                 spent[key] += site.extra
     return tuple(
         OpCost(python_op, aten_op, len(models[key]), spent[key], _rows_for(index, *key))

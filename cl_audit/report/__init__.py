@@ -38,6 +38,7 @@ from cl_audit.report.envelope import (
     load_schema,
     parse_json,
     plain_json,
+    read_envelope,
 )
 from cl_audit.report.model import (
     AppliedOverride,
@@ -130,6 +131,7 @@ __all__ = [
     "operator_coverage",
     "parse_json",
     "plain_json",
+    "read_envelope",
     "summarise",
     "tuple_or_none",
 ]

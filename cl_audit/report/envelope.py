@@ -21,10 +21,13 @@ from __future__ import annotations
 
 import gzip
 import json
+from collections.abc import Callable
 from importlib import resources
-from typing import Any
+from typing import Any, TypeVar
 
 from cl_audit.report.codec import plain_json as plain_json  # public here before the codec
+
+T = TypeVar("T")
 
 REPORT_FORMAT = "cl-audit.report"
 
@@ -99,6 +102,18 @@ def check_envelope(data: Any, expected_format: str, readable: tuple[int, ...]) -
             f"{' and '.join(map(str, readable))}"
         )
     return version
+
+
+def read_envelope(
+    data: Any, expected_format: str, readable: tuple[int, ...], read: Callable[[int], T]
+) -> T:
+    """``read(version)`` of a document whose envelope ``check_envelope`` accepts; a body that
+    does not read is a ``ReportFormatError`` naming the format."""
+    version = check_envelope(data, expected_format, readable)
+    try:
+        return read(version)
+    except (KeyError, TypeError, ValueError) as e:
+        raise ReportFormatError(f"malformed {expected_format} document: {e!r}") from None
 
 
 def load_schema(name: str = "report", version: int | None = None) -> dict[str, Any]:

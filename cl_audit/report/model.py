@@ -26,9 +26,8 @@ from cl_audit.report.envelope import (
     REPORT_FORMAT,
     REPORT_READABLE,
     REPORT_VERSION,
-    ReportFormatError,
-    check_envelope,
     parse_json,
+    read_envelope,
 )
 
 
@@ -327,11 +326,9 @@ class ModelReport:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ModelReport:
-        version = check_envelope(data, REPORT_FORMAT, REPORT_READABLE)
-        try:
-            return decode(cls, _upgraded(data, version))
-        except (KeyError, TypeError, ValueError) as e:
-            raise ReportFormatError(f"malformed {REPORT_FORMAT} document: {e!r}") from None
+        return read_envelope(
+            data, REPORT_FORMAT, REPORT_READABLE, lambda v: decode(cls, _upgraded(data, v))
+        )
 
     @classmethod
     def from_json(cls, text: str) -> ModelReport:

@@ -21,10 +21,9 @@ from cl_audit.report.envelope import (
     SWEEP_FORMAT,
     SWEEP_READABLE,
     SWEEP_VERSION,
-    ReportFormatError,
-    check_envelope,
     decode_document,
     parse_json,
+    read_envelope,
 )
 from cl_audit.report.model import (
     AppliedOverride,
@@ -191,12 +190,12 @@ class SweepReport:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SweepReport:
         """Explicit, not decoded: the summary and the operator coverage are derived again."""
-        check_envelope(data, SWEEP_FORMAT, SWEEP_READABLE)
-        try:
+
+        def read(_: int) -> SweepReport:
             rows = [ModelRow.from_dict(r) for r in data["models"]]
             return cls.build(decode(Environment, data["environment"]), dict(data["settings"]), rows)
-        except (KeyError, TypeError, ValueError) as e:
-            raise ReportFormatError(f"malformed {SWEEP_FORMAT} document: {e!r}") from None
+
+        return read_envelope(data, SWEEP_FORMAT, SWEEP_READABLE, read)
 
     @classmethod
     def from_json(cls, text: str) -> SweepReport:
