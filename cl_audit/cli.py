@@ -168,6 +168,9 @@ def audit_command(
     confirm: Annotated[bool, _o(None, "With --fake: eager re-run.", "--confirm")] = False,
     json_path: Annotated[OptionalPath, _o("FILE", "JSON report ('-': stdout).", "--json")] = None,
     html: Annotated[OptionalPath, _o("FILE", "Self-contained HTML report.")] = None,
+    ops_index: Annotated[
+        OptionalPath, _o("FILE", "Link the losses to a saved cl-audit ops index.")
+    ] = None,
     jobs: Annotated[int, _o("N", "Sweep: models at once.", min=1)] = 2,
     timeout: Annotated[float, _o("S", "Sweep: seconds per model.", min=1)] = 300.0,
     max_memory: Annotated[str, _o("SIZE", "Sweep: memory cap per model.")] = "4GB",
@@ -202,7 +205,7 @@ def audit_command(
         outcome = commands.audit(
             sweep,
             Selection(*patterns, shard_spec),
-            commands.AuditOutputs(json_path, html, junit, checkpoint),
+            commands.AuditOutputs(json_path, html, junit, checkpoint, ops_index),
             baseline=baseline,
             resume=resume,
             list_only=list_only,
@@ -268,6 +271,7 @@ def ops_command(
     json_path: Annotated[
         OptionalPath, _o("FILE", "The index as JSON ('-': stdout).", "--json")
     ] = None,
+    html_path: Annotated[OptionalPath, _o("FILE", "The index as HTML.", "--html")] = None,
     index_path: Annotated[
         OptionalPath, _o("FILE", "Read a saved index instead.", "--index")
     ] = None,
@@ -276,8 +280,8 @@ def ops_command(
     ] = None,
 ) -> None:
     """Every operator of torch's own test database given channels_last input, on the CPU or
-    CUDA (predicted on fake tensors without a GPU): keeps, loses, other, follows, refuses or
-    ambiguous (docs/ops.md); --from-sweep ranks the operations whose losses cost a sweep's
+    CUDA (predicted on fake tensors without a GPU): refuses, loses, other, copies, follows,
+    keeps or ambiguous (docs/ops.md); --from-sweep ranks the operations whose losses cost a sweep's
     models most beside their rows; cl-audit ops diff OLD NEW compares two saved indexes.
 
     Exit codes: 0 printed, 2 usage error (the database cannot load: pip install
@@ -287,7 +291,8 @@ def ops_command(
     with _exit_codes():
         console = Console(stderr=json_path is not None and str(json_path) == "-")
         sources = commands.OpsSources(index_path, tuple(from_sweep or ()))
-        commands.ops(tuple(op or ()), loses, device, dtype, json_path, sources, console)
+        outputs = commands.OpsOutputs(json_path, html_path)
+        commands.ops(tuple(op or ()), loses, device, dtype, outputs, sources, console)
 
 
 @ops_app.command("diff")
@@ -325,12 +330,15 @@ def merge_command(
 def render_command(
     report_path: Annotated[Path, typer.Argument(help="A JSON report (.gz too).", metavar="REPORT")],
     html: Annotated[Path, _o("FILE", "Write the HTML report here.", "--html")],
+    ops_index: Annotated[
+        OptionalPath, _o("FILE", "Link a model's losses to a saved cl-audit ops index.")
+    ] = None,
 ) -> None:
     """Render a saved model or sweep report (any version) as one self-contained HTML file.
 
-    Exit codes: 0 written, 2 unreadable report or unwritable path."""
+    Exit codes: 0 written, 2 unreadable report or index, or unwritable path."""
     with _exit_codes():
-        commands.render(report_path, html)
+        commands.render(report_path, html, ops_index)
 
 
 def main() -> None:

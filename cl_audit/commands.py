@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
+import itertools
 import json
 import sys
 from dataclasses import dataclass, replace
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AuditOutputs",
+    "OpsOutputs",
     "OpsSources",
     "audit",
     "bench",
@@ -51,6 +53,7 @@ class AuditOutputs:
     html: Path | None = None
     junit: Path | None = None
     checkpoint: Path | None = None
+    ops_index: Path | None = None  # a saved operator index one model's report is linked to
 
     def check(self) -> None:
         """Refuse an unwritable path before any model runs."""
@@ -101,7 +104,13 @@ def audit(
                 highlight=False,
             )
         settings = replace(sweep.audit, verify=verify is not False)
-        return _single(refs[0], plan_run(settings), outputs, show_all, console)
+        index = None if outputs.ops_index is None else read_ops(outputs.ops_index)
+        return _single(refs[0], plan_run(settings), outputs, show_all, console, index)
+    if outputs.ops_index is not None:
+        raise UsageError(
+            "--ops-index links one model's report to the operator index; for a sweep: "
+            "cl-audit ops --index FILE --from-sweep REPORT"
+        )
     if sweep.audit.compile:
         raise UsageError(
             "--compile explains one model's compiled graphs: give one model (sweeps do not take it)"
@@ -116,7 +125,12 @@ def audit(
 
 
 def _single(
-    ref: ModelRef, plan: RunPlan, outputs: AuditOutputs, show_all: bool, console: Console
+    ref: ModelRef,
+    plan: RunPlan,
+    outputs: AuditOutputs,
+    show_all: bool,
+    console: Console,
+    index: OpsIndex | None,
 ) -> Outcome:
     from cl_audit.render.outputs import write_outputs
     from cl_audit.render.terminal import render_report
@@ -125,8 +139,8 @@ def _single(
     with _models_print_to_stderr():
         loaded = load_model(ref, BuildOptions(meta=plan.tensors.on_meta))
         report = audit_loaded(loaded, plan)
-    render_report(report, console, show_all)
-    _wrote(write_outputs(report, outputs.json, outputs.html))
+    render_report(report, console, show_all, index)
+    _wrote(write_outputs(report, outputs.json, outputs.html, index=index))
     return Outcome.OFFENDING if report.verdict is Verdict.OFFENDING else Outcome.CLEAN
 
 
@@ -267,25 +281,36 @@ class OpsSources:
     sweeps: tuple[Path, ...] = ()
 
 
+@dataclass(frozen=True)
+class OpsOutputs:
+    """Where ``cl-audit ops`` writes the index besides the terminal: JSON ('-': stdout), HTML."""
+
+    json: Path | None = None
+    html: Path | None = None
+
+
 def ops(
     patterns: tuple[str, ...],
     loses: bool,
     device: str,
     dtype: DType,
-    json_path: Path | None,
+    outputs: OpsOutputs,
     sources: OpsSources,
     console: Console,
 ) -> None:
     """The operator coverage index of the installed torch on ``device`` (predicted on fake
     tensors for a CUDA device this machine lacks), or the one saved at ``sources.index``,
     printed (the rows matching ``patterns``; with ``loses`` those that lose channels_last or
-    refuse it) and written whole to ``json_path`` (the operators ``patterns`` chose); with
+    refuse it) and written whole to ``outputs`` (the operators ``patterns`` chose); with
     ``sources.sweeps``, the operations their losses cost most, beside the index's rows."""
     from cl_audit.ops import rank_costs, select
     from cl_audit.render.ops import render_op_costs, render_ops
 
+    json_path = outputs.json
     if json_path is not None and str(json_path) != "-":
         check_writable(json_path, "--json")
+    if outputs.html is not None:
+        check_writable(outputs.html, "--html")
     sweeps = [read_sweep(path) for path in sources.sweeps]
     if sources.index is not None:
         if device != "cpu" or dtype is not DType.FLOAT32:
@@ -304,17 +329,24 @@ def ops(
     if json_path is not None:
         write_text(json_path, index.to_json() + "\n", "--json")
         _wrote((json_path,))
+    if outputs.html is not None:
+        from cl_audit.render.html_ops import ops_html
+
+        write_text(outputs.html, ops_html(index), "--html")
+        _wrote((outputs.html,))
 
 
 def _run_index(patterns: tuple[str, ...], device: str, dtype: DType, console: Console) -> OpsIndex:
-    from cl_audit.compat.opinfo import operator_entries, opinfo_problem
+    from cl_audit.compat.opinfo import module_entries, operator_entries, opinfo_problem
     from cl_audit.ops import build_index, target_for
 
     problem = opinfo_problem()
     if problem is not None:
         raise UsageError(problem)
     target = target_for(device)
-    entries = operator_entries("cpu", dtype.torch_dtype)
+    entries = itertools.chain(
+        operator_entries("cpu", dtype.torch_dtype), module_entries("cpu", dtype.torch_dtype)
+    )
     if patterns:  # only the operators asked for are run
         entries = (e for e in entries if any(fnmatch.fnmatchcase(e.name, p) for p in patterns))
     with console.status("running every operator's samples"):
@@ -330,12 +362,20 @@ def ops_diff(old: Path, new: Path, console: Console) -> None:
     render_ops_diff(before, after, diff(before, after), console)
 
 
-def render(report_path: Path, html: Path) -> None:
-    """A saved report (any version, model or sweep) as one self-contained HTML file."""
+def render(report_path: Path, html: Path, ops_index: Path | None = None) -> None:
+    """A saved report (any version, model or sweep) as one self-contained HTML file; a model's
+    linked to the rows of the operator index saved at ``ops_index``."""
     from cl_audit.render.outputs import write_outputs
 
     check_writable(html, "--html")
-    _wrote(write_outputs(read_report(report_path), html=html))
+    report = read_report(report_path)
+    index = None if ops_index is None else read_ops(ops_index)
+    if index is not None and isinstance(report, SweepReport):
+        raise UsageError(
+            "--ops-index links one model's report; for a sweep: "
+            "cl-audit ops --index FILE --from-sweep REPORT"
+        )
+    _wrote(write_outputs(report, html=html, index=index))
 
 
 def _models_print_to_stderr() -> contextlib.AbstractContextManager[object]:

@@ -311,6 +311,7 @@ class OpBehaviour(str, Enum):
     REFUSES = "refuses"  # raises where the same call in NCHW runs
     LOSES = "loses"  # returns NCHW (contiguous) strides
     OTHER = "other"  # returns strides of neither order where NCHW input gives NCHW
+    COPIES = "copies"  # keeps or follows the order, but its kernel copies a map inside
     FOLLOWS = "follows"  # a view or reordering: NCHW input gives other strides too
     KEEPS = "keeps"  # returns channels_last
     AMBIGUOUS = "ambiguous"  # size-1 dimensions: both orders at once, neither lost nor kept

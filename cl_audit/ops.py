@@ -22,10 +22,11 @@ import time
 import warnings
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
+from torch.profiler import record_function
 
 from cl_audit.audit import watching
 from cl_audit.compat import (
@@ -39,9 +40,10 @@ from cl_audit.compat.opinfo import OperatorEntry, Sample
 from cl_audit.enums import Engine, OpBehaviour
 from cl_audit.errors import UsageError, first_line
 from cl_audit.fake import KernelSourceMode
+from cl_audit.intercept.dispatch import CALL_LABEL
 from cl_audit.intercept.naming import aten_op_name
 from cl_audit.layout import MemoryLayout, layout_of
-from cl_audit.report import SweepReport
+from cl_audit.report import ModelReport, SweepReport
 from cl_audit.report.codec import decode, encode
 from cl_audit.report.envelope import (
     OPS_FORMAT,
@@ -49,10 +51,12 @@ from cl_audit.report.envelope import (
     OPS_VERSION,
     read_envelope,
 )
+from cl_audit.timing import Profiler, copies_by_call
 
 __all__ = [
     "OpChange",
     "OpCost",
+    "OpLink",
     "OperatorRow",
     "OpsIndex",
     "SampleResult",
@@ -62,8 +66,10 @@ __all__ = [
     "operator_row",
     "probe_sample",
     "rank_costs",
+    "report_links",
     "select",
     "target_for",
+    "with_copies",
 ]
 
 _WORST = tuple(OpBehaviour)  # the enum's order: worst first
@@ -87,6 +93,7 @@ class SampleResult:
     producer: str | None = None  # the aten operation that made the output (``aten.convolution``)
     gradient: OpBehaviour | None = None  # the input gradient's, for a channels_last output's
     gradient_strides: tuple[int, ...] | None = None
+    copied: int | None = None  # bytes its kernel copied beyond the NCHW call's (real kernels)
 
 
 @dataclass(frozen=True)
@@ -137,9 +144,9 @@ def _is_map(value: object) -> bool:
 
 
 def _channels_last(value: object) -> object:
-    if not _is_map(value):
+    """A 4-D or 5-D tensor (of any dtype: pooling's indices too) made channels_last."""
+    if not isinstance(value, torch.Tensor) or value.dim() not in (4, 5):
         return value
-    assert isinstance(value, torch.Tensor)
     fmt = torch.channels_last if value.dim() == 4 else torch.channels_last_3d
     return value.contiguous(memory_format=fmt)
 
@@ -152,6 +159,10 @@ def _size_one(tensor: torch.Tensor) -> str:
     if all(size == 1 for size in spatial):
         return "size-1 spatial dimensions"
     return "size-1 dimensions"
+
+
+def _first(value: object) -> torch.Tensor | None:
+    return next(iter(tensor_leaves(value)), None)
 
 
 def _first_map(value: object) -> torch.Tensor | None:
@@ -215,12 +226,15 @@ def _run(
     x: Any,
     args: Any,
     kwargs: Any,
+    label: int | None,
     producers: _Producers | None = None,
 ) -> Any:
-    """``call`` on ``target``; with ``producers``, under the dispatch engine that tells them
-    which operation made each tensor."""
+    """``call`` on ``target``, in the profiler range ``label`` (where one is given); with
+    ``producers``, under the dispatch engine that tells them which operation made each
+    tensor."""
     x, args, kwargs = map_tensors(target.place, (x, args, kwargs))
-    with target.context():
+    ranged = contextlib.nullcontext() if label is None else record_function(f"{CALL_LABEL}{label}")
+    with target.context(), ranged:
         if producers is None:
             return call(x, *args, **kwargs)
         with watching(Engine.DISPATCH, producers):
@@ -228,28 +242,33 @@ def _run(
 
 
 def probe_sample(
-    call: Callable[..., Any], sample: Sample, target: Target = CPU
+    call: Callable[..., Any], sample: Sample, target: Target = CPU, label: int | None = None
 ) -> SampleResult | None:
     """What ``call`` returns on ``target`` for ``sample`` made channels_last; None when the
-    sample does not count (its first input is no map, or it fails in NCHW)."""
-    if not _is_map(sample.input):
+    sample does not count (its first input, or the first tensor of a list given first, as to
+    ``torch.cat``, is no map, or it fails in NCHW). With ``label``, the NCHW call runs in the
+    profiler range ``2 * label`` and the channels_last call in ``2 * label + 1``
+    (``with_copies`` reads them)."""
+    labels = (None, None) if label is None else (2 * label, 2 * label + 1)
+    first = sample.input if isinstance(sample.input, torch.Tensor) else _first(sample.input)
+    if not _is_map(first):
         return None
     try:
-        reference = _run(call, target, sample.input, sample.args, sample.kwargs)
+        reference = _run(call, target, sample.input, sample.args, sample.kwargs, labels[0])
     except Exception:  # the sample is not valid here: not counted, whatever channels_last does
         return None
-    x = _channels_last(sample.input)
-    assert isinstance(x, torch.Tensor)
-    seen = {"input_shape": tuple(x.shape), "input_strides": x.stride()}
-    if x.numel() == 0:
+    x = map_tensors(_channels_last, sample.input)
+    shown = _channels_last(first)
+    assert isinstance(shown, torch.Tensor)
+    seen = {"input_shape": tuple(shown.shape), "input_strides": shown.stride()}
+    if shown.numel() == 0:
         return SampleResult(OpBehaviour.AMBIGUOUS, **seen, note="input: no elements")
-    if layout_of(x) is MemoryLayout.AMBIGUOUS:
-        return SampleResult(OpBehaviour.AMBIGUOUS, **seen, note=f"input: {_size_one(x)}")
-    args = tuple(_channels_last(a) for a in sample.args)
-    kwargs = {k: _channels_last(v) for k, v in sample.kwargs.items()}
+    if layout_of(shown) is MemoryLayout.AMBIGUOUS:
+        return SampleResult(OpBehaviour.AMBIGUOUS, **seen, note=f"input: {_size_one(shown)}")
+    args, kwargs = map_tensors(_channels_last, (sample.args, sample.kwargs))
     try:
         producers = _Producers()
-        result = _run(call, target, x, args, kwargs, producers)
+        result = _run(call, target, x, args, kwargs, labels[1], producers)
     except Exception as e:
         return SampleResult(OpBehaviour.REFUSES, **seen, note=first_line(e)[:200])
     out, ref = _first_map(result), _first_map(reference)
@@ -274,13 +293,16 @@ def probe_sample(
     return SampleResult(OpBehaviour.OTHER, **seen)
 
 
-def _gradient(call: Callable[..., Any], x: torch.Tensor, args: Any, kwargs: Any) -> dict:
-    """The input gradient's behaviour and strides for a channels_last gradient of the
+def _gradient(call: Callable[..., Any], x: Any, args: Any, kwargs: Any) -> dict:
+    """The first input's gradient's behaviour and strides for a channels_last gradient of the
     output, as a channels_last model's backward hands it over; nothing where none flows."""
-    leaf = x.detach().requires_grad_(True)
+    first = x if isinstance(x, torch.Tensor) else _first(x)
+    assert first is not None
+    leaf = first.detach().requires_grad_(True)
+    given = map_tensors(lambda t: leaf if t is first else t, x)
     try:
         with torch.enable_grad():
-            out = _first_map(call(leaf, *args, **kwargs))
+            out = _first_map(call(given, *args, **kwargs))
             if out is None or not out.requires_grad:
                 return {}
             grad_out = _channels_last(torch.ones_like(out, memory_format=torch.contiguous_format))
@@ -298,18 +320,45 @@ def _gradient(call: Callable[..., Any], x: torch.Tensor, args: Any, kwargs: Any)
     return {"gradient": behaviour, "gradient_strides": grad.stride()}
 
 
+def _copied(copies: list[tuple[int, int | None]]) -> int:
+    return sum(elements * (size or 4) for elements, size in copies)
+
+
+def with_copies(
+    result: SampleResult, reference: list[tuple[int, int | None]], channels_last: list
+) -> SampleResult:
+    """``result`` with the bytes its channels_last call copied inside kernels beyond the NCHW
+    call's (``aten::copy_`` events, ``timing.copies_by_call``); an output that keeps or follows
+    the order from a kernel that copied becomes ``copies``."""
+    extra = _copied(channels_last) - _copied(reference)
+    if extra <= 0:
+        return replace(result, copied=0)
+    if result.behaviour not in (OpBehaviour.KEEPS, OpBehaviour.FOLLOWS):
+        return replace(result, copied=extra)
+    note = f"copies {extra} B inside ({result.behaviour.value} the order)"
+    return replace(result, behaviour=OpBehaviour.COPIES, copied=extra, note=note)
+
+
 def operator_row(entry: OperatorEntry, target: Target = CPU) -> OperatorRow | None:
-    """``entry``'s row on ``target``, or None when none of its samples counts."""
-    results: list[SampleResult] = []
+    """``entry``'s row on ``target``, or None when none of its samples counts. On real kernels
+    the samples run under the profiler, which sees the copies inside them."""
+    found: list[tuple[int, SampleResult]] = []
+    profiler = None if target.predicted else Profiler(torch.device(target.device), shapes=True)
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), profiler or contextlib.nullcontext():
             warnings.simplefilter("ignore")  # deprecations of the database's own calls
-            for sample in entry.samples():
-                found = probe_sample(entry.call, sample, target)
-                if found is not None:
-                    results.append(found)
+            for n, sample in enumerate(entry.samples()):
+                result = probe_sample(entry.call, sample, target, None if profiler is None else n)
+                if result is not None:
+                    found.append((n, result))
     except Exception as e:  # making a sample failed: a row with its error, never a crash
         return OperatorRow(entry.name, None, (), None, first_line(e)[:200])
+    results = [result for _, result in found]
+    if profiler is not None:
+        copies, _ = copies_by_call(profiler)
+        results = [
+            with_copies(r, copies.get(2 * n, []), copies.get(2 * n + 1, [])) for n, r in found
+        ]
     if not results:
         return None
     counts = Counter(r.behaviour for r in results)
@@ -452,4 +501,60 @@ def rank_costs(index: OpsIndex, sweeps: Iterable[SweepReport]) -> tuple[OpCost, 
         OpCost(python_op, aten_op, len(models[key]), spent[key], _rows_for(index, *key))
         for key, _ in spent.most_common()
         for python_op, aten_op in (key,)
+    )
+
+
+@dataclass(frozen=True)
+class OpLink:
+    """An operation that lost channels_last in one model (an offender, or the operation a cost
+    site's channels_last-only bytes are charged to), with the bytes, and the index's rows for
+    it: does it always lose the format, or only with this model's arguments and strides?"""
+
+    python_op: str | None
+    aten_op: str | None
+    bytes: int
+    rows: tuple[OperatorRow, ...]
+
+    @property
+    def reading(self) -> str:
+        """What the rows say of the loss, in a line."""
+        counts: Counter[OpBehaviour] = Counter()
+        for row in self.rows:
+            counts.update(dict(row.counts))
+        total = sum(counts.values())
+        lost = sum(counts[b] for b in (OpBehaviour.REFUSES, OpBehaviour.LOSES, OpBehaviour.OTHER))
+        if not total:
+            return "not in the index (torch's database has no 4-D or 5-D sample of it)"
+        samples = "its one sample" if total == 1 else f"all {total} of its samples"
+        if lost == total:
+            return f"loses channels_last in {samples} in torch's database: the operator's to fix"
+        if lost:
+            return (
+                f"loses channels_last in {lost} of its {total} samples in torch's database: "
+                "only with some arguments or strides"
+            )
+        return (
+            f"keeps the order in {samples} in torch's database: lost with this model's "
+            "arguments or strides, or in its code"
+        )
+
+
+def report_links(index: OpsIndex, report: ModelReport) -> tuple[OpLink, ...]:
+    """Each operation that lost channels_last in ``report``, costliest first: the cost sites
+    with channels_last-only bytes, charged as ``rank_costs`` charges them, then the offenders
+    (the bytes they converted) not among them."""
+    spent: Counter[tuple[str | None, str | None]] = Counter()
+    for site in report.cost.sites if report.cost is not None else ():
+        if site.extra > 0:
+            fix = site.fix_site
+            spent[(fix.python_op, fix.aten_op) if fix else (site.op, site.aten_op)] += site.extra
+    converted: Counter[tuple[str | None, str | None]] = Counter()
+    for finding in report.offenders:
+        key = (finding.python_op, finding.aten_op)
+        if key not in spent:
+            converted[key] += finding.bytes_converted
+    return tuple(
+        OpLink(python_op, aten_op, n, _rows_for(index, python_op, aten_op))
+        for ledger in (spent, converted)
+        for (python_op, aten_op), n in ledger.most_common()
     )

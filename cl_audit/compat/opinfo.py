@@ -1,5 +1,6 @@
-"""torch's own operator test database (``OpInfo``'s ``op_db``), the source of ``cl-audit ops``:
-an internal API (``torch.testing._internal``), reached here only, behind a probe."""
+"""torch's own operator and module test databases (``OpInfo``'s ``op_db``, ``ModuleInfo``'s
+``module_db``), the sources of ``cl-audit ops``: internal APIs (``torch.testing._internal``),
+reached here only, behind a probe."""
 
 from __future__ import annotations
 
@@ -13,15 +14,19 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import nn
+from torch.func import functional_call
 
-__all__ = ["OperatorEntry", "Sample", "operator_entries", "opinfo_problem"]
+__all__ = ["OperatorEntry", "Sample", "module_entries", "operator_entries", "opinfo_problem"]
 
 _MODULE = "torch.testing._internal.common_methods_invocations"
+_MODULES = "torch.testing._internal.common_modules"
 
 
 @dataclass(frozen=True)
 class Sample:
-    """One call of an operator: its first input and the rest of its arguments."""
+    """One call of an operator: its first input and the rest of its arguments (a module's
+    sample passes the module and its parameters and buffers first: ``module_entries``)."""
 
     input: Any
     args: tuple[Any, ...]
@@ -47,6 +52,7 @@ def opinfo_problem() -> str | None:
     try:
         with contextlib.redirect_stdout(io.StringIO()):  # torch 2.4 prints hypothesis' absence
             module = importlib.import_module(_MODULE)
+            modules = importlib.import_module(_MODULES)
     except ModuleNotFoundError as e:
         return (
             f"torch's operator database ({_MODULE}) needs the {e.name} package: "
@@ -58,6 +64,8 @@ def opinfo_problem() -> str | None:
         quiet.setLevel(level)
     if not isinstance(getattr(module, "op_db", None), list):
         return f"torch {torch.__version__}'s {_MODULE} has no op_db list"
+    if not isinstance(getattr(modules, "module_db", None), list):
+        return f"torch {torch.__version__}'s {_MODULES} has no module_db list"
     return None
 
 
@@ -74,3 +82,39 @@ def operator_entries(device: str, dtype: torch.dtype) -> Iterator[OperatorEntry]
                 yield Sample(s.input, tuple(s.args), dict(s.kwargs))
 
         yield OperatorEntry(name, info.op, samples)
+
+
+def _module_call(x: Any, module: nn.Module, state: dict[str, Any], *args: Any, **kwargs: Any):
+    """``module``'s forward with its parameters and buffers replaced by ``state`` (placed on the
+    target device, and made channels_last with the data, as ``module.to(memory_format=...)``)."""
+    return functional_call(module, state, (x, *args), kwargs)
+
+
+def module_entries(device: str, dtype: torch.dtype) -> Iterator[OperatorEntry]:
+    """Every module of ``module_db`` that supports ``dtype`` on ``device`` (lazy modules left
+    out: once built they are their eager modules), named as the database names it
+    (``nn.Conv2d``); a module whose training and evaluation differ twice, evaluating and
+    training (``nn.BatchNorm2d.train``). Call ``opinfo_problem`` first."""
+    for info in importlib.import_module(_MODULES).module_db:
+        if dtype not in info.supported_dtypes(device) or getattr(info, "is_lazy", False):
+            continue
+        for training in (False, True) if info.train_and_eval_differ else (False,):
+            name = info.name + (".train" if training else "")
+
+            def samples(info: Any = info, training: bool = training) -> Iterator[Sample]:
+                inputs = info.module_inputs_func(
+                    info, device=device, dtype=dtype, requires_grad=False, training=training
+                )
+                for given in inputs:
+                    made = given.constructor_input
+                    module = info.module_cls(*made.args, **made.kwargs).to(device, dtype)
+                    module.train(training)
+                    state = dict(module.named_parameters()) | dict(module.named_buffers())
+                    state = {k: v.detach() for k, v in state.items()}
+                    forward = given.forward_input
+                    if not forward.args:
+                        continue
+                    first, *rest = forward.args
+                    yield Sample(first, (module, state, *rest), dict(forward.kwargs))
+
+            yield OperatorEntry(name, _module_call, samples)

@@ -12,6 +12,7 @@ from collections import defaultdict
 
 from cl_audit.enums import Phase, Status, Verdict
 from cl_audit.layout import MemoryLayout
+from cl_audit.ops import OpsIndex, report_links
 from cl_audit.render import format_bytes
 from cl_audit.render import html_text as _e
 from cl_audit.render.html_compiled import compiled_section
@@ -35,7 +36,7 @@ from cl_audit.report import (
     by_call_site,
 )
 
-__all__ = ["model_html", "sweep_html"]
+__all__ = ["html_page", "model_html", "sweep_html"]
 
 _CSS = """
 body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#1d2330;background:#fff}
@@ -88,7 +89,7 @@ function applyFilter() {
   var status = document.getElementById('status-filter');
   if (!text) { return; }
   var needle = text.value.toLowerCase();
-  document.querySelectorAll('#models tbody tr').forEach(function (row) {
+  document.querySelectorAll('table.filterable tbody tr').forEach(function (row) {
     var matches = row.textContent.toLowerCase().indexOf(needle) >= 0;
     var wanted = !status.value || row.dataset.status === status.value;
     row.style.display = matches && wanted ? '' : 'none';
@@ -124,7 +125,8 @@ def _cards(pairs: tuple[tuple[str, object], ...]) -> str:
     )
 
 
-def _page(title: str, body: str, data: dict[str, object]) -> str:
+def html_page(title: str, body: str, data: dict[str, object]) -> str:
+    """A self-contained page: ``body``, the shared style and script, ``data`` embedded."""
     embedded = (
         json.dumps(data, allow_nan=False)
         .replace("&", "\\u0026")
@@ -339,10 +341,17 @@ def _cost_section(report: ModelReport) -> str:
     )
 
 
-def model_html(report: ModelReport) -> str:
+def _links(index: OpsIndex, report: ModelReport) -> str:
+    from cl_audit.render.html_ops import links_section  # it builds on this module's page
+
+    return "<h2>In torch's operator index</h2>" + links_section(index, report_links(index, report))
+
+
+def model_html(report: ModelReport, index: OpsIndex | None = None) -> str:
     """One audit: the verdict and the cost by site with fix sites and remedies, then the
     offenders by call site with links to their root causes, the lists kept apart, the
-    regains, and the format timeline."""
+    regains, and the format timeline; with ``index``, the operations that lost the format
+    linked to their rows of the operator index."""
     s, env = report.summary, report.environment
     verdict = report.verdict.value
     anchors = _anchors(report)
@@ -388,6 +397,7 @@ def model_html(report: ModelReport) -> str:
             if report.compiled is not None
             else ""
         )
+        + (_links(index, report) if index is not None else "")
         + "<h2>Offenders, by operation and call site</h2>"
         + _sites_table(report.offenders, "offender", anchors)
         + "<h2>Format timeline</h2>"
@@ -403,7 +413,7 @@ def model_html(report: ModelReport) -> str:
         '<th>module</th><th>source</th><th class="num">count</th><th>provenance</th>'
         f"<th>root cause</th></tr></thead><tbody>{regains}</tbody></table></details>"
     )
-    return _page(f"cl-audit: {report.model or 'report'}", body, report.to_dict())
+    return html_page(f"cl-audit: {report.model or 'report'}", body, report.to_dict())
 
 
 def _model_row(row: ModelRow) -> str:
@@ -510,7 +520,7 @@ def sweep_html(report: SweepReport) -> str:
         f'<div class="cards">{cards}</div><h2>Models</h2>'
         '<input type="search" id="filter" placeholder="filter models">'
         f'<select id="status-filter"><option value="">any status</option>{statuses}</select>'
-        '<table class="sortable" id="models"><thead><tr><th>model</th><th>source</th>'
+        '<table class="sortable filterable" id="models"><thead><tr><th>model</th><th>source</th>'
         '<th>status</th><th>mode</th><th>verdict</th><th class="num">channels_last only</th>'
         '<th class="num">share</th><th class="num">offender sites</th>'
         '<th class="num">losses</th><th class="num">converted</th>'
@@ -528,4 +538,4 @@ def sweep_html(report: SweepReport) -> str:
         + "<h2>Findings of each offending model</h2>"
         + _findings_by_model(report)
     )
-    return _page("cl-audit sweep", body, report.to_dict())
+    return html_page("cl-audit sweep", body, report.to_dict())

@@ -7,9 +7,10 @@ from rich.console import Console
 from rich.table import Table
 
 from cl_audit.enums import OpBehaviour
-from cl_audit.ops import OpChange, OpCost, OperatorRow, OpsIndex
+from cl_audit.ops import OpChange, OpCost, OperatorRow, OpLink, OpsIndex
+from cl_audit.render import format_bytes
 
-__all__ = ["render_op_costs", "render_ops", "render_ops_diff"]
+__all__ = ["render_op_costs", "render_op_links", "render_ops", "render_ops_diff"]
 
 _ORDER = {b: i for i, b in enumerate(OpBehaviour)}
 
@@ -90,6 +91,10 @@ def _word(behaviour: OpBehaviour | None) -> str:
     return "-" if behaviour is None else behaviour.value
 
 
+def _operation(python_op: str | None, aten_op: str | None) -> str:
+    return f"{python_op or '-'} ({aten_op or '-'})"
+
+
 def render_op_costs(
     index: OpsIndex, costs: tuple[OpCost, ...], console: Console, top: int = 30
 ) -> None:
@@ -109,7 +114,7 @@ def render_op_costs(
         rows = ", ".join(f"{r.op}: {_word(r.behaviour)}" for r in cost.rows[:4])
         more = f" (+{len(cost.rows) - 4})" if len(cost.rows) > 4 else ""
         table.add_row(
-            f"{cost.python_op or '-'} ({cost.aten_op or '-'})",
+            _operation(cost.python_op, cost.aten_op),
             str(cost.models),
             f"{cost.bytes / 2**20:.1f} MiB",
             (rows + more) or "none (not in the database, or no 4-D or 5-D sample)",
@@ -117,3 +122,30 @@ def render_op_costs(
     console.print(table)
     if len(costs) > top:
         console.print(f"{top} of {len(costs)} operations shown", highlight=False)
+
+
+def render_op_links(index: OpsIndex, links: tuple[OpLink, ...], console: Console) -> None:
+    """Each operation that lost channels_last in a model, beside its rows in ``index``."""
+    if not links:
+        console.print("no operation lost channels_last: nothing to look up in the operator index")
+        return
+    console.print(
+        f"In torch's operator index (torch {index.torch}, {index.device} {index.dtype}"
+        f"{', predicted' if index.predicted else ''}):",
+        highlight=False,
+    )
+    table = Table(expand=True)
+    table.add_column("operation", style="bold", overflow="fold", ratio=2)
+    table.add_column("channels_last only", justify="right", no_wrap=True)
+    table.add_column("index rows", overflow="fold", ratio=2)
+    table.add_column("reading", overflow="fold", ratio=3)
+    for link in links:
+        rows = ", ".join(f"{r.op}: {_word(r.behaviour)}" for r in link.rows[:4])
+        more = f" (+{len(link.rows) - 4})" if len(link.rows) > 4 else ""
+        table.add_row(
+            _operation(link.python_op, link.aten_op),
+            format_bytes(link.bytes),
+            rows + more,
+            link.reading,
+        )
+    console.print(table)

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from cl_audit.files import write_text
 from cl_audit.report import ModelReport, SweepReport
+
+if TYPE_CHECKING:
+    from cl_audit.ops import OpsIndex
 
 __all__ = ["write_outputs"]
 
@@ -15,9 +19,10 @@ def write_outputs(
     json_path: Path | None = None,
     html: Path | None = None,
     junit: Path | None = None,
+    index: OpsIndex | None = None,
 ) -> tuple[Path, ...]:
-    """Each asked-for file ('-' for JSON on stdout; a .gz name is compressed); the files
-    written."""
+    """Each asked-for file ('-' for JSON on stdout; a .gz name is compressed), a model's HTML
+    linked to ``index``'s rows where one is given; the files written."""
     written = []
     if json_path is not None:
         write_text(json_path, report.to_json() + "\n", "--json")
@@ -25,7 +30,7 @@ def write_outputs(
     if html is not None:
         from cl_audit.render.html import model_html, sweep_html
 
-        page = sweep_html(report) if isinstance(report, SweepReport) else model_html(report)
+        page = sweep_html(report) if isinstance(report, SweepReport) else model_html(report, index)
         write_text(html, page, "--html")
         written.append(html)
     if junit is not None and isinstance(report, SweepReport):

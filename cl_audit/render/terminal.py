@@ -12,7 +12,9 @@ from rich.table import Table
 from rich.text import Text
 
 from cl_audit.enums import DifferentialStatus, Evidence, Fate, RemedyStatus, TensorMode, Verdict
+from cl_audit.ops import OpsIndex, report_links
 from cl_audit.render import format_bytes
+from cl_audit.render.ops import render_op_links
 from cl_audit.report import (
     Comparison,
     Compiled,
@@ -371,10 +373,13 @@ def trials_text(cost: Cost) -> list[str]:
     ]
 
 
-def render_report(report: ModelReport, console: Console, show_all: bool = False) -> None:
+def render_report(
+    report: ModelReport, console: Console, show_all: bool = False, index: OpsIndex | None = None
+) -> None:
     """The verdict and the cost by site; with ``show_all`` also the findings (offenders,
     parameter conversions, format-neutral losses) and the mixed-format operations. A report
-    weighed by no cost shows its offenders."""
+    weighed by no cost shows its offenders. With ``index``, each operation that lost the format
+    beside its rows of the operator index."""
     style = _VERDICT_STYLES[report.verdict]
     verdict = f"[{style}]{report.verdict.value}[/{style}]"
     console.print(Panel(summary_text(report), title=f"cl-audit: {verdict}", expand=False))
@@ -397,6 +402,8 @@ def render_report(report: ModelReport, console: Console, show_all: bool = False)
     if show_all and report.format_neutral:
         title = "Format-neutral losses (the same copy happens in NCHW)"
         console.print(offenders_table(report.format_neutral, title))
+    if index is not None:
+        render_op_links(index, report_links(index, report), console)
     if report.compiled is not None:
         console.print(compiled_text(report.compiled))
     if report.unwrapped:

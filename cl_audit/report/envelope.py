@@ -49,8 +49,8 @@ BENCH_READABLE = (1, BENCH_VERSION)
 OPS_FORMAT = "cl-audit.ops"  # cl_audit.ops: the operator coverage index
 
 
-OPS_VERSION = 1
-OPS_READABLE = (OPS_VERSION,)
+OPS_VERSION = 2  # 2: the behaviour "copies" and each sample's "copied" bytes; module_db rows
+OPS_READABLE = (1, OPS_VERSION)
 
 
 REPORT_READABLE = (1, 2, 3, 4, 5, 6, 7, 8, 9, REPORT_VERSION)

@@ -1,0 +1,114 @@
+"""The operator coverage index as one self-contained HTML page (``cl-audit ops --html``): the
+counts, then every operator (sortable, filterable by text and behaviour), each row at the
+anchor ``op-<name>`` that a model report's links point to (``ops_anchor``)."""
+
+from __future__ import annotations
+
+from cl_audit.enums import OpBehaviour
+from cl_audit.ops import OperatorRow, OpLink, OpsIndex, SampleResult
+from cl_audit.render import format_bytes
+from cl_audit.render import html_text as _e
+from cl_audit.render.html import html_page
+
+__all__ = ["links_section", "ops_anchor", "ops_html"]
+
+_ORDER = {b: i for i, b in enumerate(OpBehaviour)}
+_STYLE = {
+    OpBehaviour.REFUSES: "verdict-bad",
+    OpBehaviour.LOSES: "verdict-bad",
+    OpBehaviour.OTHER: "verdict-minor",
+    OpBehaviour.COPIES: "verdict-minor",
+    OpBehaviour.KEEPS: "verdict-good",
+}
+
+
+def ops_anchor(op: str) -> str:
+    """The id of ``op``'s row in the page."""
+    return "op-" + op
+
+
+def _strides(shape: tuple[int, ...] | None, strides: tuple[int, ...] | None) -> str:
+    if strides is None:
+        return ""
+    return f"{tuple(shape or ())} {tuple(strides)}"
+
+
+def _example(e: SampleResult | None) -> str:
+    if e is None:
+        return "<td></td><td></td><td></td>"
+    copied = "" if not e.copied else f" ({format_bytes(e.copied)} copied inside)"
+    return (
+        f"<td><code>{_e(_strides(e.input_shape, e.input_strides))}</code></td>"
+        f"<td><code>{_e(_strides(e.output_shape, e.output_strides))}</code></td>"
+        f"<td>{_e((e.note or '') + copied)}</td>"
+    )
+
+
+def _row(row: OperatorRow) -> str:
+    word = row.behaviour.value if row.behaviour else "error"
+    style = _STYLE.get(row.behaviour, "") if row.behaviour else "verdict-bad"
+    counts = ", ".join(f"{b.value} {n}" for b, n in row.counts)
+    gradient = ", ".join(f"{b.value} {n}" for b, n in row.gradient_counts)
+    example = f"<td colspan=3>{_e(row.error)}</td>" if row.error else _example(row.example)
+    return (
+        f'<tr id="{_e(ops_anchor(row.op))}" data-status="{_e(word)}">'
+        f'<td><code class="op">{_e(row.op)}</code></td>'
+        f'<td class="{style}" data-value="{_ORDER.get(row.behaviour, -1)}">{_e(word)}</td>'
+        f"<td>{_e(counts)}</td><td>{_e(gradient)}</td>"
+        f"<td>{_e(', '.join(row.aten_ops))}</td>{example}</tr>"
+    )
+
+
+def ops_html(index: OpsIndex) -> str:
+    """Every row of ``index``, worst first."""
+    how = "predicted on fake tensors (no kernel ran)" if index.predicted else "eager"
+    cards = "".join(
+        f'<div class="card"><b>{index.count(b)}</b>{_e(b.value)}</div>'
+        for b in OpBehaviour
+        if index.count(b)
+    )
+    options = "".join(f'<option value="{b.value}">{b.value}</option>' for b in OpBehaviour)
+    rows = "".join(
+        _row(r) for r in sorted(index.rows, key=lambda r: (_ORDER.get(r.behaviour, -1), r.op))
+    )
+    body = (
+        f"<h1>cl-audit ops: {len(index.rows)} operators</h1>"
+        f'<p class="dim">torch {_e(index.torch)}, {_e(index.device)} {_e(index.dtype)}, {how}; '
+        f"{index.without_map} operators without a 4-D or 5-D sample; {index.seconds:.1f} s</p>"
+        f'<div class="cards">{cards}</div>'
+        '<input type="search" id="filter" placeholder="filter operators">'
+        f'<select id="status-filter"><option value="">any behaviour</option>{options}'
+        '<option value="error">error</option></select>'
+        '<table class="sortable filterable" id="operators"><thead><tr><th>operator</th>'
+        "<th>forward</th><th>samples</th><th>gradient</th><th>made by</th>"
+        "<th>example input</th><th>output</th><th>note</th></tr></thead>"
+        f"<tbody>{rows}</tbody></table>"
+    )
+    return html_page(f"cl-audit ops: torch {index.torch}", body, index.to_dict())
+
+
+def links_section(index: OpsIndex, links: tuple[OpLink, ...]) -> str:
+    """A model report's operations that lost channels_last, each linked to its rows of
+    ``index``, which follow (the anchors ``op-<name>``)."""
+    how = ", predicted" if index.predicted else ""
+    cells = "".join(
+        f'<tr><td><code class="op">{_e(link.python_op or "-")}</code> '
+        f'<span class="dim">{_e(link.aten_op or "")}</span></td>'
+        f'<td class="num" data-value="{link.bytes}">{format_bytes(link.bytes)}</td><td>'
+        + ", ".join(f'<a href="#{_e(ops_anchor(r.op))}">{_e(r.op)}</a>' for r in link.rows)
+        + f"</td><td>{_e(link.reading)}</td></tr>"
+        for link in links
+    )
+    shown = {row.op: row for link in links for row in link.rows}
+    rows = "".join(_row(r) for r in sorted(shown.values(), key=lambda r: r.op))
+    return (
+        f'<p class="dim">torch {_e(index.torch)}, {_e(index.device)} {_e(index.dtype)}{how}: '
+        "does each operation lose the format in torch's own samples too, or only here?</p>"
+        '<table class="sortable" id="op-links"><thead><tr><th>operation</th>'
+        '<th class="num">channels_last only</th><th>index rows</th><th>reading</th></tr>'
+        f"</thead><tbody>{cells}</tbody></table>"
+        '<table class="sortable" id="operators"><thead><tr><th>operator</th>'
+        "<th>forward</th><th>samples</th><th>gradient</th><th>made by</th>"
+        "<th>example input</th><th>output</th><th>note</th></tr></thead>"
+        f"<tbody>{rows}</tbody></table>"
+    )
