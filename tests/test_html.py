@@ -191,3 +191,32 @@ def test_every_sweep_shape_renders_in_the_browser(browser, tmp_path, shape):
         assert "resnet_kernel:layer1.0.conv1" in examples.text
     else:
         assert browser.find_elements("id", "heatmap") == []
+
+
+def test_ops_page_filters_by_behaviour_and_text_and_renders_hostile_names_inert(browser, tmp_path):
+    """``cl-audit ops --html``: every row at its anchor, filtered by behaviour and by text;
+    an operator named like a script is shown as text, not run."""
+    from cl_audit.enums import OpBehaviour as B
+    from cl_audit.ops import OperatorRow, OpsIndex
+    from cl_audit.render.html_ops import ops_html
+
+    rows = tuple(
+        OperatorRow(op, b, ((b, 2),), None)
+        for op, b in (("conv2d", B.KEEPS), ("instance_norm", B.LOSES), (HOSTILE, B.LOSES))
+    )
+    load(browser, ops_html(OpsIndex("2.14.1", "cpu", "float32", rows, 3, 1.0)), tmp_path / "o.html")
+    assert console_errors(browser) == [] and browser.execute_script("return window.pwned") is None
+
+    def shown() -> list[str]:
+        cells = browser.find_elements("css selector", "#operators tbody tr td:first-child")
+        return [c.text for c in cells if c.is_displayed()]
+
+    assert sorted(shown()) == sorted(["conv2d", "instance_norm", HOSTILE])
+    assert browser.find_element("id", "op-conv2d").text.startswith("conv2d")
+    browser.execute_script(
+        "var s = document.getElementById('status-filter'); s.value = 'loses';"
+        "s.dispatchEvent(new Event('input'));"
+    )
+    assert sorted(shown()) == sorted(["instance_norm", HOSTILE])
+    browser.find_element("id", "filter").send_keys("norm")
+    assert shown() == ["instance_norm"]

@@ -13,15 +13,18 @@ import pytest
 import torch
 import torch.nn.functional as F
 from literal_reports import cost_site, costed_row, sweep
-from test_cli import invoke
+from test_cli import ANY_COST, TOYS, invoke, runner
 
+from cl_audit.cli import app
 from cl_audit.compat import fake_cuda_problem
 from cl_audit.compat.opinfo import OperatorEntry, Sample, opinfo_problem
 from cl_audit.enums import CostKind, OpBehaviour, Phase
 from cl_audit.errors import UsageError
 from cl_audit.ops import (
     OperatorRow,
+    OpLink,
     OpsIndex,
+    SampleResult,
     diff,
     operator_row,
     probe_sample,
@@ -273,3 +276,149 @@ def test_the_committed_indexes_match_the_schema_and_read_back(path):
     index = OpsIndex.from_dict(data)
     assert index.rows and index.to_dict() == data
     assert index.predicted == path.stem.startswith("cuda")
+
+
+def _copying_relu(x: torch.Tensor) -> torch.Tensor:
+    """A kernel that makes its input NCHW inside, computes, and hands back channels_last."""
+    return x.contiguous().relu().contiguous(memory_format=torch.channels_last)
+
+
+def test_a_kernel_that_copies_inside_is_copies_where_one_that_does_not_keeps():
+    """The profiler's ``aten::copy_`` events inside the channels_last call, beyond the NCHW
+    call's: ``_copying_relu`` keeps the order but converts twice; relu is the control."""
+    sample = [Sample(_map(2, 3, 8, 8), (), {})]
+    copying = operator_row(OperatorEntry("toy.copying_relu", _copying_relu, lambda: iter(sample)))
+    assert copying.behaviour is B.COPIES and "copies" in copying.example.note
+    # two conversions of the map, where the NCHW call converts once (on the way out)
+    assert copying.example.copied == 2 * 3 * 8 * 8 * 4
+    plain = operator_row(OperatorEntry("toy.relu", torch.relu, lambda: iter(sample)))
+    assert plain.behaviour is B.KEEPS and plain.example.copied == 0
+
+
+def test_a_list_given_first_counts_by_its_first_map():
+    """``torch.cat`` takes its maps in a list: each is made channels_last; the control
+    concatenates their NCHW copies, and loses."""
+    maps = ([_map(2, 3, 4, 4), _map(2, 5, 4, 4)],)
+    sample = Sample(maps[0], (1,), {})
+    kept = probe_sample(torch.cat, sample)
+    assert kept.behaviour is B.KEEPS and kept.input_strides == (48, 1, 12, 3)
+    assert kept.gradient is B.KEEPS
+    lost = probe_sample(lambda xs, dim: torch.cat([t.contiguous() for t in xs], dim), sample)
+    assert lost.behaviour is B.LOSES
+
+
+def test_pooling_indices_are_made_channels_last_with_the_data():
+    """A channels_last model's max pooling hands channels_last indices to max_unpool, which
+    then keeps the order without copying them (NCHW indices beside channels_last data made the
+    kernel copy them: a finding about the sample, not the operator)."""
+    x = _map(2, 3, 8, 8)
+    pooled, indices = F.max_pool2d(x, 2, return_indices=True)
+    entry = OperatorEntry(
+        "toy.max_unpool2d",
+        lambda t, i: F.max_unpool2d(t, i, 2),
+        lambda: iter([Sample(pooled, (indices,), {})]),
+    )
+    row = operator_row(entry)
+    assert row.behaviour is B.KEEPS and row.example.copied == 0
+
+
+@pytest.mark.skipif(opinfo_problem() is not None, reason=str(opinfo_problem()))
+def test_torchs_module_database_gives_rows_per_module_and_mode():
+    """``module_db``'s samples run through the module with its parameters made channels_last
+    as ``module.to(memory_format=...)`` does: a convolution keeps the order; instance norm,
+    the control, loses it; batch norm has a row per mode (its training and evaluation
+    differ)."""
+    from cl_audit.compat.opinfo import module_entries
+
+    wanted = ("nn.Conv2d", "nn.InstanceNorm2d", "nn.BatchNorm2d", "nn.BatchNorm2d.train")
+    entries = [e for e in module_entries("cpu", torch.float32) if e.name in wanted]
+    rows = {e.name: operator_row(e) for e in entries}
+    assert set(rows) == set(wanted)
+    assert rows["nn.Conv2d"].behaviour is B.KEEPS and rows["nn.Conv2d"].gradient is B.KEEPS
+    assert rows["nn.InstanceNorm2d"].behaviour is B.LOSES
+    assert rows["nn.BatchNorm2d.train"].behaviour is B.KEEPS
+
+
+def test_a_version_1_index_reads_without_copies():
+    row = OperatorRow(
+        "conv", B.KEEPS, ((B.KEEPS, 1),), SampleResult(B.KEEPS, (1, 2, 3, 3), (18, 1, 6, 2))
+    )
+    data = OpsIndex("2.14.1", "cpu", "float32", (row,), 0, 1.0).to_dict()
+    data["version"] = 1
+    del data["rows"][0]["example"]["copied"]
+    jsonschema.validate(data, load_schema("ops", 1))
+    index = OpsIndex.from_dict(data)
+    assert index.rows[0].example.copied is None and index.rows[0].behaviour is B.KEEPS
+
+
+def _link(*counts: tuple[OpBehaviour, int]) -> OpLink:
+    row = OperatorRow("nn.functional.interpolate.bilinear", counts[0][0], counts, None)
+    return OpLink("F.interpolate", "aten.upsample_bilinear2d", 1024, (row,))
+
+
+def test_a_links_reading_says_whether_the_operator_always_loses_or_only_here():
+    assert "the operator's to fix" in _link((B.LOSES, 3)).reading
+    assert "2 of its 5 samples" in _link((B.LOSES, 2), (B.KEEPS, 3)).reading
+    assert "lost with this model's" in _link((B.KEEPS, 4)).reading
+    assert "not in the index" in OpLink("F.thing", None, 1, ()).reading
+
+
+def test_a_models_losses_link_to_the_index_rows_in_the_terminal_and_html(tmp_path):
+    """``MixedConcat``'s pooled branch loses the format at its bilinear interpolation of a 1x1
+    map: the index's bilinear row (the aten operation that made the output) keeps it in torch's
+    samples, so the loss is this model's strides; the nearest row, the control, is not linked."""
+    rows = (
+        OperatorRow(
+            "nn.functional.interpolate.bilinear",
+            B.KEEPS,
+            ((B.KEEPS, 4),),
+            None,
+            aten_ops=("aten.upsample_bilinear2d",),
+        ),
+        OperatorRow(
+            "nn.functional.interpolate.nearest",
+            B.LOSES,
+            ((B.LOSES, 4),),
+            None,
+            aten_ops=("aten.upsample_nearest2d",),
+        ),
+    )
+    index = tmp_path / "ops.json"
+    index.write_text(OpsIndex("2.14.1", "cpu", "float32", rows, 0, 1.0).to_json())
+    html = tmp_path / "model.html"
+    model = (f"{TOYS}:MixedConcat", "--input-size", "3x16x16", *ANY_COST)
+    wide = runner.invoke(
+        app, [*model, "--ops-index", str(index), "--html", str(html)], env={"COLUMNS": "400"}
+    )
+    result = wide
+    assert result.exit_code == 1, result.output
+    assert "In torch's operator index" in result.output
+    line = next(x for x in result.output.splitlines() if "F.interpolate (aten" in x)
+    assert "nn.functional.interpolate.bilinear: keeps" in line and "nearest" not in line
+    assert "keeps the order in all 4 of its samples" in line
+    page = html.read_text()
+    assert "keeps the order in all 4 of its samples" in page
+    assert 'href="#op-nn.functional.interpolate.bilinear"' in page
+    assert 'id="op-nn.functional.interpolate.bilinear"' in page
+    assert "op-nn.functional.interpolate.nearest" not in page
+    report = tmp_path / "report.json"
+    assert invoke(*model, "--json", str(report)).exit_code == 1
+    again = tmp_path / "again.html"
+    rendered = invoke("render", str(report), "--html", str(again), "--ops-index", str(index))
+    assert (
+        rendered.exit_code == 0
+        and 'href="#op-nn.functional.interpolate.bilinear"' in again.read_text()
+    )
+
+
+def test_ops_index_is_refused_for_a_sweep_and_unreadable_indexes_before_any_model_runs(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    result = invoke(f"{TOYS}:MixedConcat", "--ops-index", str(bad))
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    good = tmp_path / "ops.json"
+    good.write_text(OpsIndex("2.14.1", "cpu", "float32", (), 0, 1.0).to_json())
+    result = invoke(
+        "--torchvision", "resnet18", "--torchvision", "alexnet", "--ops-index", str(good)
+    )
+    assert result.exit_code == 2 and "--from-sweep" in result.output
