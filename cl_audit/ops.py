@@ -26,7 +26,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
+from torch import fx
 from torch.profiler import record_function
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from cl_audit.audit import watching
 from cl_audit.compat import (
@@ -37,6 +39,7 @@ from cl_audit.compat import (
     tensor_leaves,
 )
 from cl_audit.compat.opinfo import OperatorEntry, Sample
+from cl_audit.compat.tracing import graph_on_device, trace_graph
 from cl_audit.enums import Engine, OpBehaviour
 from cl_audit.errors import UsageError, first_line
 from cl_audit.fake import KernelSourceMode
@@ -279,7 +282,9 @@ def probe_sample(
         "output_strides": out.stride(),
         "producer": producers.made.get(id(out)),
     }
-    if not target.predicted:  # autograd's engine runs real kernels only
+    if target.predicted:  # autograd's engine needs the device: a traced backward, replayed
+        seen |= _replayed_gradient(call, target, x, args, kwargs)
+    else:
         seen |= _gradient(call, *map_tensors(target.place, (x, args, kwargs)))
     layout = layout_of(out)
     if layout is MemoryLayout.AMBIGUOUS:
@@ -309,15 +314,56 @@ def _gradient(call: Callable[..., Any], x: Any, args: Any, kwargs: Any) -> dict:
             (grad,) = torch.autograd.grad(out, leaf, grad_out, allow_unused=True)
     except Exception:  # no backward for these arguments: the gradient is not judged
         return {}
+    return _gradient_seen(grad)
+
+
+def _gradient_seen(grad: torch.Tensor | None) -> dict:
     if grad is None:
         return {}
-    layout = layout_of(grad)
     behaviour = {
         MemoryLayout.CHANNELS_LAST: OpBehaviour.KEEPS,
         MemoryLayout.CONTIGUOUS: OpBehaviour.LOSES,
         MemoryLayout.AMBIGUOUS: OpBehaviour.AMBIGUOUS,
-    }.get(layout, OpBehaviour.OTHER)
+    }.get(layout_of(grad), OpBehaviour.OTHER)
     return {"gradient": behaviour, "gradient_strides": grad.stride()}
+
+
+def _replayed_gradient(
+    call: Callable[..., Any], target: Target, x: Any, args: Any, kwargs: Any
+) -> dict:
+    """``_gradient`` for fake tensors of a device this machine lacks, as ``--train --fake``
+    predicts a backward: the call and its backward traced on the CPU into one aten graph (every
+    tensor an input), replayed on the target's fake tensors with its kernel-source overrides."""
+    leaves, spec = tree_flatten((x, args, kwargs))
+    tensors = [i for i, v in enumerate(leaves) if isinstance(v, torch.Tensor)]
+    first = x if isinstance(x, torch.Tensor) else _first(x)
+    wrt = next(n for n, i in enumerate(tensors) if leaves[i] is first)
+
+    def forward(given: tuple[torch.Tensor, ...]) -> torch.Tensor | None:
+        values = list(leaves)
+        for i, tensor in zip(tensors, given, strict=True):
+            values[i] = tensor
+        x, args, kwargs = tree_unflatten(values, spec)
+        return _first_map(call(x, *args, **kwargs))
+
+    def step(*given: torch.Tensor) -> Any:
+        out = forward(given[:-1])
+        return torch.autograd.grad(out, given[wrt], given[-1], allow_unused=True)
+
+    inputs = tuple(leaves[i].detach().requires_grad_(n == wrt) for n, i in enumerate(tensors))
+    try:
+        with torch.enable_grad():
+            out = forward(inputs)
+            if out is None or not out.requires_grad:
+                return {}
+            grad_out = _channels_last(torch.ones_like(out, memory_format=torch.contiguous_format))
+            traced = trace_graph(step, [*inputs, grad_out])
+        graph = graph_on_device(traced, torch.device(target.device))
+        with target.context():
+            (grad,) = fx.Interpreter(graph).run(*map(target.place, (*inputs, grad_out)))
+    except Exception:  # no backward for these arguments, or none the trace takes: not judged
+        return {}
+    return _gradient_seen(grad)
 
 
 def _copied(copies: list[tuple[int, int | None]]) -> int:

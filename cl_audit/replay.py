@@ -30,7 +30,14 @@ from torch.func import functional_call
 from cl_audit.attribution import ModuleNames, Traced
 from cl_audit.audit import Audit
 from cl_audit.compat import fake_tensor, new_fake_mode
-from cl_audit.compat.tracing import building_graph, new_nodes, node_note, note_node, trace_graph
+from cl_audit.compat.tracing import (
+    building_graph,
+    graph_on_device,
+    new_nodes,
+    node_note,
+    note_node,
+    trace_graph,
+)
 from cl_audit.convert import apply_strategy, input_to_nchw, strategy_input
 from cl_audit.divergences import divergence_table
 from cl_audit.enums import Phase, Stage, Strategy, TensorMode
@@ -106,26 +113,6 @@ class _Interpreter(fx.Interpreter):
             raise
         finally:
             self._places(None)
-
-
-def _on_device(graph: fx.GraphModule, device: torch.device) -> fx.GraphModule:
-    """The graph with every device its nodes name moved to ``device`` (a cast's, a factory's),
-    its tensor constants made fake there."""
-
-    def move(value: Any) -> Any:
-        if isinstance(value, torch.device):
-            return device
-        if isinstance(value, (list, tuple)):
-            return type(value)(move(v) for v in value)
-        if isinstance(value, dict):
-            return {k: move(v) for k, v in value.items()}
-        return value
-
-    for node in graph.graph.nodes:
-        if node.op == "call_function":
-            node.args, node.kwargs = move(node.args), move(node.kwargs)
-    graph.recompile()
-    return graph
 
 
 def _custom_functions(loss: torch.Tensor) -> list[str]:
@@ -211,7 +198,7 @@ class _ReplayedStep:
             self.stage = Stage.FORWARD
             cpu_step.prime()  # the optimizer's state exists: a steady-state step is traced
             state_tensors = cpu_step.state_tensors()
-            self._graph = _on_device(trace_graph(one_step, inputs + state_tensors), device)
+            self._graph = graph_on_device(trace_graph(one_step, inputs + state_tensors), device)
         replay = new_fake_mode()
         self._inputs = [_like(replay, t, device) for t in (*inputs, *state_tensors)]
         # state's order: the parameters (the trainable ones) first, then the buffers
@@ -250,7 +237,7 @@ class _ReplayedStep:
                 "belongs to a custom autograd Function, whose own backward a replay under "
                 f"{device.type}'s autocast cannot keep; without --amp it is kept"
             )
-        return _on_device(graph, _CPU)
+        return graph_on_device(graph, _CPU)
 
     def _replay(self, active: Audit) -> None:
         if self._graph is None:

@@ -189,7 +189,23 @@ def test_fake_cuda_predicts_what_the_cuda_kernels_return_where_the_cpu_differs()
     assert probe_sample(F.pad, x, cuda).behaviour is B.LOSES
     conv = probe_sample(_conv, Sample(_map(2, 3, 8, 8), (_map(4, 3, 3, 3),), {}), cuda)
     assert conv.behaviour is B.KEEPS
-    assert conv.gradient is None  # no kernel ran: autograd's engine is not asked
+
+
+@pytest.mark.skipif(fake_cuda_problem() is not None, reason=str(fake_cuda_problem()))
+def test_fake_cuda_gradients_come_from_a_traced_backward_replayed_on_fake_tensors():
+    """Autograd's engine needs the device: the backward is traced on the CPU and replayed on
+    fake CUDA tensors. The convolution's input gradient keeps channels_last; reflection
+    padding's backward, like its forward there, writes NCHW; no kernel ran, so no copy is
+    measured."""
+    cuda = target_for("cuda")
+    conv = probe_sample(_conv, Sample(_map(2, 3, 8, 8), (_map(4, 3, 3, 3),), {}), cuda)
+    assert conv.gradient is B.KEEPS and conv.gradient_strides == (192, 1, 24, 3)
+    pad = probe_sample(F.pad, Sample(_map(2, 3, 8, 8), ((1, 1, 1, 1),), {"mode": "reflect"}), cuda)
+    assert pad.gradient is B.LOSES and pad.gradient_strides == (192, 64, 8, 1)
+    entry = OperatorEntry(
+        "toy.copying_relu", _copying_relu, lambda: iter([Sample(_map(2, 3, 8, 8), (), {})])
+    )
+    assert operator_row(entry, cuda).example.copied is None
 
 
 def test_a_device_the_index_cannot_run_on_is_a_usage_error():

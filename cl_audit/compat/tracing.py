@@ -17,7 +17,15 @@ try:
 except ImportError:  # pragma: no cover - every supported torch has it
     _proxy = None  # type: ignore[assignment]
 
-__all__ = ["building_graph", "new_nodes", "node_note", "note_node", "replay_problem", "trace_graph"]
+__all__ = [
+    "building_graph",
+    "graph_on_device",
+    "new_nodes",
+    "node_note",
+    "note_node",
+    "replay_problem",
+    "trace_graph",
+]
 
 _make_fx = getattr(_proxy, "make_fx", None)
 # torch 2.4 names it get_innermost_proxy_mode
@@ -91,3 +99,23 @@ def note_node(node: fx.Node, note: object) -> None:
 def node_note(node: fx.Node) -> Any:
     """The note left on ``node``, or None."""
     return node.meta.get(_NOTE)
+
+
+def graph_on_device(graph: fx.GraphModule, device: torch.device) -> fx.GraphModule:
+    """The graph with every device its nodes name moved to ``device`` (a cast's, a factory's);
+    tensor constants stay where they are: trace with every tensor a placeholder."""
+
+    def move(value: Any) -> Any:
+        if isinstance(value, torch.device):
+            return device
+        if isinstance(value, (list, tuple)):
+            return type(value)(move(v) for v in value)
+        if isinstance(value, dict):
+            return {k: move(v) for k, v in value.items()}
+        return value
+
+    for node in graph.graph.nodes:
+        if node.op == "call_function":
+            node.args, node.kwargs = move(node.args), move(node.kwargs)
+    graph.recompile()
+    return graph
