@@ -34,6 +34,7 @@ from cl_audit.audit import watching
 from cl_audit.compat import (
     fake_cuda_problem,
     fake_tensor,
+    is_device_runtime_error,
     map_tensors,
     new_fake_mode,
     tensor_leaves,
@@ -197,7 +198,7 @@ def target_for(device: str) -> Target:
         raise UsageError(f"cl-audit ops runs on cpu or cuda, not {device}")
     if torch.cuda.is_available():
         return Target("cuda", place=lambda t: t.to("cuda"))
-    problem = fake_cuda_problem()
+    problem = fake_cuda_problem(runtime=False)  # a call reaching the runtime: its row's error
     if problem is not None:
         raise UsageError(problem)
     mode = new_fake_mode()
@@ -244,6 +245,16 @@ def _run(
             return call(x, *args, **kwargs)
 
 
+def _unpredicted(target: Target, error: Exception) -> None:
+    """Raise where fake tensors reached the device's runtime (torch 2.9 and earlier do for some
+    operations): no prediction, neither an invalid sample nor a refusal."""
+    if target.predicted and is_device_runtime_error(error):
+        raise RuntimeError(
+            f"fake {target.device} tensors reach the {target.device} runtime here on torch "
+            f"{torch.__version__}: no prediction ({first_line(error)})"
+        ) from error
+
+
 def probe_sample(
     call: Callable[..., Any], sample: Sample, target: Target = CPU, label: int | None = None
 ) -> SampleResult | None:
@@ -258,7 +269,8 @@ def probe_sample(
         return None
     try:
         reference = _run(call, target, sample.input, sample.args, sample.kwargs, labels[0])
-    except Exception:  # the sample is not valid here: not counted, whatever channels_last does
+    except Exception as e:  # the sample is not valid here: not counted, whatever channels_last does
+        _unpredicted(target, e)
         return None
     x = map_tensors(_channels_last, sample.input)
     shown = _channels_last(first)
@@ -273,6 +285,7 @@ def probe_sample(
         producers = _Producers()
         result = _run(call, target, x, args, kwargs, labels[1], producers)
     except Exception as e:
+        _unpredicted(target, e)
         return SampleResult(OpBehaviour.REFUSES, **seen, note=first_line(e)[:200])
     out, ref = _first_map(result), _first_map(reference)
     if out is None or ref is None:

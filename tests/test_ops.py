@@ -438,3 +438,21 @@ def test_ops_index_is_refused_for_a_sweep_and_unreadable_indexes_before_any_mode
         "--torchvision", "resnet18", "--torchvision", "alexnet", "--ops-index", str(good)
     )
     assert result.exit_code == 2 and "--from-sweep" in result.output
+
+
+@pytest.mark.skipif(fake_cuda_problem() is not None, reason=str(fake_cuda_problem()))
+def test_a_fake_call_reaching_the_cuda_runtime_is_its_rows_error_not_an_invalid_sample():
+    """torch 2.9 and earlier reach the CUDA runtime from some fake CUDA calls: that row says
+    there is no prediction; a sample that is merely invalid (the control) is not counted."""
+
+    def reaches_runtime(x: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("CUDA error: CUDA driver version is insufficient for CUDA runtime")
+
+    def invalid(x: torch.Tensor) -> torch.Tensor:
+        raise ValueError("not for these arguments")
+
+    cuda = target_for("cuda")
+    sample = [Sample(_map(2, 3, 8, 8), (), {})]
+    row = operator_row(OperatorEntry("toy.runtime", reaches_runtime, lambda: iter(sample)), cuda)
+    assert row.behaviour is None and "no prediction" in row.error and "CUDA error" in row.error
+    assert operator_row(OperatorEntry("toy.invalid", invalid, lambda: iter(sample)), cuda) is None

@@ -260,16 +260,17 @@ def is_device_runtime_error(error: BaseException) -> bool:
 
 
 @functools.cache
-def fake_cuda_problem(bfloat16: bool = False) -> str | None:
+def fake_cuda_problem(bfloat16: bool = False, runtime: bool = True) -> str | None:
     """Why fake CUDA tensors cannot give an honest prediction with this torch, or None.
 
     A probe of known answer: a float32 convolution of channels_last data must come back
     channels_last (a CPU-only build has no cuDNN to choose that, and predicts NCHW), and an
     indexing step, a float16 softmax and a bfloat16 convolution must run without reaching the
-    CUDA runtime (torch 2.9 and earlier do, and fail on a machine without a GPU). With
-    ``bfloat16`` the bfloat16 convolution must come back channels_last too: without a GPU,
-    torch 2.10 and later pick the slow NCHW convolution for bfloat16 (cuDNN's bfloat16 check
-    needs a device), where a GPU with bfloat16 cuDNN keeps channels_last.
+    CUDA runtime (torch 2.9 and earlier do, and fail on a machine without a GPU; not probed
+    with ``runtime`` False, for a caller that makes each call reaching it an error of its own).
+    With ``bfloat16`` the bfloat16 convolution must come back channels_last too: without a
+    GPU, torch 2.10 and later pick the slow NCHW convolution for bfloat16 (cuDNN's bfloat16
+    check needs a device), where a GPU with bfloat16 cuDNN keeps channels_last.
     """
     mode = new_fake_mode()
     device = torch.device("cuda")
@@ -280,13 +281,14 @@ def fake_cuda_problem(bfloat16: bool = False) -> str | None:
         w = fake_tensor(mode, torch.empty(16, 16, 3, 3, device="meta").to(memory_format=cl), device)
         with mode:
             step = "a float32 convolution"
-            y = F.conv2d(x, w, padding=1)
-            step = "an indexing step (x[:, :4])"
-            F.relu(x[:, :4])
-            step = "a float16 softmax"
-            F.softmax(x.half(), dim=1)
-            step = "a bfloat16 convolution"
-            z = F.conv2d(x.bfloat16(), w.bfloat16(), padding=1)
+            y = z = F.conv2d(x, w, padding=1)
+            if runtime:
+                step = "an indexing step (x[:, :4])"
+                F.relu(x[:, :4])
+                step = "a float16 softmax"
+                F.softmax(x.half(), dim=1)
+                step = "a bfloat16 convolution"
+                z = F.conv2d(x.bfloat16(), w.bfloat16(), padding=1)
     except Exception as e:  # the probe's answer: the reason is given to the user
         cause = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         return f"on torch {torch.__version__}, {step} on fake CUDA tensors fails ({cause})"
