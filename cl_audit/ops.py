@@ -372,8 +372,9 @@ def _replayed_gradient(
             grad_out = _channels_last(torch.ones_like(out, memory_format=torch.contiguous_format))
             traced = trace_graph(step, [*inputs, grad_out])
         graph = graph_on_device(traced, torch.device(target.device))
+        placed = [target.place(t.detach()) for t in (*inputs, grad_out)]
         with target.context():
-            (grad,) = fx.Interpreter(graph).run(*map(target.place, (*inputs, grad_out)))
+            (grad,) = fx.Interpreter(graph).run(*placed)
     except Exception:  # no backward for these arguments, or none the trace takes: not judged
         return {}
     return _gradient_seen(grad)

@@ -1,10 +1,13 @@
 """The committed HTML examples and their screenshots, in Debian's headless Chromium.
 
     python scripts/render_html_reports.py --sweep reports/torchvision_torch-2.14.1_cpu_eager.json.gz
+    python scripts/render_html_reports.py --ops reports/ops/cpu-float32_torch-2.14.1.json
 
 Writes reports/html/torchvision-sweep.html from the sweep report, audits shufflenet_v2_x1_0 and
 maxvit_t (eager CPU, with the format timeline) into reports/html/<model>.html, and saves a
-screenshot of each page beside it (and one of the sweep's models x operators matrix). Needs
+screenshot of each page beside it (and one of the sweep's models x operators matrix). With
+``--ops INDEX``: the index's page (reports/html/ops.html) and deeplabv3_mobilenet_v3_large's
+report linked to it (``--ops-index``), with screenshots of the page and of the links. Needs
 chromium, chromedriver and selenium, as the tests.
 """
 
@@ -17,7 +20,7 @@ from pathlib import Path
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 
-from cl_audit.files import read_report, write_text
+from cl_audit.files import read_ops, read_report, write_text
 from cl_audit.render.html import model_html, sweep_html
 from cl_audit.report import ModelSource, SweepReport
 from cl_audit.settings import AuditSettings
@@ -26,6 +29,7 @@ from cl_audit.sources.audit import audit_loaded
 
 OUT = Path(__file__).resolve().parents[1] / "reports" / "html"
 MODELS = ("shufflenet_v2_x1_0", "maxvit_t")
+LINKED = "deeplabv3_mobilenet_v3_large"  # its losses read against the operator index
 
 
 def screenshot(page: Path, png: Path, section: str | None = None) -> None:
@@ -46,12 +50,8 @@ def screenshot(page: Path, png: Path, section: str | None = None) -> None:
         driver.quit()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sweep", type=Path, required=True)
-    args = parser.parse_args()
-    OUT.mkdir(parents=True, exist_ok=True)
-    sweep = read_report(args.sweep)
+def _sweep_pages(path: Path) -> None:
+    sweep = read_report(path)
     assert isinstance(sweep, SweepReport)
     pages = {"torchvision-sweep": sweep_html(sweep)}
     for name in MODELS:
@@ -65,6 +65,32 @@ def main() -> None:
     matrix = OUT / "torchvision-sweep-matrix.png"
     screenshot(OUT / "torchvision-sweep.html", matrix, section="heatmap")
     print(matrix)
+
+
+def _ops_pages(path: Path) -> None:
+    from cl_audit.render.html_ops import ops_html
+
+    index = read_ops(path)
+    page = OUT / "ops.html"
+    write_text(page, ops_html(index), "--html")
+    screenshot(page, OUT / "ops.png")
+    loaded = load_model(ModelRef(ModelSource.TORCHVISION, LINKED))
+    linked = OUT / f"{LINKED}.html"
+    write_text(linked, model_html(audit_loaded(loaded, AuditSettings()), index), "--html")
+    screenshot(linked, OUT / f"{LINKED}-ops.png", section="op-links")
+    print(f"{page}, ops.png, {linked} and {LINKED}-ops.png")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sweep", type=Path)
+    parser.add_argument("--ops", type=Path)
+    args = parser.parse_args()
+    OUT.mkdir(parents=True, exist_ok=True)
+    if args.sweep is not None:
+        _sweep_pages(args.sweep)
+    if args.ops is not None:
+        _ops_pages(args.ops)
 
 
 if __name__ == "__main__":
