@@ -155,6 +155,7 @@ def audit_command(
     fail_bytes: Annotated[str, _o("SIZE", "...and this many extra bytes.")] = "1MiB",
     gate_batch: Annotated[int, _o("N", "...projected to this batch.", min=1)] = GATE_BATCH,
     train: Annotated[bool, _o(None, "Audit a training step, not inference.", "--train")] = False,
+    ddp: Annotated[bool, _o(None, "With --train: also the step under DDP.", "--ddp")] = False,
     optimizer: OptimizerOption = Optimizer.SGD,
     convert: Annotated[_Convert, _o(None, "What is converted.")] = _Convert.CHANNELS_LAST,
     time: Annotated[bool, _o(None, "Time the step and the flagged ops.", "--time")] = False,
@@ -211,6 +212,7 @@ def audit_command(
             list_only=list_only,
             show_all=show_all,
             verify=verify,
+            ddp=ddp,
             given=frozenset(o for o in ctx.params if _given(ctx, o)),
             console=console,
             cache=cache

@@ -14,13 +14,15 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import torch
 from rich.console import Console
 
-from cl_audit.enums import DType, OpBehaviour, Outcome, Verdict
+from cl_audit.enums import DType, OpBehaviour, Outcome, TensorMode, Verdict
 from cl_audit.errors import UsageError
 from cl_audit.files import check_writable, read_ops, read_report, read_sweep, write_text
 from cl_audit.plan import RunPlan, plan_run
 from cl_audit.report import SweepReport, compare, merge
+from cl_audit.settings import AuditSettings
 from cl_audit.sources import BuildOptions, ModelRef, load_model
 from cl_audit.sweep import api as sweep_api
 from cl_audit.sweep.plan import Selection, select
@@ -72,6 +74,7 @@ def audit(
     show_all: bool,
     given: frozenset[str],
     verify: bool | None = None,
+    ddp: bool = False,
     console: Console,
     cache: sweep_api.CacheOptions | None = None,
 ) -> Outcome:
@@ -105,7 +108,11 @@ def audit(
             )
         settings = replace(sweep.audit, verify=verify is not False)
         index = None if outputs.ops_index is None else read_ops(outputs.ops_index)
-        return _single(refs[0], plan_run(settings), outputs, show_all, console, index)
+        if ddp:
+            _check_ddp(settings)
+        return _single(refs[0], plan_run(settings), outputs, show_all, console, index, ddp)
+    if ddp:
+        raise UsageError("--ddp checks one model's training step under DDP: give one model")
     if outputs.ops_index is not None:
         raise UsageError(
             "--ops-index links one model's report to the operator index; for a sweep: "
@@ -124,6 +131,16 @@ def audit(
     return _sweep(refs, sweep, selection, outputs, baseline, resume, console, cache)
 
 
+def _check_ddp(settings: AuditSettings) -> None:
+    """Refuse what ``--ddp`` cannot run, before any model runs."""
+    if not settings.train:
+        raise UsageError("--ddp checks a training step's gradient buckets: give --train too")
+    if settings.tensor_mode is not TensorMode.EAGER:
+        raise UsageError("--ddp runs DDP for real on gloo processes: drop --fake")
+    if torch.device(settings.device).type != "cpu":
+        raise UsageError("--ddp runs DDP on gloo processes on this CPU: drop --device")
+
+
 def _single(
     ref: ModelRef,
     plan: RunPlan,
@@ -131,6 +148,7 @@ def _single(
     show_all: bool,
     console: Console,
     index: OpsIndex | None,
+    ddp: bool = False,
 ) -> Outcome:
     from cl_audit.render.outputs import write_outputs
     from cl_audit.render.terminal import render_report
@@ -139,6 +157,11 @@ def _single(
     with _models_print_to_stderr():
         loaded = load_model(ref, BuildOptions(meta=plan.tensors.on_meta))
         report = audit_loaded(loaded, plan)
+        if ddp:
+            from cl_audit.distributed import ddp_check
+
+            with console.status("the training step under DDP (gloo, 2 processes)"):
+                report = replace(report, ddp=ddp_check(ref, plan.settings))
     render_report(report, console, show_all, index)
     _wrote(write_outputs(report, outputs.json, outputs.html, index=index))
     return Outcome.OFFENDING if report.verdict is Verdict.OFFENDING else Outcome.CLEAN

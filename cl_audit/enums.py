@@ -10,6 +10,7 @@ import torch
 __all__ = [
     "Amp",
     "BenchVerdict",
+    "BucketMatch",
     "ConvClass",
     "Conversion",
     "CostKind",
@@ -33,6 +34,7 @@ __all__ = [
     "TensorMode",
     "Verdict",
     "Workload",
+    "WrapOrder",
 ]
 
 
@@ -316,3 +318,18 @@ class OpBehaviour(str, Enum):
     KEEPS = "keeps"  # returns channels_last
     AMBIGUOUS = "ambiguous"  # size-1 dimensions: both orders at once, neither lost nor kept
     NO_MAP = "no-map"  # returns no 4-D or 5-D tensor
+
+
+class WrapOrder(str, Enum):
+    """When a model was made channels_last, against when DDP wrapped it (``--ddp``)."""
+
+    BEFORE = "before"  # converted, then wrapped: DDP's buckets are laid out for channels_last
+    AFTER = "after"  # wrapped, then converted: the buckets keep the NCHW strides
+
+
+class BucketMatch(str, Enum):
+    """A parameter's strides against DDP's bucket view of its gradient (``--ddp``)."""
+
+    MATCHES = "matches"
+    MISMATCHED = "mismatched"  # differ in a dimension of size over 1: DDP copies across orders
+    AMBIGUOUS = "ambiguous"  # differ only in size-1 dimensions (a 1x1 kernel, N1HW, NC11)

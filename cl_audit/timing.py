@@ -27,6 +27,7 @@ __all__ = [
     "WARMUP_STEPS",
     "Profiler",
     "call_times",
+    "copied_bytes",
     "copies_by_call",
     "step_timing",
     "timed_ms",
@@ -134,6 +135,21 @@ def _nested(ops: tuple[ProfiledOp, ...]) -> Iterator[tuple[ProfiledOp, list[Prof
                 stack.pop()
             yield op, stack
             stack.append(op)
+
+
+def copied_bytes(profiler: Profiler) -> int:
+    """The bytes every ``aten::copy_`` event of a profiler run with shapes wrote, on every
+    thread (a broadcast fill after an ``aten::expand`` left out, as ``copies_by_call``
+    leaves it)."""
+    total = 0
+    previous: dict[int, str] = {}
+    for op, enclosing in _nested(profiler.ops):
+        parent = id(enclosing[-1]) if enclosing else 0
+        before, previous[parent] = previous.get(parent), op.name
+        if op.name == "aten::copy_" and op.shapes and before != "aten::expand":
+            size = _ELEMENT_SIZES.get(op.dtypes[0], 4) if op.dtypes else 4
+            total += math.prod(op.shapes[0]) * size
+    return total
 
 
 def copies_by_call(

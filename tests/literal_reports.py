@@ -191,9 +191,15 @@ _V7_COST = ("batch", "fixed_bytes", "fixed_written_bytes", "per_sample_bytes",
             "per_sample_written_bytes", "at_gate")  # fmt: skip
 
 
+def before_version_11(data: dict) -> dict:
+    """A report's JSON as versions before 11 wrote it: no DDP check."""
+    return {k: v for k, v in data.items() if k != "ddp"}
+
+
 def before_version_10(data: dict) -> dict:
     """A report's JSON as versions before 10 wrote it: compiled graphs without the
     operation that made them traced on real values."""
+    data = before_version_11(data)
     if data.get("compiled") is None:
         return data
     compiled = {k: v for k, v in data["compiled"].items() if k != "data_dependent"}

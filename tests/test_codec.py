@@ -11,9 +11,16 @@ from typing import ClassVar
 
 import jsonschema
 import pytest
-from literal_reports import before_version_7, before_version_9, before_version_10, model_report
+from literal_reports import (
+    before_version_7,
+    before_version_9,
+    before_version_10,
+    before_version_11,
+    model_report,
+)
 
 from cl_audit.enums import (
+    BucketMatch,
     ConvClass,
     CopyKind,
     CostKind,
@@ -23,6 +30,7 @@ from cl_audit.enums import (
     LayoutBranch,
     Phase,
     Verdict,
+    WrapOrder,
 )
 from cl_audit.report import (
     REPORT_VERSION,
@@ -41,6 +49,7 @@ from cl_audit.report import (
     load_schema,
 )
 from cl_audit.report.codec import JsonForm, decode, encode
+from cl_audit.report.ddp import BucketParameter, DdpCheck, DdpRun
 
 DATA = Path(__file__).with_name("data")
 
@@ -166,6 +175,10 @@ def _full_report() -> ModelReport:
             "cpu", "cpu", False, "2.14.1", True, True, 1.25, (graph,),
             (CompiledSite("net.py:95", "stage2.1", Fate.KEPT, 3, 3072, 1, 1024),),
         ),
+        ddp=DdpCheck(2, "gloo", (DdpRun(WrapOrder.AFTER, True, "Grad strides", 512, (
+            BucketParameter("conv.weight", (8, 3, 3, 3), (27, 1, 9, 3), (27, 9, 3, 1),
+                            (27, 9, 3, 1), BucketMatch.MISMATCHED),
+        )),), True),
     )  # fmt: skip
 
 
@@ -194,6 +207,19 @@ def test_a_version_9_report_reads_its_compiled_graphs_as_traced_on_fake_tensors(
     jsonschema.validate(data, load_schema("report", 9))
     old = ModelReport.from_dict(data)
     assert old.compiled.data_dependent is None and old.compiled.graphs == report.compiled.graphs
+
+
+def test_a_version_10_report_reads_without_a_ddp_check():
+    """Version 11 added ``ddp`` (``--train --ddp``), which a version 10 schema refuses."""
+    current = _full_report().to_dict()
+    jsonschema.validate(current, load_schema("report"))
+    assert current["ddp"]["runs"][0]["parameters"][0]["match"] == "mismatched"
+    data = before_version_11(current) | {"version": 10}
+    jsonschema.validate(data, load_schema("report", 10))
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(current | {"version": 10}, load_schema("report", 10))
+    assert ModelReport.from_dict(data).ddp is None
+    assert ModelReport.from_dict(current) == _full_report()
 
 
 def test_a_version_8_report_reads_its_cost_sites_without_a_root_cause():

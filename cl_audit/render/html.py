@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 
-from cl_audit.enums import Phase, Status, Verdict
+from cl_audit.enums import BucketMatch, Phase, Status, Verdict
 from cl_audit.layout import MemoryLayout
 from cl_audit.ops import OpsIndex, report_links
 from cl_audit.render import format_bytes
@@ -18,6 +18,7 @@ from cl_audit.render import html_text as _e
 from cl_audit.render.html_compiled import compiled_section
 from cl_audit.render.terminal import (
     cost_line,
+    ddp_run_line,
     operator_examples,
     predicted_note,
     remedy_lines,
@@ -35,6 +36,7 @@ from cl_audit.report import (
     SweepReport,
     by_call_site,
 )
+from cl_audit.report.ddp import DdpCheck
 
 __all__ = ["html_page", "model_html", "sweep_html"]
 
@@ -116,6 +118,13 @@ _LAYOUT_COLOURS = {
     MemoryLayout.CONTIGUOUS: "#e0a030",
     MemoryLayout.AMBIGUOUS: "#b9c2cf",
     MemoryLayout.OTHER: "#8a6fb3",
+}
+
+
+_MATCH_CLASSES = {
+    BucketMatch.MATCHES: "verdict-good",
+    BucketMatch.AMBIGUOUS: "verdict-minor",
+    BucketMatch.MISMATCHED: "verdict-bad",
 }
 
 
@@ -341,6 +350,31 @@ def _cost_section(report: ModelReport) -> str:
     )
 
 
+def _ddp_section(check: DdpCheck) -> str:
+    """The step under DDP: a line per configuration, then every 4-D and 5-D parameter's
+    strides against its bucket view in each."""
+    rows = "".join(
+        f"<tr><td>{_e(run.order.value)}</td><td>{run.bucket_view}</td>"
+        f"<td><code>{_e(p.name)}</code></td><td>{_e(p.shape)}</td><td>{_e(p.strides)}</td>"
+        f"<td>{_e(p.bucket_strides)}</td><td>{_e(p.grad_strides)}</td>"
+        f'<td class="{_MATCH_CLASSES[p.match]}">{_e(p.match.value)}</td></tr>'
+        for run in check.runs
+        for p in run.parameters
+    )
+    lines = "".join(f"<li>{_e(ddp_run_line(run))}</li>" for run in check.runs)
+    advice = f"<p><b>Remedy:</b> {_e(check.advice)}</p>" if check.advice else ""
+    agree = "" if check.ranks_agree else " The ranks disagree: rank 0's strides are shown."
+    return (
+        f"<h2>Under DDP ({_e(check.backend)}, {check.world_size} processes)</h2>"
+        f'<ul>{lines}</ul>{advice}<p class="dim">Each parameter\'s strides in the step against '
+        "its bucket view (laid out with the strides the parameter had when DDP was built) and "
+        f"its gradient's.{_e(agree)}</p>"
+        '<table class="sortable" id="ddp"><thead><tr><th>converted</th><th>bucket view</th>'
+        "<th>parameter</th><th>shape</th><th>strides</th><th>bucket view</th><th>gradient</th>"
+        f"<th>match</th></tr></thead><tbody>{rows}</tbody></table>"
+    )
+
+
 def _links(index: OpsIndex, report: ModelReport) -> str:
     from cl_audit.render.html_ops import links_section  # it builds on this module's page
 
@@ -398,6 +432,7 @@ def model_html(report: ModelReport, index: OpsIndex | None = None) -> str:
             else ""
         )
         + (_links(index, report) if index is not None else "")
+        + (_ddp_section(report.ddp) if report.ddp is not None else "")
         + "<h2>Offenders, by operation and call site</h2>"
         + _sites_table(report.offenders, "offender", anchors)
         + "<h2>Format timeline</h2>"

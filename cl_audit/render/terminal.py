@@ -11,7 +11,15 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from cl_audit.enums import DifferentialStatus, Evidence, Fate, RemedyStatus, TensorMode, Verdict
+from cl_audit.enums import (
+    BucketMatch,
+    DifferentialStatus,
+    Evidence,
+    Fate,
+    RemedyStatus,
+    TensorMode,
+    Verdict,
+)
 from cl_audit.ops import OpsIndex, report_links
 from cl_audit.render import format_bytes
 from cl_audit.render.ops import render_op_links
@@ -34,6 +42,7 @@ from cl_audit.report import (
     Trial,
     by_call_site,
 )
+from cl_audit.report.ddp import DdpCheck, DdpRun
 
 __all__ = [
     "compiled_text",
@@ -406,8 +415,50 @@ def render_report(
         render_op_links(index, report_links(index, report), console)
     if report.compiled is not None:
         console.print(compiled_text(report.compiled))
+    if report.ddp is not None:
+        for line in ddp_lines(report.ddp):
+            console.print(line, highlight=False, soft_wrap=True)
     if report.unwrapped:
         console.print(Group(*(Text(f"not wrapped: {u}", style="dim") for u in report.unwrapped)))
+
+
+def ddp_run_line(run: DdpRun) -> str:
+    """One DDP configuration in a line: its parameters against the buckets, and DDP's word."""
+    counts = (
+        ", ".join(f"{run.count(m)} {m.value}" for m in BucketMatch if run.count(m))
+        or "no 4-D or 5-D parameter"
+    )
+    said = f"; DDP warns: {run.warning[:60]}" if run.warning else "; no warning"
+    return (
+        f"converted {run.order.value} wrapping, gradient_as_bucket_view={run.bucket_view}: "
+        f"{counts}; {format_bytes(run.copied)} copied in the step{said}"
+    )
+
+
+def ddp_lines(check: DdpCheck, top: int = 5) -> list[str]:
+    """The step under DDP: each configuration, the parameters whose buckets mismatch where the
+    model is converted after wrapping, the ambiguous ones, and the advice."""
+    agree = "" if check.ranks_agree else " (the ranks disagree: rank 0's shown)"
+    lines = [f"Under DDP ({check.backend}, {check.world_size} processes){agree}:"]
+    lines += ["  " + ddp_run_line(run) for run in check.runs]
+    for run in check.runs:
+        odd = [p for p in run.parameters if p.match is not BucketMatch.MATCHES]
+        for p in odd[:top]:
+            lines.append(
+                f"  {run.order.value}, bucket view {run.bucket_view}: {p.name} {p.shape} "
+                f"strides {p.strides}, bucket {p.bucket_strides}, grad {p.grad_strides}: "
+                f"{p.match.value}"
+                + (
+                    " (size-1 dims: DDP compares them, autograd's layout contract does not)"
+                    if p.match is BucketMatch.AMBIGUOUS
+                    else ""
+                )
+            )
+        if len(odd) > top:
+            lines.append(f"  ... and {len(odd) - top} more")
+    if check.advice:
+        lines.append(f"  remedy: {check.advice}")
+    return lines
 
 
 def compiled_text(compiled: Compiled, top: int = 3) -> Text:

@@ -32,7 +32,7 @@ T = TypeVar("T")
 REPORT_FORMAT = "cl-audit.report"
 
 
-REPORT_VERSION = 10  # 10: compiled.data_dependent (graphs traced on real values)
+REPORT_VERSION = 11  # 11: ddp (--train --ddp); 10: compiled.data_dependent
 # 9: fix_site the writer of the data's order, cost site root_cause
 # 8: remedies verified, refuted or leads (remedy.status, remedy.evidence)
 # 7: the verdict judges the cost at gate.batch (cost.at_gate)
@@ -53,7 +53,7 @@ OPS_VERSION = 2  # 2: the behaviour "copies" and each sample's "copied" bytes; m
 OPS_READABLE = (1, OPS_VERSION)
 
 
-REPORT_READABLE = (1, 2, 3, 4, 5, 6, 7, 8, 9, REPORT_VERSION)
+REPORT_READABLE = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, REPORT_VERSION)
 
 
 class ReportFormatError(ValueError):

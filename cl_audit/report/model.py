@@ -22,6 +22,7 @@ from cl_audit.layout import MemoryLayout
 from cl_audit.report.codec import JsonForm, decode, encode
 from cl_audit.report.compiled import Compiled
 from cl_audit.report.cost import Cost, Producer
+from cl_audit.report.ddp import DdpCheck
 from cl_audit.report.envelope import (
     REPORT_FORMAT,
     REPORT_READABLE,
@@ -309,6 +310,7 @@ class ModelReport:
     timing: Timing | None = None  # with --time
     cost: Cost | None = None  # channels_last against the same forward or step in NCHW
     compiled: Compiled | None = None  # with --compile: Inductor's layout decision per graph
+    ddp: DdpCheck | None = None  # with --train --ddp: the step under DDP, per configuration
 
     @property
     def verdict(self) -> Verdict:
