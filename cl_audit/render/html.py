@@ -63,6 +63,7 @@ height:12px;margin-right:.3em;vertical-align:middle}
 .heat{width:auto}.heat td.cell{width:1.6em;text-align:center;cursor:pointer;font-size:.8em}
 .heat th.rot{writing-mode:vertical-rl;transform:rotate(180deg);cursor:default}
 input[type=search],select{font:inherit;padding:.2em .4em;margin-right:.6em}
+td.strides{white-space:nowrap}td.opname{min-width:18em}
 details{margin:.3em 0}.phase{font-size:.8em;color:#fff;background:#6b5ba8;padding:0 .3em;
 border-radius:3px}
 """

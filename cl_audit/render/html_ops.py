@@ -38,8 +38,8 @@ def _example(e: SampleResult | None) -> str:
         return "<td></td><td></td><td></td>"
     copied = "" if not e.copied else f" ({format_bytes(e.copied)} copied inside)"
     return (
-        f"<td><code>{_e(_strides(e.input_shape, e.input_strides))}</code></td>"
-        f"<td><code>{_e(_strides(e.output_shape, e.output_strides))}</code></td>"
+        f'<td class="strides"><code>{_e(_strides(e.input_shape, e.input_strides))}</code></td>'
+        f'<td class="strides"><code>{_e(_strides(e.output_shape, e.output_strides))}</code></td>'
         f"<td>{_e((e.note or '') + copied)}</td>"
     )
 
@@ -52,7 +52,7 @@ def _row(row: OperatorRow) -> str:
     example = f"<td colspan=3>{_e(row.error)}</td>" if row.error else _example(row.example)
     return (
         f'<tr id="{_e(ops_anchor(row.op))}" data-status="{_e(word)}">'
-        f'<td><code class="op">{_e(row.op)}</code></td>'
+        f'<td class="opname"><code>{_e(row.op)}</code></td>'
         f'<td class="{style}" data-value="{_ORDER.get(row.behaviour, -1)}">{_e(word)}</td>'
         f"<td>{_e(counts)}</td><td>{_e(gradient)}</td>"
         f"<td>{_e(', '.join(row.aten_ops))}</td>{example}</tr>"
