@@ -156,6 +156,7 @@ def audit_command(
     gate_batch: Annotated[int, _o("N", "...projected to this batch.", min=1)] = GATE_BATCH,
     train: Annotated[bool, _o(None, "Audit a training step, not inference.", "--train")] = False,
     ddp: Annotated[bool, _o(None, "With --train: also the step under DDP.", "--ddp")] = False,
+    fsdp: Annotated[bool, _o(None, "With --train: also the FSDP pre-flight.", "--fsdp")] = False,
     optimizer: OptimizerOption = Optimizer.SGD,
     convert: Annotated[_Convert, _o(None, "What is converted.")] = _Convert.CHANNELS_LAST,
     time: Annotated[bool, _o(None, "Time the step and the flagged ops.", "--time")] = False,
@@ -212,7 +213,7 @@ def audit_command(
             list_only=list_only,
             show_all=show_all,
             verify=verify,
-            ddp=ddp,
+            distributed=commands.Distributed(ddp, fsdp),
             given=frozenset(o for o in ctx.params if _given(ctx, o)),
             console=console,
             cache=cache

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AuditOutputs",
+    "Distributed",
     "OpsOutputs",
     "OpsSources",
     "audit",
@@ -74,7 +75,7 @@ def audit(
     show_all: bool,
     given: frozenset[str],
     verify: bool | None = None,
-    ddp: bool = False,
+    distributed: Distributed | None = None,
     console: Console,
     cache: sweep_api.CacheOptions | None = None,
 ) -> Outcome:
@@ -108,11 +109,13 @@ def audit(
             )
         settings = replace(sweep.audit, verify=verify is not False)
         index = None if outputs.ops_index is None else read_ops(outputs.ops_index)
-        if ddp:
-            _check_ddp(settings)
-        return _single(refs[0], plan_run(settings), outputs, show_all, console, index, ddp)
-    if ddp:
-        raise UsageError("--ddp checks one model's training step under DDP: give one model")
+        distributed = distributed or Distributed()
+        distributed.check(settings)
+        plan = plan_run(settings)
+        return _single(refs[0], plan, outputs, show_all, console, index, distributed)
+    if distributed is not None and distributed.flags:
+        flags = " and ".join(distributed.flags)
+        raise UsageError(f"{flags} check one model's training step: give one model")
     if outputs.ops_index is not None:
         raise UsageError(
             "--ops-index links one model's report to the operator index; for a sweep: "
@@ -131,14 +134,28 @@ def audit(
     return _sweep(refs, sweep, selection, outputs, baseline, resume, console, cache)
 
 
-def _check_ddp(settings: AuditSettings) -> None:
-    """Refuse what ``--ddp`` cannot run, before any model runs."""
-    if not settings.train:
-        raise UsageError("--ddp checks a training step's gradient buckets: give --train too")
-    if settings.tensor_mode is not TensorMode.EAGER:
-        raise UsageError("--ddp runs DDP for real on gloo processes: drop --fake")
-    if torch.device(settings.device).type != "cpu":
-        raise UsageError("--ddp runs DDP on gloo processes on this CPU: drop --device")
+@dataclass(frozen=True)
+class Distributed:
+    """The distributed checks asked for one model: ``--ddp``, ``--fsdp``."""
+
+    ddp: bool = False
+    fsdp: bool = False
+
+    @property
+    def flags(self) -> tuple[str, ...]:
+        return tuple(f for f, on in (("--ddp", self.ddp), ("--fsdp", self.fsdp)) if on)
+
+    def check(self, settings: AuditSettings) -> None:
+        """Refuse what the checks cannot run, before any model runs."""
+        if not self.flags:
+            return
+        flags = " and ".join(self.flags)
+        if not settings.train:
+            raise UsageError(f"{flags} check a training step: give --train too")
+        if settings.tensor_mode is not TensorMode.EAGER:
+            raise UsageError(f"{flags} run for real on gloo processes: drop --fake")
+        if torch.device(settings.device).type != "cpu":
+            raise UsageError(f"{flags} run on gloo processes on this CPU: drop --device")
 
 
 def _single(
@@ -148,7 +165,7 @@ def _single(
     show_all: bool,
     console: Console,
     index: OpsIndex | None,
-    ddp: bool = False,
+    distributed: Distributed,
 ) -> Outcome:
     from cl_audit.render.outputs import write_outputs
     from cl_audit.render.terminal import render_report
@@ -157,11 +174,16 @@ def _single(
     with _models_print_to_stderr():
         loaded = load_model(ref, BuildOptions(meta=plan.tensors.on_meta))
         report = audit_loaded(loaded, plan)
-        if ddp:
+        if distributed.ddp:
             from cl_audit.distributed import ddp_check
 
             with console.status("the training step under DDP (gloo, 2 processes)"):
                 report = replace(report, ddp=ddp_check(ref, plan.settings))
+        if distributed.fsdp:
+            from cl_audit.distributed import fsdp_check
+
+            with console.status("the FSDP pre-flight (gloo, 2 processes)"):
+                report = replace(report, fsdp=fsdp_check(ref, plan.settings))
     render_report(report, console, show_all, index)
     _wrote(write_outputs(report, outputs.json, outputs.html, index=index))
     return Outcome.OFFENDING if report.verdict is Verdict.OFFENDING else Outcome.CLEAN

@@ -192,8 +192,8 @@ _V7_COST = ("batch", "fixed_bytes", "fixed_written_bytes", "per_sample_bytes",
 
 
 def before_version_11(data: dict) -> dict:
-    """A report's JSON as versions before 11 wrote it: no DDP check."""
-    return {k: v for k, v in data.items() if k != "ddp"}
+    """A report's JSON as versions before 11 wrote it: no DDP check, no FSDP pre-flight."""
+    return {k: v for k, v in data.items() if k not in ("ddp", "fsdp")}
 
 
 def before_version_10(data: dict) -> dict:

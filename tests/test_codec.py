@@ -49,7 +49,14 @@ from cl_audit.report import (
     load_schema,
 )
 from cl_audit.report.codec import JsonForm, decode, encode
-from cl_audit.report.ddp import BucketParameter, DdpCheck, DdpRun
+from cl_audit.report.distributed import (
+    BucketParameter,
+    DdpCheck,
+    DdpRun,
+    FsdpCheck,
+    FsdpRun,
+    ShardedParameter,
+)
 
 DATA = Path(__file__).with_name("data")
 
@@ -179,6 +186,13 @@ def _full_report() -> ModelReport:
             BucketParameter("conv.weight", (8, 3, 3, 3), (27, 1, 9, 3), (27, 9, 3, 1),
                             (27, 9, 3, 1), BucketMatch.MISMATCHED),
         )),), True),
+        fsdp=FsdpCheck(2, "gloo", (
+            FsdpRun("fsdp2", None, (ShardedParameter("conv.weight", (8, 3, 3, 3), (27, 1, 9, 3),
+                                                     None, None),),
+                    ("conv.weight",), "NotImplementedError: non-contiguous"),
+            FsdpRun("fsdp1", True, (ShardedParameter("conv.weight", (8, 3, 3, 3), (27, 1, 9, 3),
+                                                     (27, 1, 9, 3), True),)),
+        )),
     )  # fmt: skip
 
 
@@ -218,7 +232,7 @@ def test_a_version_10_report_reads_without_a_ddp_check():
     jsonschema.validate(data, load_schema("report", 10))
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(current | {"version": 10}, load_schema("report", 10))
-    assert ModelReport.from_dict(data).ddp is None
+    assert ModelReport.from_dict(data).ddp is None and ModelReport.from_dict(data).fsdp is None
     assert ModelReport.from_dict(current) == _full_report()
 
 

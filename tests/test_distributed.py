@@ -1,6 +1,7 @@
-"""Channels_last under DistributedDataParallel (``--train --ddp``): real gloo processes on this
-CPU, a toy converted after wrapping reported with the order as the fix, and the same toy
-converted before wrapping (the positive control) clean."""
+"""Channels_last under DistributedDataParallel (``--train --ddp``) and FSDP (``--train --fsdp``):
+real gloo processes on this CPU, a toy converted after wrapping reported with the order as the
+fix, the same toy converted before wrapping (the positive control) clean, and FSDP2's refusal
+named by parameter."""
 
 from __future__ import annotations
 
@@ -9,11 +10,13 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+import torch
 from test_cli import invoke
 
+from cl_audit.compat import TORCH_VERSION
 from cl_audit.enums import BucketMatch, WrapOrder
 from cl_audit.report import ModelReport, load_schema
-from cl_audit.report.ddp import bucket_match
+from cl_audit.report.distributed import bucket_match
 
 TOY = str(Path(__file__).with_name("ddp_models.py")) + ":small_conv_net"
 B = BucketMatch
@@ -76,6 +79,7 @@ def test_converting_before_wrapping_is_clean(ddp_report):
     ("args", "said"),
     [
         ((TOY, "--ddp"), "give --train too"),
+        ((TOY, "--fsdp"), "give --train too"),
         ((TOY, "--ddp", "--train", "--fake"), "drop --fake"),
         (
             ("--torchvision", "resnet18", "--torchvision", "alexnet", "--train", "--ddp"),
@@ -86,3 +90,37 @@ def test_converting_before_wrapping_is_clean(ddp_report):
 def test_ddp_refuses_what_it_cannot_run_before_any_model_runs(args, said):
     result = invoke(*args)
     assert result.exit_code == 2 and said in result.output and "Traceback" not in result.output
+
+
+@pytest.fixture(scope="module")
+def fsdp_report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("fsdp") / "report.json"
+    result = invoke(TOY, "--train", "--fsdp", "--no-verify", "--json", str(out))
+    assert result.exit_code in (0, 1), result.output
+    data = json.loads(out.read_text())
+    jsonschema.validate(data, load_schema("report"))
+    return result.output, ModelReport.from_dict(data).fsdp
+
+
+def test_fsdp2_refuses_the_channels_last_weights_by_name(fsdp_report):
+    """FSDP2 refuses a channels_last 3x3 weight ("non-contiguous parameters"), named by the
+    pre-flight; the 1x1 weight, both orders at once, is contiguous and taken (the control)."""
+    if TORCH_VERSION < (2, 6):
+        pytest.skip(f"torch {torch.__version__}'s FSDP2 does not run on the CPU")
+    output, check = fsdp_report
+    fsdp2 = next(run for run in check.runs if run.api == "fsdp2")
+    assert fsdp2.error is None
+    assert fsdp2.refused == ("features.0.weight", "features.5.weight")
+    assert "non-contiguous parameters" in fsdp2.message
+    assert "FSDP2 (fully_shard): refuses 2 of 3" in output
+
+
+def test_fsdp1_hands_channels_last_parameters_back_after_unflattening(fsdp_report):
+    """FSDP1 flattens every parameter into one buffer; unflattened, each comes back with the
+    strides it was given (measured on 2.4.1 to 2.15.0), with and without use_orig_params."""
+    _, check = fsdp_report
+    fsdp1 = [run for run in check.runs if run.api == "fsdp1"]
+    assert {run.use_orig_params for run in fsdp1} == {False, True}
+    for run in fsdp1:
+        assert run.error is None and len(run.parameters) == 3
+        assert all(p.kept is True and p.unflattened == p.strides for p in run.parameters)

@@ -19,6 +19,7 @@ from cl_audit.render.html_compiled import compiled_section
 from cl_audit.render.terminal import (
     cost_line,
     ddp_run_line,
+    fsdp_run_line,
     operator_examples,
     predicted_note,
     remedy_lines,
@@ -36,7 +37,7 @@ from cl_audit.report import (
     SweepReport,
     by_call_site,
 )
-from cl_audit.report.ddp import DdpCheck
+from cl_audit.report.distributed import DdpCheck, FsdpCheck
 
 __all__ = ["html_page", "model_html", "sweep_html"]
 
@@ -376,6 +377,27 @@ def _ddp_section(check: DdpCheck) -> str:
     )
 
 
+def _fsdp_section(check: FsdpCheck) -> str:
+    """The FSDP pre-flight: a line per wrapping, then each parameter's strides before and as
+    FSDP1 handed them back."""
+    lines = "".join(f"<li>{_e(fsdp_run_line(run))}</li>" for run in check.runs)
+    rows = "".join(
+        f"<tr><td>{_e(run.api)}</td><td>{_e(run.use_orig_params)}</td>"
+        f"<td><code>{_e(p.name)}</code></td><td>{_e(p.strides)}</td>"
+        f"<td>{_e(p.unflattened)}</td><td>{_e(p.name in run.refused)}</td>"
+        f"<td>{_e(p.kept)}</td></tr>"
+        for run in check.runs
+        for p in run.parameters
+    )
+    return (
+        f"<h2>FSDP pre-flight ({_e(check.backend)}, {check.world_size} processes)</h2>"
+        f"<ul>{lines}</ul>"
+        '<table class="sortable" id="fsdp"><thead><tr><th>api</th><th>use_orig_params</th>'
+        "<th>parameter</th><th>strides</th><th>handed back</th><th>refused</th>"
+        f"<th>channels_last kept</th></tr></thead><tbody>{rows}</tbody></table>"
+    )
+
+
 def _links(index: OpsIndex, report: ModelReport) -> str:
     from cl_audit.render.html_ops import links_section  # it builds on this module's page
 
@@ -434,6 +456,7 @@ def model_html(report: ModelReport, index: OpsIndex | None = None) -> str:
         )
         + (_links(index, report) if index is not None else "")
         + (_ddp_section(report.ddp) if report.ddp is not None else "")
+        + (_fsdp_section(report.fsdp) if report.fsdp is not None else "")
         + "<h2>Offenders, by operation and call site</h2>"
         + _sites_table(report.offenders, "offender", anchors)
         + "<h2>Format timeline</h2>"

@@ -42,7 +42,7 @@ from cl_audit.report import (
     Trial,
     by_call_site,
 )
-from cl_audit.report.ddp import DdpCheck, DdpRun
+from cl_audit.report.distributed import DdpCheck, DdpRun, FsdpCheck, FsdpRun
 
 __all__ = [
     "compiled_text",
@@ -418,6 +418,9 @@ def render_report(
     if report.ddp is not None:
         for line in ddp_lines(report.ddp):
             console.print(line, highlight=False, soft_wrap=True)
+    if report.fsdp is not None:
+        for line in fsdp_lines(report.fsdp):
+            console.print(line, highlight=False, soft_wrap=True)
     if report.unwrapped:
         console.print(Group(*(Text(f"not wrapped: {u}", style="dim") for u in report.unwrapped)))
 
@@ -459,6 +462,36 @@ def ddp_lines(check: DdpCheck, top: int = 5) -> list[str]:
     if check.advice:
         lines.append(f"  remedy: {check.advice}")
     return lines
+
+
+def fsdp_run_line(run: FsdpRun, top: int = 4) -> str:
+    """One FSDP wrapping in a line: what FSDP2 refused, or what FSDP1 handed back."""
+    if run.api == "fsdp2":
+        head = "FSDP2 (fully_shard)"
+        if run.error:
+            return f"{head}: {run.error}"
+        if not run.refused:
+            return f"{head}: takes every parameter"
+        names = ", ".join(run.refused[:top]) + (" ..." if len(run.refused) > top else "")
+        return (
+            f"{head}: refuses {len(run.refused)} of {len(run.parameters)} 4-D/5-D parameters "
+            f"({names}): {run.message}; wraps once they are made contiguous"
+        )
+    head = f"FSDP1 (use_orig_params={run.use_orig_params})"
+    if run.error:
+        return f"{head}: {run.error}"
+    lost = [p.name for p in run.parameters if p.kept is False]
+    kept = sum(p.kept is True for p in run.parameters)
+    text = f"{head}: {kept} of {len(run.parameters)} parameters come back channels_last"
+    if lost:
+        text += f"; {len(lost)} come back in another order ({', '.join(lost[:top])})"
+    return text + " after unflattening"
+
+
+def fsdp_lines(check: FsdpCheck) -> list[str]:
+    """The FSDP pre-flight: a line per wrapping."""
+    lines = [f"FSDP pre-flight ({check.backend}, {check.world_size} processes):"]
+    return lines + ["  " + fsdp_run_line(run) for run in check.runs]
 
 
 def compiled_text(compiled: Compiled, top: int = 3) -> Text:

@@ -22,7 +22,7 @@ from cl_audit.layout import MemoryLayout
 from cl_audit.report.codec import JsonForm, decode, encode
 from cl_audit.report.compiled import Compiled
 from cl_audit.report.cost import Cost, Producer
-from cl_audit.report.ddp import DdpCheck
+from cl_audit.report.distributed import DdpCheck, FsdpCheck
 from cl_audit.report.envelope import (
     REPORT_FORMAT,
     REPORT_READABLE,
@@ -311,6 +311,7 @@ class ModelReport:
     cost: Cost | None = None  # channels_last against the same forward or step in NCHW
     compiled: Compiled | None = None  # with --compile: Inductor's layout decision per graph
     ddp: DdpCheck | None = None  # with --train --ddp: the step under DDP, per configuration
+    fsdp: FsdpCheck | None = None  # with --train --fsdp: the FSDP pre-flight
 
     @property
     def verdict(self) -> Verdict:

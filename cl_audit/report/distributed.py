@@ -1,7 +1,8 @@
 """Channels_last under DistributedDataParallel (``cl-audit MODEL --train --ddp``;
 ``ModelReport.ddp``): for each order of conversion and wrapping, and with
 ``gradient_as_bucket_view`` off and on, each parameter's strides against DDP's bucket view of
-its gradient, the warning DDP printed, and the bytes copied in the step."""
+its gradient, the warning DDP printed, and the bytes copied in the step; and the FSDP
+pre-flight (``--fsdp``): what FSDP2 refuses, and the layouts FSDP1 hands back."""
 
 from __future__ import annotations
 
@@ -9,7 +10,15 @@ from dataclasses import dataclass
 
 from cl_audit.enums import BucketMatch, WrapOrder
 
-__all__ = ["BucketParameter", "DdpCheck", "DdpRun", "bucket_match"]
+__all__ = [
+    "BucketParameter",
+    "DdpCheck",
+    "DdpRun",
+    "FsdpCheck",
+    "FsdpRun",
+    "ShardedParameter",
+    "bucket_match",
+]
 
 
 def bucket_match(
@@ -83,3 +92,40 @@ class DdpCheck:
             "convert the model to channels_last before wrapping it in DDP: DDP lays its "
             "gradient buckets out with the strides the parameters have when it is built"
         )
+
+
+@dataclass(frozen=True)
+class ShardedParameter:
+    """A 4-D or 5-D parameter under FSDP: its strides before wrapping (channels_last) and as
+    FSDP hands it back (FSDP1's unflattened view; null where FSDP2 refused it or it did not
+    come back), and whether that keeps the order (``kept``; null where nothing came back)."""
+
+    name: str
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    unflattened: tuple[int, ...] | None
+    kept: bool | None
+
+
+@dataclass(frozen=True)
+class FsdpRun:
+    """One FSDP wrapping of the channels_last model: ``fsdp2`` (``fully_shard``) or ``fsdp1``
+    (``FullyShardedDataParallel``, with ``use_orig_params``); ``refused``: the parameters
+    FSDP2 refused, each made contiguous in turn until it wrapped, with its first message;
+    ``error``: why the wrapping or its step failed."""
+
+    api: str
+    use_orig_params: bool | None
+    parameters: tuple[ShardedParameter, ...]
+    refused: tuple[str, ...] = ()
+    message: str | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class FsdpCheck:
+    """The FSDP pre-flight on a gloo process group of ``world_size`` processes (rank 0's)."""
+
+    world_size: int
+    backend: str
+    runs: tuple[FsdpRun, ...]
