@@ -1,0 +1,110 @@
+"""The torchvision registry under DDP and the FSDP pre-flight (``cl_audit.distributed``), one
+model per builder module (the first in name order: ``compiled_torchvision.one_per_module``).
+
+    python scripts/distributed_torchvision.py --out reports/distributed/torchvision_torch-X.json
+    python scripts/distributed_torchvision.py --table reports/distributed/torchvision_torch-X.json
+
+Each model: ``ddp_check`` (two gloo processes per configuration: converted before and after
+wrapping, ``gradient_as_bucket_view`` off and on) and ``fsdp_check`` (two processes), at
+``--input-size`` (default 3x64x64, video 3x4x64x64: the layouts of parameters do not depend on
+it), batch 2, with random weights. A model that fails is a row with its error. ``--table``
+prints the Markdown summary that reports/README.md quotes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import asdict
+
+import torch
+from compiled_torchvision import one_per_module
+
+from cl_audit.distributed import ddp_check, fsdp_check
+from cl_audit.enums import BucketMatch, ModelSource, WrapOrder
+from cl_audit.errors import ModelFailedError
+from cl_audit.settings import AuditSettings
+from cl_audit.sources import ModelRef
+
+
+def _row(name: str, side: int) -> dict[str, object]:
+    ref = ModelRef(ModelSource.TORCHVISION, name)
+    video = "video" in name or name.startswith(("r3d", "r2plus1d", "mc3", "s3d", "mvit", "swin3d"))
+    size = (3, 4, side, side) if video else (3, side, side)
+    settings = AuditSettings(train=True, input_size=size, batch_size=2)
+    start = time.perf_counter()
+    row: dict[str, object] = {"model": name, "input_size": size}
+    try:
+        ddp = ddp_check(ref, settings)
+        row["ddp"] = asdict(ddp) | {"advice": ddp.advice}
+        row["fsdp"] = asdict(fsdp_check(ref, settings))
+    except ModelFailedError as e:
+        row["error"] = str(e)
+    row["seconds"] = round(time.perf_counter() - start, 1)
+    return row
+
+
+def measure(out: str, side: int) -> None:
+    rows = []
+    for name in one_per_module():
+        rows.append(_row(name, side))
+        print(name, rows[-1].get("error") or "ok", rows[-1]["seconds"], flush=True)
+        with open(out, "w") as f:  # every finished row kept
+            json.dump({"torch": torch.__version__, "models": rows}, f, indent=1, default=str)
+
+
+def _count(run: dict, match: BucketMatch) -> int:
+    return sum(p["match"] == match.value for p in run["parameters"])
+
+
+def table(path: str) -> str:
+    data = json.load(open(path))
+    lines = [
+        f"torch {data['torch']}, {len(data['models'])} models",
+        "",
+        "| model | params 4-D | after: mismatched / ambiguous | before: mismatched / ambiguous "
+        "| DDP warns (after / before) | FSDP2 refuses | FSDP1 keeps | s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for row in data["models"]:
+        if "error" in row:
+            lines.append(f"| {row['model']} | error: {row['error'][:80]} | | | | | | |")
+            continue
+        runs = row["ddp"]["runs"]
+        after, before = (
+            next(r for r in runs if r["order"] == order.value and not r["bucket_view"])
+            for order in (WrapOrder.AFTER, WrapOrder.BEFORE)
+        )
+        fsdp = row["fsdp"]["runs"]
+        fsdp2 = next(r for r in fsdp if r["api"] == "fsdp2")
+        refused = "error" if fsdp2["error"] else str(len(fsdp2["refused"]))
+        kept = [r for r in fsdp if r["api"] == "fsdp1"]
+        keeps = "/".join(
+            "error" if r["error"] else f"{sum(p['kept'] is True for p in r['parameters'])}"
+            for r in kept
+        )
+        lines.append(
+            f"| {row['model']} | {len(after['parameters'])} "
+            f"| {_count(after, BucketMatch.MISMATCHED)} / {_count(after, BucketMatch.AMBIGUOUS)} "
+            f"| {_count(before, BucketMatch.MISMATCHED)} / {_count(before, BucketMatch.AMBIGUOUS)} "
+            f"| {'yes' if after['warning'] else 'no'} / {'yes' if before['warning'] else 'no'} "
+            f"| {refused} | {keeps} | {row['seconds']} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out")
+    parser.add_argument("--table")
+    parser.add_argument("--side", type=int, default=64)
+    args = parser.parse_args()
+    if args.out:
+        measure(args.out, args.side)
+    if args.table:
+        print(table(args.table))
+
+
+if __name__ == "__main__":
+    main()
