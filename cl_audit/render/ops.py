@@ -91,6 +91,11 @@ def _word(behaviour: OpBehaviour | None) -> str:
     return "-" if behaviour is None else behaviour.value
 
 
+def _rows_text(rows: tuple[OperatorRow, ...], top: int = 4) -> str:
+    text = ", ".join(f"{r.op}: {_word(r.behaviour)}" for r in rows[:top])
+    return text + (f" (+{len(rows) - top})" if len(rows) > top else "")
+
+
 def _operation(python_op: str | None, aten_op: str | None) -> str:
     return f"{python_op or '-'} ({aten_op or '-'})"
 
@@ -111,13 +116,11 @@ def render_op_costs(
     table.add_column("channels_last adds", justify="right", no_wrap=True)
     table.add_column("in the index", overflow="fold", ratio=3)
     for cost in costs[:top]:
-        rows = ", ".join(f"{r.op}: {_word(r.behaviour)}" for r in cost.rows[:4])
-        more = f" (+{len(cost.rows) - 4})" if len(cost.rows) > 4 else ""
         table.add_row(
             _operation(cost.python_op, cost.aten_op),
             str(cost.models),
             f"{cost.bytes / 2**20:.1f} MiB",
-            (rows + more) or "none (not in the database, or no 4-D or 5-D sample)",
+            _rows_text(cost.rows) or "none (not in the database, or no 4-D or 5-D sample)",
         )
     console.print(table)
     if len(costs) > top:
@@ -140,12 +143,10 @@ def render_op_links(index: OpsIndex, links: tuple[OpLink, ...], console: Console
     table.add_column("index rows", overflow="fold", ratio=2)
     table.add_column("reading", overflow="fold", ratio=3)
     for link in links:
-        rows = ", ".join(f"{r.op}: {_word(r.behaviour)}" for r in link.rows[:4])
-        more = f" (+{len(link.rows) - 4})" if len(link.rows) > 4 else ""
         table.add_row(
             _operation(link.python_op, link.aten_op),
             format_bytes(link.bytes),
-            rows + more,
+            _rows_text(link.rows),
             link.reading,
         )
     console.print(table)
