@@ -27,7 +27,7 @@ class Net(pl.LightningModule):
 
 images, labels = torch.randn(16, 3, 16, 16), torch.randint(0, 2, (16,))
 loader = torch.utils.data.DataLoader(list(zip(images, labels, strict=True)), batch_size=8)
-audit = ChannelsLastAudit(to_channels_last=True)  # converts the module at fit start
+audit = ChannelsLastAudit(to_channels_last=True)  # converts the module before DDP wraps it
 trainer = pl.Trainer(max_epochs=1, precision="bf16-mixed", accelerator="cpu", callbacks=[audit])
 trainer.fit(Net(), loader)
 

@@ -312,6 +312,71 @@ def test_lightning_callback_logs_counts_and_survives_a_failing_step(tmp_path):
         assert "cl_audit/losses" in metrics.splitlines()[0]
 
 
+_LIGHTNING_DDP = """
+import sys, warnings
+import lightning.pytorch as pl
+import torch
+from cl_audit.convert import to_channels_last
+from cl_audit.integrations.lightning import ChannelsLastAudit
+sys.path.insert(0, {tests!r})
+from ddp_models import SmallConvNet
+
+
+class Module(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.net = SmallConvNet()
+
+    def training_step(self, batch, batch_idx):
+        return self.net(batch[0]).sum()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+class AtFitStart(pl.Callback):  # the conversion as the callback made it before
+    def on_fit_start(self, trainer, pl_module):
+        to_channels_last(pl_module)
+
+
+if __name__ == "__main__":
+    callback = ChannelsLastAudit(to_channels_last=True, show=False)
+    if sys.argv[1] == "control":
+        callback = AtFitStart()
+    loader = torch.utils.data.DataLoader(list(zip(torch.randn(4, 3, 16, 16), range(4))), 2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer = pl.Trainer(
+            max_epochs=1, accelerator="cpu", devices=1, strategy="ddp", callbacks=[callback],
+            logger=False, enable_progress_bar=False, enable_model_summary=False,
+            enable_checkpointing=False,
+        )
+        trainer.fit(Module(), loader)
+    weight = trainer.lightning_module.net.features[0].weight
+    print("channels_last", weight.is_contiguous(memory_format=torch.channels_last))
+    print("warned", any("bucket view strides" in str(w.message) for w in caught))
+"""
+
+
+def test_lightning_callback_converts_before_ddp_wraps_so_its_buckets_match(tmp_path):
+    """Lightning wraps the module in DDP before ``on_fit_start``: converted there (the control,
+    as this callback did), DDP's buckets keep NCHW strides and it warns; the callback converts
+    in ``setup``, before the wrapping, and DDP says nothing. A real DDP (gloo, one process)."""
+    pytest.importorskip("lightning", reason="the lightning extra is not installed")
+    script = tmp_path / "lightning_ddp.py"
+    script.write_text(_LIGHTNING_DDP.format(tests=str(Path(__file__).parent)))
+    found = {}
+    for variant in ("callback", "control"):
+        result = subprocess.run(
+            [sys.executable, str(script), variant],
+            cwd=tmp_path, capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr[-3000:]
+        found[variant] = result.stdout
+    assert "channels_last True" in found["callback"] and "warned False" in found["callback"]
+    assert "channels_last True" in found["control"] and "warned True" in found["control"]
+
+
 # --- Documentation and CI recipe ----------------------------------------------------------
 
 

@@ -6,8 +6,10 @@ included; the summary is logged as metrics and the report saved as JSON in the l
     trainer.fit(module, loader)
 
 Install with ``pip install 'cl-audit[lightning]'``. Lightning has no channels_last switch of
-its own: ``to_channels_last=True`` converts the module at fit start, as
-``module.to(memory_format=torch.channels_last)`` does (the batch stays as the loader gives it).
+its own: ``to_channels_last=True`` converts the module in the callback's ``setup``, before the
+strategy wraps it in DDP (whose gradient buckets take the strides the parameters have then),
+as ``module.to(memory_format=torch.channels_last)`` does, and again at fit start for what
+``configure_model`` built after it (the batch stays as the loader gives it).
 """
 
 from __future__ import annotations
@@ -40,8 +42,14 @@ class ChannelsLastAudit(pl.Callback):
         self.path: Path | None = None
         self._step: StepAudit | None = None
 
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        # before the strategy wraps the module: DDP lays its gradient buckets out with the
+        # strides the parameters have then (converted at fit start, they mismatch every step)
+        if self.to_channels_last and stage == "fit":
+            to_channels_last(pl_module)
+
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self.to_channels_last:
+        if self.to_channels_last:  # what ``configure_model`` built after ``setup``
             to_channels_last(pl_module)
 
     def on_train_batch_start(
