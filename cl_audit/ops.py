@@ -28,16 +28,17 @@ from typing import Any
 import torch
 from torch import fx
 from torch.profiler import record_function
-from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from cl_audit.audit import watching
 from cl_audit.compat import (
     fake_cuda_problem,
     fake_tensor,
+    flatten,
     is_device_runtime_error,
     map_tensors,
     new_fake_mode,
     tensor_leaves,
+    unflatten,
 )
 from cl_audit.compat.opinfo import OperatorEntry, Sample
 from cl_audit.compat.tracing import graph_on_device, trace_graph
@@ -347,7 +348,7 @@ def _replayed_gradient(
     """``_gradient`` for fake tensors of a device this machine lacks, as ``--train --fake``
     predicts a backward: the call and its backward traced on the CPU into one aten graph (every
     tensor an input), replayed on the target's fake tensors with its kernel-source overrides."""
-    leaves, spec = tree_flatten((x, args, kwargs))
+    leaves, spec = flatten((x, args, kwargs))
     tensors = [i for i, v in enumerate(leaves) if isinstance(v, torch.Tensor)]
     first = x if isinstance(x, torch.Tensor) else _first(x)
     wrt = next(n for n, i in enumerate(tensors) if leaves[i] is first)
@@ -356,7 +357,7 @@ def _replayed_gradient(
         values = list(leaves)
         for i, tensor in zip(tensors, given, strict=True):
             values[i] = tensor
-        x, args, kwargs = tree_unflatten(values, spec)
+        x, args, kwargs = unflatten(values, spec)
         return _first_map(call(x, *args, **kwargs))
 
     def step(*given: torch.Tensor) -> Any:

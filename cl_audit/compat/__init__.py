@@ -37,6 +37,7 @@ __all__ = [
     "data_dependent_op",
     "fake_cuda_problem",
     "fake_tensor",
+    "flatten",
     "is_data_dependent_error",
     "is_device_runtime_error",
     "is_fake",
@@ -49,6 +50,7 @@ __all__ = [
     "storage_key",
     "tensor_leaves",
     "torch_version",
+    "unflatten",
     "view_base",
 ]
 
@@ -191,6 +193,16 @@ def map_tensors(fn: Callable[[torch.Tensor], Any], value: Any) -> Any:
     return torch.utils._pytree.tree_map(
         lambda v: fn(v) if isinstance(v, torch.Tensor) else v, value
     )
+
+
+def flatten(value: Any) -> tuple[list[Any], Any]:
+    """The leaves of a nest of tuples, lists and dicts, and its structure (``unflatten``)."""
+    return torch.utils._pytree.tree_flatten(value)
+
+
+def unflatten(leaves: list[Any], structure: Any) -> Any:
+    """The nest ``flatten`` took apart, with ``leaves`` in its places."""
+    return torch.utils._pytree.tree_unflatten(leaves, structure)
 
 
 def tensor_leaves(value: Any) -> list[torch.Tensor]:
