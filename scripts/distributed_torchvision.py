@@ -6,9 +6,10 @@ model per builder module (the first in name order: ``compiled_torchvision.one_pe
 
 Each model: ``ddp_check`` (two gloo processes per configuration: converted before and after
 wrapping, ``gradient_as_bucket_view`` off and on) and ``fsdp_check`` (two processes), at
-``--input-size`` (default 3x64x64, video 3x4x64x64: the layouts of parameters do not depend on
-it), batch 2, with random weights. A model that fails is a row with its error. ``--table``
-prints the Markdown summary that reports/README.md quotes.
+``--side`` (default 64: 3x64x64, video 3x4x64x64; the layouts of parameters do not depend on
+it; ``--own-size`` for the model's own, as inception_v3 needs), batch 2, with random weights.
+A model that fails is a row with its error; ``--models A B`` re-runs those into ``--out``.
+``--table`` prints the Markdown summary that reports/README.md quotes.
 """
 
 from __future__ import annotations
@@ -28,10 +29,10 @@ from cl_audit.settings import AuditSettings
 from cl_audit.sources import ModelRef
 
 
-def _row(name: str, side: int) -> dict[str, object]:
+def _row(name: str, side: int | None) -> dict[str, object]:
     ref = ModelRef(ModelSource.TORCHVISION, name)
     video = "video" in name or name.startswith(("r3d", "r2plus1d", "mc3", "s3d", "mvit", "swin3d"))
-    size = (3, 4, side, side) if video else (3, side, side)
+    size = None if side is None else (3, 4, side, side) if video else (3, side, side)
     settings = AuditSettings(train=True, input_size=size, batch_size=2)
     start = time.perf_counter()
     row: dict[str, object] = {"model": name, "input_size": size}
@@ -45,11 +46,14 @@ def _row(name: str, side: int) -> dict[str, object]:
     return row
 
 
-def measure(out: str, side: int) -> None:
-    rows = []
-    for name in one_per_module():
-        rows.append(_row(name, side))
-        print(name, rows[-1].get("error") or "ok", rows[-1]["seconds"], flush=True)
+def measure(out: str, side: int | None, models: list[str]) -> None:
+    """Each model's row into ``out``, kept as it finishes; with ``models``, those rows replace
+    the ones ``out`` holds (a model re-run at another size)."""
+    rows = json.load(open(out))["models"] if models else []
+    for name in models or one_per_module():
+        row = _row(name, side)
+        rows = [r for r in rows if r["model"] != name] + [row]
+        print(name, row.get("error") or "ok", row["seconds"], flush=True)
         with open(out, "w") as f:  # every finished row kept
             json.dump({"torch": torch.__version__, "models": rows}, f, indent=1, default=str)
 
@@ -99,9 +103,11 @@ def main() -> None:
     parser.add_argument("--out")
     parser.add_argument("--table")
     parser.add_argument("--side", type=int, default=64)
+    parser.add_argument("--own-size", action="store_true", help="the models' own input size")
+    parser.add_argument("--models", nargs="*", default=[], help="re-run these into --out")
     args = parser.parse_args()
     if args.out:
-        measure(args.out, args.side)
+        measure(args.out, None if args.own_size else args.side, args.models)
     if args.table:
         print(table(args.table))
 
