@@ -15,10 +15,8 @@ from types import FrameType
 import torch
 from torch import nn
 
-from cl_audit.enums import Phase
-
 __all__ = [
-    "Location", "ModuleNames", "Traced", "call_site", "frames_call_site", "locate", "short_path",
+    "Location", "ModuleNames", "call_site", "frames_call_site", "locate", "short_path",
 ]  # fmt: skip
 
 # torch's package folder and this one (this file lies at the top of cl_audit): frames there are
@@ -33,17 +31,6 @@ class Location:
     module_path: str | None
     module_class: str | None
     call_site: str | None
-
-
-@dataclass(frozen=True)
-class Traced:
-    """Where an operation of a traced step belongs, as the trace found it: the Python-level
-    call (in a backward, the autograd node) that ran it, its place and the step's phase. A
-    replay of the trace reports its operations so, since its own stack is the replay's."""
-
-    python_op: str | None
-    location: Location
-    phase: Phase
 
 
 class ModuleNames:

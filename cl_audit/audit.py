@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from cl_audit.assemble import assemble
-from cl_audit.attribution import ModuleNames, Traced
+from cl_audit.attribution import ModuleNames
 from cl_audit.enums import DifferentialStatus, Engine, Phase, Provenance
 from cl_audit.environment import autocast_in_effect, dtype_name
 from cl_audit.errors import AuditError
@@ -155,10 +155,10 @@ class Audit:
             dtype=dtype,
         )
 
-    def replaying(self, traced: Traced | None) -> None:
-        """The operations from now on are a replayed trace's: named, placed and phased as the
-        trace found them (``cl_audit.replay``)."""
-        self._recorder.replaying(traced)
+    def running(self, node: object | None) -> None:
+        """The autograd node whose backward runs from now on, for a backward run node by node
+        (``cl_audit.compat.backward``; None: none); torch's engine needs no telling."""
+        self._recorder.running(node)
 
     def report(
         self,

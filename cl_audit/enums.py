@@ -87,7 +87,9 @@ class TensorMode(str, Enum):
 
     EAGER = "eager"  # kernels ran on real data
     FAKE = "fake"  # FakeTensors: layouts from the operators' meta functions, a prediction
-    REPLAYED = "replayed"  # a training step traced on fake CPU tensors, replayed on the device's
+    # a training step on fake tensors, its backward run node by node (cl_audit.compat.backward)
+    FAKE_STEP = "fake-step"
+    REPLAYED = "replayed"  # read from report envelopes 6-11: a step traced, then replayed
 
 
 @unique

@@ -7,7 +7,7 @@ from enum import Enum, unique
 
 import torch
 
-__all__ = ["MemoryLayout", "StrideClass", "classify", "layout_of", "stride_class"]
+__all__ = ["MemoryLayout", "StrideClass", "classify", "is_dense", "layout_of", "stride_class"]
 
 
 @unique
@@ -89,9 +89,10 @@ def layout_of(tensor: torch.Tensor) -> MemoryLayout:
     return layout
 
 
-def _dense(shape: Sequence[int], strides: Sequence[int]) -> bool:
-    """True when the elements fill their span without overlap: each stride, from the
-    smallest, is the product of the sizes of the dims laid out within it."""
+def is_dense(shape: Sequence[int], strides: Sequence[int]) -> bool:
+    """True when the elements fill their span without overlap (torch's "non-overlapping and
+    dense"): each stride, from the smallest, is the product of the sizes of the dims laid out
+    within it."""
     span = 1
     for stride, size in sorted((st, sz) for sz, st in zip(shape, strides, strict=True) if sz > 1):
         if stride != span:
@@ -105,7 +106,7 @@ def stride_class(tensor: torch.Tensor) -> StrideClass | None:
     if tensor.is_contiguous():
         return None
     shape, strides = tensor.shape, tensor.stride()
-    dense = "dense" if _dense(shape, strides) else "sparse"
+    dense = "dense" if is_dense(shape, strides) else "sparse"
     if shape[-1] == 1 or strides[-1] == 1:
         inner = "last"
     elif len(shape) > 1 and (shape[-2] == 1 or strides[-2] == 1):

@@ -26,22 +26,19 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
-from torch import fx
 from torch.profiler import record_function
 
 from cl_audit.audit import watching
 from cl_audit.compat import (
     fake_cuda_problem,
     fake_tensor,
-    flatten,
     is_device_runtime_error,
     map_tensors,
     new_fake_mode,
     tensor_leaves,
-    unflatten,
 )
+from cl_audit.compat.backward import run_backward
 from cl_audit.compat.opinfo import OperatorEntry, Sample
-from cl_audit.compat.tracing import graph_on_device, trace_graph
 from cl_audit.enums import Engine, OpBehaviour
 from cl_audit.errors import UsageError, first_line
 from cl_audit.fake import KernelSourceMode
@@ -296,8 +293,8 @@ def probe_sample(
         "output_strides": out.stride(),
         "producer": producers.made.get(id(out)),
     }
-    if target.predicted:  # autograd's engine needs the device: a traced backward, replayed
-        seen |= _replayed_gradient(call, target, x, args, kwargs)
+    if target.predicted:  # autograd's engine needs the device: the backward node by node
+        seen |= _fake_gradient(call, target, x, args, kwargs)
     else:
         seen |= _gradient(call, *map_tensors(target.place, (x, args, kwargs)))
     layout = layout_of(out)
@@ -342,43 +339,29 @@ def _gradient_seen(grad: torch.Tensor | None) -> dict:
     return {"gradient": behaviour, "gradient_strides": grad.stride()}
 
 
-def _replayed_gradient(
-    call: Callable[..., Any], target: Target, x: Any, args: Any, kwargs: Any
-) -> dict:
+def _fake_gradient(call: Callable[..., Any], target: Target, x: Any, args: Any, kwargs: Any):
     """``_gradient`` for fake tensors of a device this machine lacks, as ``--train --fake``
-    predicts a backward: the call and its backward traced on the CPU into one aten graph (every
-    tensor an input), replayed on the target's fake tensors with its kernel-source overrides."""
-    leaves, spec = flatten((x, args, kwargs))
-    tensors = [i for i, v in enumerate(leaves) if isinstance(v, torch.Tensor)]
+    predicts a backward: run node by node (``cl_audit.compat.backward``) on the target's fake
+    tensors with its kernel-source overrides; the gradient is taken as it reaches the input
+    (a hook), before ``.grad`` would lay it out as the input."""
     first = x if isinstance(x, torch.Tensor) else _first(x)
-    wrt = next(n for n, i in enumerate(tensors) if leaves[i] is first)
-
-    def forward(given: tuple[torch.Tensor, ...]) -> torch.Tensor | None:
-        values = list(leaves)
-        for i, tensor in zip(tensors, given, strict=True):
-            values[i] = tensor
-        x, args, kwargs = unflatten(values, spec)
-        return _first_map(call(x, *args, **kwargs))
-
-    def step(*given: torch.Tensor) -> Any:
-        out = forward(given[:-1])
-        return torch.autograd.grad(out, given[wrt], given[-1], allow_unused=True)
-
-    inputs = tuple(leaves[i].detach().requires_grad_(n == wrt) for n, i in enumerate(tensors))
+    assert first is not None
+    x, args, kwargs = map_tensors(target.place, (x, args, kwargs))
+    placed = x if isinstance(x, torch.Tensor) else _first(x)
+    leaf = placed.detach().requires_grad_(True)
+    given = map_tensors(lambda t: leaf if t is placed else t, x)
+    reached: list[torch.Tensor] = []
+    leaf.register_hook(reached.append)
     try:
-        with torch.enable_grad():
-            out = forward(inputs)
+        with target.context(), torch.enable_grad():
+            out = _first_map(call(given, *args, **kwargs))
             if out is None or not out.requires_grad:
                 return {}
             grad_out = _channels_last(torch.ones_like(out, memory_format=torch.contiguous_format))
-            traced = trace_graph(step, [*inputs, grad_out])
-        graph = graph_on_device(traced, torch.device(target.device))
-        placed = [target.place(t.detach()) for t in (*inputs, grad_out)]
-        with target.context():
-            (grad,) = fx.Interpreter(graph).run(*placed)
-    except Exception:  # no backward for these arguments, or none the trace takes: not judged
+            run_backward(out, gradient=grad_out)
+    except Exception:  # no backward for these arguments: the gradient is not judged
         return {}
-    return _gradient_seen(grad)
+    return _gradient_seen(reached[0] if reached else None)
 
 
 def _copied(copies: list[tuple[int, int | None]]) -> int:

@@ -14,18 +14,17 @@ from typing import Any
 import torch
 
 from cl_audit.compat import fake_cuda_problem
-from cl_audit.compat.tracing import replay_problem
+from cl_audit.compat.backward import backward_problem
 from cl_audit.enums import Engine, TensorMode, Workload
 from cl_audit.errors import UsageError
-from cl_audit.replay import ReplayedTensors
 from cl_audit.report import AppliedOverride
 from cl_audit.report.sections import Conditions
 from cl_audit.settings import AuditSettings, autocast_for
-from cl_audit.tensors import TENSORS, Tensors
+from cl_audit.tensors import TENSORS, FakeStepTensors, Tensors
 
 __all__ = ["RunPlan", "plan_run", "resolve_device"]
 
-REPLAYED = ReplayedTensors()
+FAKE_STEP = FakeStepTensors()
 
 
 @dataclass(frozen=True)
@@ -76,10 +75,10 @@ def plan_run(settings: AuditSettings) -> RunPlan:
     workload = Workload.TRAINING_STEP if settings.train else Workload.INFERENCE
     tensors = TENSORS[settings.tensor_mode]
     if tensors.predicted and workload.train:
-        problem = replay_problem()
+        problem = backward_problem()
         if problem is not None:
             raise UsageError(f"--train --fake: {problem}")
-        tensors = REPLAYED  # fake training steps are traced and replayed (cl_audit.replay)
+        tensors = FAKE_STEP  # the backward node by node: torch's engine needs the device
     return RunPlan(settings, device, tensors, workload)
 
 

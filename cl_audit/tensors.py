@@ -23,9 +23,9 @@ from cl_audit.enums import Strategy, TensorMode
 from cl_audit.fake import KernelSourceMode, fake_state
 from cl_audit.inputs import Example
 from cl_audit.report import AppliedOverride
-from cl_audit.training import BoundStep, Step, StepPlan
+from cl_audit.training import Backward, BoundStep, NodeByNode, Step, StepPlan
 
-__all__ = ["TENSORS", "EagerTensors", "FakeTensors", "TensorRun", "Tensors"]
+__all__ = ["TENSORS", "EagerTensors", "FakeStepTensors", "FakeTensors", "TensorRun", "Tensors"]
 
 Forward = Callable[[], object]
 
@@ -150,7 +150,9 @@ class EagerTensors(Tensors):
 
 class _FakeRun(TensorRun):
     """Runs ``functional_call`` on fake copies of the parameters; the model is not touched
-    beyond the conversion the strategy asks for."""
+    beyond the conversion the strategy asks for. A training step differentiates as
+    ``backward`` does, steps the optimizer the target device runs (CUDA: foreach; torch picks
+    the for-loop for any fake tensor) and warms up by ``Step.prime``."""
 
     def __init__(
         self,
@@ -159,9 +161,10 @@ class _FakeRun(TensorRun):
         device: torch.device,
         strategy: Strategy,
         train: bool,
+        backward: type[Backward] = Backward,
     ) -> None:
         self.model, self.example, self._device = model, example, device
-        self.strategy, self.train = strategy, train
+        self.strategy, self.train, self._backward = strategy, train, backward
         self._mode = new_fake_mode()
         self._trainable: dict[str, torch.Tensor] = {}
         self.device = str(device)
@@ -170,6 +173,15 @@ class _FakeRun(TensorRun):
     def trainable(self) -> dict[str, torch.Tensor]:
         """The fake parameters, as leaves that collect gradients when training."""
         return self._trainable
+
+    def stepper(
+        self, plan: StepPlan, forward: Forward, loss: Callable[[Any], torch.Tensor] | None
+    ) -> BoundStep:
+        if not self.train:
+            return super().stepper(plan, forward, loss)
+        foreach = self._device.type == "cuda" or None
+        step = Step(plan, self.trainable(), loss, foreach=foreach, backward=self._backward())
+        return BoundStep(step, forward, primed=True)
 
     @contextlib.contextmanager
     def tensor_mode(self) -> Iterator[None]:
@@ -200,6 +212,9 @@ class _FakeRun(TensorRun):
 
 
 class FakeTensors(Tensors):
+    """Fake tensors; a training step's backward by torch's engine (fake CPU tensors only: the
+    fake-step tensors run it node by node, for any device)."""
+
     mode = TensorMode.FAKE
     predicted = True
     on_meta = True
@@ -218,6 +233,17 @@ class FakeTensors(Tensors):
         self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, seed: int
     ) -> torch.Tensor:
         return torch.empty(shape, dtype=dtype, device="meta")
+
+
+class FakeStepTensors(FakeTensors):
+    """Fake tensors for a training step, its backward run node by node (``NodeByNode``:
+    torch's engine needs the device); ``plan_run`` picks them for ``--train --fake``."""
+
+    mode = TensorMode.FAKE_STEP
+
+    def bind(self, model: nn.Module, example: Example, plan: StepPlan) -> TensorRun:
+        settings, train = plan.settings, plan.workload.train
+        return _FakeRun(model, example, plan.device, settings.strategy, train, NodeByNode)
 
 
 TENSORS: dict[TensorMode, Tensors] = {

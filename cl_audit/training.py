@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
 
 import torch
@@ -18,14 +18,17 @@ import torch.nn.functional as F
 
 from cl_audit.audit import Audit
 from cl_audit.compat import amp_unscale_, amp_update_scale_
+from cl_audit.compat.backward import recording_hooks, run_backward
 from cl_audit.enums import Amp, Optimizer, Phase, Stage, Workload
 from cl_audit.report import GradientLayout
 from cl_audit.settings import AuditSettings
 from cl_audit.timing import TIMED_STEPS, WARMUP_STEPS, timed_ms
 
 __all__ = [
+    "Backward",
     "BoundStep",
     "FakeScaler",
+    "NodeByNode",
     "Step",
     "StepPlan",
     "gradient_layouts",
@@ -49,6 +52,37 @@ class StepPlan(Protocol):
     def autocast(self) -> contextlib.AbstractContextManager[object]: ...
 
 
+class Backward:
+    """How a step differentiates its loss: torch's autograd engine (``loss.backward()``)."""
+
+    def forward(self) -> contextlib.AbstractContextManager[object]:
+        """What the forward runs under, for the backward's sake."""
+        return contextlib.nullcontext()
+
+    def run(self, loss: torch.Tensor, active: Audit | None) -> None:
+        loss.backward()
+
+
+class NodeByNode(Backward):
+    """Fake tensors' backward: the autograd graph's nodes called one by one from Python
+    (``cl_audit.compat.backward``), since torch's engine needs the device for a CUDA backward;
+    the audit hears which node runs, as torch's engine would tell it; the hooks the forward
+    registers on its tensors run."""
+
+    def __init__(self) -> None:
+        self._hooks: dict[Any, Any] = {}
+
+    @contextlib.contextmanager
+    def forward(self) -> Iterator[None]:
+        with recording_hooks() as hooks:
+            self._hooks = hooks
+            yield
+
+    def run(self, loss: torch.Tensor, active: Audit | None) -> None:
+        running = (lambda node: None) if active is None else active.running
+        run_backward(loss, running, self._hooks)
+
+
 class Step:
     """One forward (inference, under no_grad), or one training step: forward and loss under
     autocast, backward (fp16 through a gradient scaler), optimizer step; ``stage`` says how far
@@ -59,12 +93,12 @@ class Step:
         plan: StepPlan,
         parameters: dict[str, torch.Tensor],
         loss: Callable[[Any], torch.Tensor] | None = None,
-        autocast: bool = True,
         foreach: bool | None = None,
+        backward: Backward | None = None,
     ) -> None:
         self.plan = plan
-        self._autocast = autocast  # False: the forward casts itself (a traced forward)
         self._foreach = foreach  # the optimizer's implementation, None: torch's default
+        self._backward = backward or Backward()
         self.parameters = parameters
         self._loss = loss or (lambda output: training_loss(output, plan.settings.seed))
         self.stage = Stage.FORWARD
@@ -107,8 +141,8 @@ class Step:
         self.stage = Stage.FORWARD
         if active is not None:
             active.enter_phase(Phase.FORWARD)
-        autocast = plan.autocast() if self._autocast else contextlib.nullcontext()
-        with torch.enable_grad() if train else torch.no_grad(), autocast:
+        grad = torch.enable_grad() if train else torch.no_grad()
+        with grad, plan.autocast(), self._backward.forward():
             output = forward()
             loss = self._loss(output) if train else None
         if loss is None:
@@ -121,7 +155,7 @@ class Step:
             loss = scaler.scale(loss)
         for parameter in self.parameters.values():
             parameter.grad = None
-        loss.backward()
+        self._backward.run(loss, active)
         self.layouts = gradient_layouts(self.parameters)
         self.stage = Stage.STEP
         if active is not None:
@@ -153,10 +187,21 @@ class Step:
 
 
 class BoundStep:
-    """A ``Step`` with its forward: what an audit's phases run (``run(active)``)."""
+    """A ``Step`` with its forward: what an audit's phases run (``warm_up()``, then
+    ``run(active)``). ``primed``: its warm-up makes the optimizer's state by ``Step.prime``
+    instead of running whole steps (fake tensors, where a step's only lasting effect is that
+    state, laid out as each parameter)."""
 
-    def __init__(self, step: Step, forward: _Forward) -> None:
-        self.step, self.forward = step, forward
+    def __init__(self, step: Step, forward: _Forward, primed: bool = False) -> None:
+        self.step, self.forward, self._primed = step, forward, primed
+
+    def warm_up(self) -> None:
+        """The workload's unaudited steps before the audited one (``Workload.warmup_steps``)."""
+        for _ in range(self.step.plan.workload.warmup_steps):
+            if self._primed:
+                self.step.prime()
+            else:
+                self.run(None)
 
     @property
     def stage(self) -> Stage:

@@ -317,8 +317,8 @@ def test_compile_exits_2_naming_what_this_torch_lacks_or_runs():
 @needs_fake_cuda
 @pytest.mark.parametrize(("model", "amp"), [("resnet18", ("--amp", "fp16")), ("mobilenet_v2", ())])
 def test_cuda_training_is_predicted_without_a_gpu(model, amp):
-    """The issue's two commands: a CUDA verdict with its sites, from a traced step replayed on
-    fake CUDA tensors, on a machine without a GPU."""
+    """The issue's two commands: a CUDA verdict with its sites, from a step on fake CUDA
+    tensors whose backward runs node by node, on a machine without a GPU."""
     result = run_cli(
         model, "--train", "--fake", "--device", "cuda", *amp, "--input-size", "3x64x64",
         "--json", "-",
@@ -326,7 +326,7 @@ def test_cuda_training_is_predicted_without_a_gpu(model, amp):
     assert result.returncode in (0, 1), result.stderr
     data = json.loads(result.stdout)
     env = data["environment"]
-    assert (env["mode"], env["device"], env["train"]) == ("replayed", "cuda", True)
+    assert (env["mode"], env["device"], env["train"]) == ("fake-step", "cuda", True)
     assert env["autocast"] == ("cuda:float16" if amp else None)
     assert data["summary"]["verdict"] in ("clean", "minor", "offending")
     assert data["cost"]["bytes_written"] > 0

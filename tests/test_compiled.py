@@ -422,7 +422,7 @@ def test_a_version_4_compile_report_is_still_read():
 
 @needs_fake_cuda
 def test_a_held_out_grouped_toys_compiled_cuda_training_forward_is_vetoed_by_its_line():
-    """--compile --train --fake --device cuda without a GPU: the eager step replayed for CUDA,
+    """--compile --train --fake --device cuda without a GPU: the fake step predicted for CUDA,
     and beside it the compiled graphs, the forward's decision vetoed by the named line."""
     result = run_cli(
         f"{MODELS}:HeldOutGrouped", "--compile", "--train", "--fake", "--device", "cuda",
@@ -430,7 +430,7 @@ def test_a_held_out_grouped_toys_compiled_cuda_training_forward_is_vetoed_by_its
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
-    assert data["environment"]["mode"] == "replayed" and data["environment"]["device"] == "cuda"
+    assert data["environment"]["mode"] == "fake-step" and data["environment"]["device"] == "cuda"
     forward = next(g for g in data["compiled"]["graphs"] if g["phase"] == "forward")
     assert forward["layout_optimization"] is False
     (deciding,) = [c for c in forward["convolutions"] if c["deciding"]]

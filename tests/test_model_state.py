@@ -8,7 +8,7 @@ import copy
 import pytest
 import torch
 import torchvision
-from torch_checks import needs_replay
+from torch_checks import needs_node_by_node
 
 import cl_audit
 from cl_audit.compat import is_fake
@@ -82,7 +82,7 @@ def test_the_memory_format_conversion_stays_as_documented():
     _assert_same_values(model, before)
 
 
-@needs_replay
+@needs_node_by_node
 def test_a_fake_training_audit_leaves_the_model_untouched():
     model = _resnet18().eval()
     before = _state(model)
@@ -137,7 +137,7 @@ def _own_tensors(model: torch.nn.Module) -> list[tuple[torch.nn.Module, str, tor
     ]
 
 
-@pytest.mark.parametrize("train", [False, pytest.param(True, marks=needs_replay)])
+@pytest.mark.parametrize("train", [False, pytest.param(True, marks=needs_node_by_node)])
 def test_a_fake_audit_leaves_no_fake_tensor_on_a_shared_module(train):
     model = SharedBlock()
     held = _own_tensors(model)

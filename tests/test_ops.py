@@ -192,9 +192,9 @@ def test_fake_cuda_predicts_what_the_cuda_kernels_return_where_the_cpu_differs()
 
 
 @pytest.mark.skipif(fake_cuda_problem() is not None, reason=str(fake_cuda_problem()))
-def test_fake_cuda_gradients_come_from_a_traced_backward_replayed_on_fake_tensors():
-    """Autograd's engine needs the device: the backward is traced on the CPU and replayed on
-    fake CUDA tensors. The convolution's input gradient keeps channels_last; reflection
+def test_fake_cuda_gradients_come_from_a_backward_run_node_by_node_on_fake_tensors():
+    """Autograd's engine needs the device: the backward runs node by node on fake CUDA
+    tensors. The convolution's input gradient keeps channels_last; reflection
     padding's backward, like its forward there, writes NCHW; no kernel ran, so no copy is
     measured."""
     cuda = target_for("cuda")

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import contextlib
+import json
 from dataclasses import replace
 from pathlib import Path
 
+import jsonschema
 import pytest
 from literal_reports import finding, row
-from torch_checks import needs_replay
+from torch_checks import needs_node_by_node
 
 import cl_audit.sweep.session as session
-from cl_audit.report import Mode, ModelRow, ModelSource, Status, TensorMode
+from cl_audit.report import Mode, ModelRow, ModelSource, Status, TensorMode, load_schema
 from cl_audit.settings import AuditSettings
 from cl_audit.sources import ModelRef
 from cl_audit.sweep.runner import Checkpoint
@@ -152,15 +154,17 @@ def test_the_sweep_environment_states_a_training_step(monkeypatch, tmp_path):
     assert outcome.report.settings["train"] is True and env.mode is TensorMode.EAGER
 
 
-@needs_replay
-def test_a_fake_training_sweep_says_its_steps_were_replayed(monkeypatch, tmp_path):
-    """How a predicted training sweep was made is in its environment: traced and replayed
-    steps; a fake inference sweep says fake (the control)."""
+@needs_node_by_node
+def test_a_fake_training_sweep_says_how_its_steps_ran(monkeypatch, tmp_path):
+    """How a predicted training sweep was made is in its environment, within the sweep schema:
+    fake steps, their backward run node by node; a fake inference sweep says fake (the
+    control)."""
     outcomes = {"a": lambda job: as_mode(row("a"), job)}
-    for train, mode in ((True, TensorMode.REPLAYED), (False, TensorMode.FAKE)):
+    for train, mode in ((True, TensorMode.FAKE_STEP), (False, TensorMode.FAKE)):
         settings = replace(FAKE, audit=replace(FAKE.audit, train=train), confirm=False)
         outcome, _, _ = run(monkeypatch, [ref("a")], settings, outcomes, tmp_path / str(train))
         assert outcome.report.environment.mode is mode
+        jsonschema.validate(json.loads(outcome.report.to_json()), load_schema("sweep"))
 
 
 def test_confirm_reruns_clean_fake_rows_whose_findings_include_a_divergent_op(monkeypatch):

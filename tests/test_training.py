@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 import training_models as tm
-from torch_checks import REPLAY_PROBLEM, needs_fake_cuda, needs_replay
+from torch_checks import BACKWARD_PROBLEM, needs_fake_cuda, needs_node_by_node
 from typer.testing import CliRunner
 
 from cl_audit.cli import app
@@ -70,7 +70,7 @@ def test_bf16_autocast_is_reported_and_fp16_uses_a_scaler_eagerly():
     assert fp16.environment.autocast == "cpu:float16"
 
 
-@needs_replay
+@needs_node_by_node
 def test_fake_training_runs_and_a_divergence_of_this_torch_is_in_its_table():
     from cl_audit.divergences import divergence_table
 
@@ -91,7 +91,7 @@ def test_training_refuses_what_it_cannot_do():
         train(tm.ActivationBeforePool(), engine=Engine.PATCH)
 
 
-@needs_replay
+@needs_node_by_node
 def test_fake_fp16_training_runs_under_autocast_with_the_scalers_arithmetic():
     report = train(tm.ActivationBeforePool(), tensor_mode=TensorMode.FAKE, amp=Amp.FP16)
     assert report.predicted and report.environment.autocast == "cpu:float16"
@@ -107,16 +107,17 @@ def _site(model: type, text: str) -> str:
 @pytest.mark.parametrize(
     "device",
     [
-        pytest.param("cpu", marks=needs_replay),
-        pytest.param("cuda", marks=[needs_fake_cuda, needs_replay]),
+        pytest.param("cpu", marks=needs_node_by_node),
+        pytest.param("cuda", marks=[needs_fake_cuda, needs_node_by_node]),
     ],
 )
-def test_a_replayed_step_finds_the_backward_only_loss_at_its_forward_line(device):
-    """Fake training is traced on fake CPU tensors and replayed on the device's: the loss that
-    only the backward makes is found and placed as the eager audit places it."""
+def test_a_fake_step_finds_the_backward_only_loss_at_its_forward_line(device):
+    """Fake training runs its backward node by node on the device's fake tensors: the loss that
+    only the backward makes (a custom Function's) is found and placed as the eager audit
+    places it."""
     eager = train(tm.BackwardOnlyLoss())
     report = train(tm.BackwardOnlyLoss(), tensor_mode=TensorMode.FAKE, device=device)
-    assert report.environment.mode is TensorMode.REPLAYED and report.predicted
+    assert report.environment.mode is TensorMode.FAKE_STEP and report.predicted
     assert report.environment.device == device
     (loss,) = report.offenders
     assert loss.phase is Phase.BACKWARD
@@ -134,23 +135,24 @@ def test_a_replayed_step_finds_the_backward_only_loss_at_its_forward_line(device
 @pytest.mark.parametrize(
     "device",
     [
-        pytest.param("cpu", marks=needs_replay),
-        pytest.param("cuda", marks=[needs_fake_cuda, needs_replay]),
+        pytest.param("cpu", marks=needs_node_by_node),
+        pytest.param("cuda", marks=[needs_fake_cuda, needs_node_by_node]),
     ],
 )
-def test_a_replayed_step_of_a_model_that_keeps_the_format_is_clean(device):
-    """The control: a replay adds no loss of its own."""
+def test_a_fake_step_of_a_model_that_keeps_the_format_is_clean(device):
+    """The control: the node-by-node backward adds no loss of its own."""
     report = train(tm.KeepsFormat(), tensor_mode=TensorMode.FAKE, device=device)
-    assert report.environment.mode is TensorMode.REPLAYED
+    assert report.environment.mode is TensorMode.FAKE_STEP
     assert report.offenders == () and report.verdict is Verdict.CLEAN
 
 
-@needs_replay
+@needs_node_by_node
 @needs_fake_cuda
 @pytest.mark.parametrize(("amp", "dtype"), [(Amp.FP16, "float16"), (Amp.BF16, "bfloat16")])
-def test_a_replayed_cuda_step_runs_in_the_dtypes_cuda_autocast_chooses(amp, dtype):
-    """CUDA's autocast policy, taken from a forward traced on fake CUDA tensors: the backward of
-    the activation after the convolution runs in the low dtype, as on a GPU."""
+def test_a_fake_cuda_step_runs_in_the_dtypes_cuda_autocast_chooses(amp, dtype):
+    """CUDA's autocast policy, applied by CUDA's autocast to the forward on fake CUDA tensors:
+    the backward of the activation after the convolution runs in the low dtype, as on a
+    GPU."""
     problem = fake_cuda_problem(bfloat16=True) if amp is Amp.BF16 else None
     if problem is not None:
         pytest.skip(f"this torch refuses fake CUDA bfloat16: {problem}")
@@ -163,11 +165,17 @@ def test_a_replayed_cuda_step_runs_in_the_dtypes_cuda_autocast_chooses(amp, dtyp
     assert {t.dtype for t in control.inputs} == {"float32"}
 
 
-@needs_replay
+@needs_node_by_node
 @needs_fake_cuda
-def test_a_custom_autograd_function_under_cuda_autocast_is_refused_naming_it():
-    with pytest.raises(UsageError, match="_ContiguousGradientBackward belongs to a custom"):
-        train(tm.BackwardOnlyLoss(), tensor_mode=TensorMode.FAKE, device="cuda", amp=Amp.FP16)
+def test_a_custom_autograd_functions_backward_runs_under_cuda_autocast():
+    """The Function's own backward runs on the fp16 gradient autocast's forward gave it, and
+    its NCHW copy is found at its forward line; without it (KeepsFormat) no loss."""
+    report = train(tm.BackwardOnlyLoss(), tensor_mode=TensorMode.FAKE, device="cuda", amp=Amp.FP16)
+    (loss,) = report.offenders
+    assert (loss.python_op, loss.aten_op) == ("_ContiguousGradientBackward", "aten.clone")
+    assert loss.module_path == "head" and {t.dtype for t in loss.inputs} == {"float16"}
+    control = train(tm.KeepsFormat(), tensor_mode=TensorMode.FAKE, device="cuda", amp=Amp.FP16)
+    assert control.offenders == ()
 
 
 def _cli(factory: str, *options: str):
@@ -175,14 +183,14 @@ def _cli(factory: str, *options: str):
     return CliRunner().invoke(app, [spec, *options], env={"COLUMNS": "400"})
 
 
-@needs_replay
+@needs_node_by_node
 @pytest.mark.parametrize(
     "device",
     [pytest.param("cpu"), pytest.param("cuda", marks=needs_fake_cuda)],
 )
 def test_a_step_the_trace_cannot_follow_fails_in_one_line_naming_the_op_and_line(device):
-    """Data-dependent control flow in a replayed step: exit 3, one line naming the operation
-    and the model's line, with what to do; the same model without the branch is audited."""
+    """Data-dependent control flow in a fake step: exit 3, one line naming the operation and
+    the model's line, with what to do; the same model without the branch is audited."""
     options = ("--train", "--fake", "--device", device)
     result = _cli("branches_on_value", *options)
     assert result.exit_code == 3, result.output
@@ -193,13 +201,13 @@ def test_a_step_the_trace_cannot_follow_fails_in_one_line_naming_the_op_and_line
     assert _cli("keeps_format", *options, "--json", "-").exit_code == 0  # the control
 
 
-@needs_replay
+@needs_node_by_node
 @needs_fake_cuda
 @pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU the LSTM's CUDA path runs")
 def test_an_op_that_asks_the_cuda_runtime_fails_naming_it_never_on_the_cpu_silently():
     """An LSTM's CUDA path asks cuDNN about the device: a fake CUDA audit without a GPU says
     which operation at which line, and that the CPU can be audited; --device cpu audits it."""
-    amp = ("--train", "--fake", "--device", "cuda", "--amp", "fp16")  # forward traced on CUDA
+    amp = ("--train", "--fake", "--device", "cuda", "--amp", "fp16")
     for options in (("--fake", "--device", "cuda"), amp):
         result = _cli("recurrent_head", *options)
         assert result.exit_code == 3, result.output
@@ -212,9 +220,9 @@ def test_an_op_that_asks_the_cuda_runtime_fails_naming_it_never_on_the_cpu_silen
 
 @pytest.mark.parametrize("optimizer", list(Optimizer))
 def test_priming_a_step_makes_the_optimizer_state_in_each_parameters_layout(optimizer):
-    """A replay traces a steady-state step without running a first one: ``Step.prime`` makes
-    the optimizer's state (momentum, Adam's moments) laid out as its channels_last parameter,
-    as a real first step does, and leaves no gradient behind."""
+    """A fake step warms up without running a first step: ``Step.prime`` makes the optimizer's
+    state (momentum, Adam's moments) laid out as its channels_last parameter, as a real first
+    step does, and leaves no gradient behind."""
     from cl_audit.plan import plan_run
     from cl_audit.training import Step
 
@@ -317,7 +325,7 @@ def _line(function: object, text: str) -> int:
     return first + next(i for i, t in enumerate(lines) if text in t)
 
 
-@pytest.mark.skipif(REPLAY_PROBLEM is None, reason="this torch replays training steps")
-def test_a_torch_that_cannot_replay_refuses_fake_training_with_the_reason():
-    with pytest.raises(UsageError, match="cannot trace a training step for replay"):
+@pytest.mark.skipif(BACKWARD_PROBLEM is None, reason="this torch runs a backward node by node")
+def test_a_torch_that_cannot_run_a_backward_node_by_node_refuses_fake_training_with_the_reason():
+    with pytest.raises(UsageError, match="cannot run a backward node by node"):
         train(tm.KeepsFormat(), tensor_mode=TensorMode.FAKE)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from torch_checks import needs_replay
+from torch_checks import needs_node_by_node
 
 from cl_audit.errors import Stage
 from cl_audit.report import Mode, ModelRow, ModelSource, Status, TensorMode
@@ -30,7 +30,7 @@ def test_a_row_carries_the_whole_verdict():
     assert row.input_shape == (2, 3, 128, 128) and row.stage is None and row.seconds > 0
 
 
-@needs_replay
+@needs_node_by_node
 def test_a_replayed_step_that_fails_is_a_row_naming_the_operation_line_and_remedy():
     """A sweep of --train --fake: data-dependent control flow is an error row whose message
     names the operation and the model's line and says what to do; the control is a verdict."""

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from cl_audit.compat import fake_cuda_problem, fake_tensor, new_fake_mode
-from cl_audit.compat.tracing import replay_problem
+from cl_audit.compat.backward import backward_problem
 
 FAKE_CUDA_PROBLEM = fake_cuda_problem()
 needs_fake_cuda = pytest.mark.skipif(
@@ -16,9 +16,9 @@ needs_fake_cuda = pytest.mark.skipif(
 )
 
 
-REPLAY_PROBLEM = replay_problem()
-needs_replay = pytest.mark.skipif(
-    REPLAY_PROBLEM is not None, reason=f"--train --fake is refused here: {REPLAY_PROBLEM}"
+BACKWARD_PROBLEM = backward_problem()
+needs_node_by_node = pytest.mark.skipif(
+    BACKWARD_PROBLEM is not None, reason=f"--train --fake is refused here: {BACKWARD_PROBLEM}"
 )
 
 

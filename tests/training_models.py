@@ -79,8 +79,8 @@ class KeepsFormat(nn.Module):
 
 
 class BranchesOnValue(KeepsFormat):
-    """KeepsFormat that branches on a value of its activations: a trace on fake tensors cannot
-    follow it (they have no values), so a replayed step fails there, named."""
+    """KeepsFormat that branches on a value of its activations: fake tensors have no values,
+    so a fake step fails there, named."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = torch.relu(self.conv1(x))

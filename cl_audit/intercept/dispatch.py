@@ -23,6 +23,8 @@ from cl_audit.intercept.observer import Observer
 __all__ = ["CALL_LABEL", "DispatchEngine"]
 
 CALL_LABEL = "cl_audit#"
+_METADATA = "prim"  # the namespace of operators that read a tensor's metadata (prim.device, which
+# C++ asks of every fake tensor: most of a fake training step's dispatches): nothing to check
 
 
 class _PythonCalls(TorchFunctionMode):
@@ -56,6 +58,8 @@ class _AtenObserver(TorchDispatchMode):
         self._python_calls = python_calls
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func.namespace == _METADATA:
+            return func(*args, **(kwargs or {}))
         try:
             result = func(*args, **(kwargs or {}))
         except Exception as e:
@@ -74,6 +78,8 @@ class _LabellingObserver(_AtenObserver):
         self._calls = 0
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func.namespace == _METADATA:
+            return func(*args, **(kwargs or {}))
         self._calls += 1
         with record_function(f"{CALL_LABEL}{self._calls}"):
             result = func(*args, **(kwargs or {}))

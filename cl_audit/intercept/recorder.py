@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from cl_audit.attribution import Location, ModuleNames, Traced, locate
+from cl_audit.attribution import Location, ModuleNames, locate
 from cl_audit.compat import current_autograd_node, view_base
 from cl_audit.compat import storage_key as _storage_key
 from cl_audit.enums import Conversion, Phase
@@ -93,7 +93,7 @@ class Recorder:
         # on their autograd node, where the backward finds it (the module whose forward made it).
         self.phase = Phase.FORWARD
         self.training = training
-        self._replayed: Traced | None = None
+        self._node: object | None = None  # the node a node-by-node backward runs
         if timeline or training:
             self.observe = self._observe_more  # type: ignore[method-assign]
         self.calls_checked = 0
@@ -403,29 +403,26 @@ class Recorder:
             self._roots_seen += 1
             self._add_parameters(chain(root.parameters(), root.buffers()))
 
-    def replaying(self, traced: Traced | None) -> None:
-        """The operations from now on are a replayed trace's: named, placed and phased as
-        ``traced`` (None: as they run)."""
-        self._replayed = traced
-        if traced is not None:
-            self.phase = traced.phase
+    def running(self, node: object | None) -> None:
+        """The autograd node a backward run node by node is running (None: between nodes);
+        torch's engine tells ``current_autograd_node`` instead."""
+        self._node = node
+
+    def _backward_node(self) -> Any:
+        return self._node if self._node is not None else current_autograd_node()
 
     def python_op(self, python_op: object) -> object:
         """What names an operation: its Python-level call, in a backward the autograd node
-        running (the backward of the call that made it), in a replay what the trace saw."""
-        if self._replayed is not None:
-            return self._replayed.python_op
+        running (the backward of the call that made it)."""
         if self.phase is Phase.BACKWARD:
-            node = current_autograd_node()
+            node = self._backward_node()
             return None if node is None else node.name()
         return python_op
 
     def locate(self) -> Location:
         """Where an operation belongs (see ``python_op``): module, class and call site."""
-        if self._replayed is not None:
-            return self._replayed.location
         if self.phase is Phase.BACKWARD:
-            node = current_autograd_node()
+            node = self._backward_node()
             left = None if node is None else node.metadata.get(_NODE_KEY)
             if left is not None:
                 return left

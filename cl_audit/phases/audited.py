@@ -59,15 +59,14 @@ def run_audited(
             rounds = step.timed(plan.device)
         else:
             with run.tensor_mode():
-                for _ in range(plan.workload.warmup_steps):
-                    step.run(None)
+                step.warm_up()
         with run.tensor_mode(), instrumented(plan, model, run, ledger) as (active, prof):
             if settings.time:
                 profiled = timed_ms(lambda: step.run(active), plan.device)
             else:
                 step.run(active)
     except UsageError:
-        raise  # what the settings cannot do for this model (a replay names why)
+        raise  # what the settings cannot do for this model (the backward names why)
     except Exception as e:
         hint = _hint(plan, run, e)
         if hint is None and _nchw_runs(plan, run, loss):

@@ -57,8 +57,7 @@ def compare(
             quiet = plan.changed(timeline=False, time=False)
             step = run.stepper(quiet, forward, loss)
             with run.tensor_mode():
-                for _ in range(plan.workload.warmup_steps):  # warmed up as the audited run was
-                    step.run(None)
+                step.warm_up()  # warmed up as the audited run was
             with run.tensor_mode(), instrumented(quiet, model, run, nchw, watcher) as (active, _):
                 step.run(active)
     except Exception as e:

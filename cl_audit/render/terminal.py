@@ -187,6 +187,7 @@ def gate_batch_text(cost: Cost) -> str:
 
 _PREDICTED = {
     TensorMode.FAKE: ", fake tensors (predicted)",
+    TensorMode.FAKE_STEP: ", predicted for {device}: fake tensors, the backward run node by node",
     TensorMode.REPLAYED: ", predicted for {device} from a traced step (replayed on fake tensors)",
 }
 

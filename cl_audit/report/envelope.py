@@ -1,17 +1,20 @@
 """The versioned JSON envelopes of reports: formats and versions, gzip, schema loading.
 
 Every document is ``{"format": ..., "version": ..., ...}``; readers check both and accept the
-versions they know. Version 9 of the report envelope and 7 of the sweep envelope name a cost site's
-fix site as the operation that last wrote its data's order (followed through folds), with
-``root_cause`` where that NCHW data began: what ``fix_site`` means changed; older sites are read
-without a root cause. Version 8 of the report envelope and 6 of the sweep envelope prove remedies
-(``remedy.status``: verified by a what-if run, refuted and not offered as a fix, or a lead;
-``remedy.evidence``; ``cost.verify_seconds``): what ``remedy`` means changed; older remedies are
-read as leads. Version 7 of the report envelope and 5 of the sweep envelope judge the cost at a
-reference batch (``cost.gate.batch``, ``cost.at_gate``: what the verdict means changed; older rows
-were judged at their audited batch, their gate's batch null). Version 4 of the sweep envelope marks
-rows reused from the sweep cache (``cached``, ``summary.cached``); version 4 of the report envelope
-adds ``compiled`` (``--compile``: Inductor's layout decision per graph); version 3 of both envelopes
+versions they know. Version 12 of the report envelope and 8 of the sweep envelope say
+``environment.mode`` "fake-step" for a fake training step, whose backward cl-audit runs node by
+node (versions 6-11 said "replayed" for a step traced and replayed; read as they were). Version 9
+of the report envelope and 7 of the sweep envelope name a cost site's fix site as the operation
+that last wrote its data's order (followed through folds), with ``root_cause`` where that NCHW data
+began: what ``fix_site`` means changed; older sites are read without a root cause. Version 8 of the
+report envelope and 6 of the sweep envelope prove remedies (``remedy.status``: verified by a
+what-if run, refuted and not offered as a fix, or a lead; ``remedy.evidence``;
+``cost.verify_seconds``): what ``remedy`` means changed; older remedies are read as leads. Version
+7 of the report envelope and 5 of the sweep envelope judge the cost at a reference batch
+(``cost.gate.batch``, ``cost.at_gate``: what the verdict means changed; older rows were judged at
+their audited batch, their gate's batch null). Version 4 of the sweep envelope marks rows reused
+from the sweep cache (``cached``, ``summary.cached``); version 4 of the report envelope adds
+``compiled`` (``--compile``: Inductor's layout decision per graph); version 3 of both envelopes
 weighs what channels_last costs against NCHW (``cost``, ``summary.verdict``); version 2 sorted
 losses by what they mean; older versions are still read (versions 1 and 2: offending when there are
 offenders).
@@ -32,7 +35,9 @@ T = TypeVar("T")
 REPORT_FORMAT = "cl-audit.report"
 
 
-REPORT_VERSION = 11  # 11: ddp (--train --ddp); 10: compiled.data_dependent
+REPORT_VERSION = 12  # 12: environment.mode "fake-step" (a fake training step's backward run
+# node by node) where a fake training step was "replayed"
+# 11: ddp (--train --ddp); 10: compiled.data_dependent
 # 9: fix_site the writer of the data's order, cost site root_cause
 # 8: remedies verified, refuted or leads (remedy.status, remedy.evidence)
 # 7: the verdict judges the cost at gate.batch (cost.at_gate)
@@ -53,7 +58,7 @@ OPS_VERSION = 2  # 2: the behaviour "copies" and each sample's "copied" bytes; m
 OPS_READABLE = (1, OPS_VERSION)
 
 
-REPORT_READABLE = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, REPORT_VERSION)
+REPORT_READABLE = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, REPORT_VERSION)
 
 
 class ReportFormatError(ValueError):
@@ -133,6 +138,7 @@ def load_schema(name: str = "report", version: int | None = None) -> dict[str, A
 SWEEP_FORMAT = "cl-audit.sweep"
 
 
-SWEEP_VERSION = 7  # 7: as report 9, fix sites followed through folds; 6: as report 8, remedies
-# proven; 5: as report 7, rows judged at gate.batch
-SWEEP_READABLE = (1, 2, 3, 4, 5, 6, SWEEP_VERSION)
+SWEEP_VERSION = 8  # 8: environment.mode "fake-step" for a fake training sweep; 7: as report 9,
+# fix sites followed through folds; 6: as report 8, remedies proven; 5: as report 7, rows judged
+# at gate.batch
+SWEEP_READABLE = (1, 2, 3, 4, 5, 6, 7, SWEEP_VERSION)

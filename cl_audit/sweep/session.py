@@ -142,7 +142,7 @@ def run_sweep(
         if cache is not None:
             cache.prune()
     audit = replace(settings.audit, tensor_mode=TensorMode.EAGER) if direct else settings.audit
-    plan = plan_run(audit)  # its tensors name the mode: eager, fake, or replayed (training)
+    plan = plan_run(audit)  # its tensors name the mode: eager, fake, or fake-step (training)
     conditions = plan.conditions(audit.device, audit.dtype.value)
     if audit.predicted:
         conditions = replace(

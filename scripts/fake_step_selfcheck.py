@@ -1,19 +1,22 @@
-"""The check of the replay (``--train --fake``): a training step replayed on fake CPU tensors
-against the eager CPU training audit of the same model, settings and torch release.
+"""The check of the fake step (``--train --fake``): a training step on fake CPU tensors, its
+backward run node by node, against the eager CPU training audit of the same model, settings and
+torch release.
 
 The eager side is read from committed reports: ``reports/torchvision/cpu-train_torch-X.json.gz``
 (the channels_last tier of torchvision) and the eagerly confirmed rows of
 ``reports/timm_torch-X_cpu_train_fake+eager.json.gz`` (timm models, the first ``--timm N`` of
-them in name order among those that ran eagerly). The replay runs here, one thread as those ran.
+them in name order among those that ran eagerly). The fake step runs here, one thread as those
+ran.
 A model agrees when its findings (kind, phase, operation, module, call site, count) and its
 cost sites (kind, phase, operation, module, call site and channels_last-only bytes) are the
 same. Each disagreement gets a cause: copies inside CPU kernels only (cost sites of kind
 ``kernel`` that the profiler measures eagerly and fake tensors cannot see); fake tensors (the
-same step run on fake CPU tensors through autograd's engine, no trace, gives exactly the
-replay's findings and sites: the difference is the fake method's, not the replay's); else the
-replay, with what it adds or misses against that engine run.
+same step on fake CPU tensors through torch's autograd engine gives exactly the node-by-node
+findings and sites: the difference is the fake method's, not the backward's); else the
+node-by-node backward, with what it adds or misses against torch's engine.
 
-    python scripts/replay_selfcheck.py --timm 50 --out reports/replay-selfcheck_torch-2.14.1.json
+    python scripts/fake_step_selfcheck.py --timm 50 \
+        --out reports/fake-step-selfcheck_torch-2.14.1.json
 """
 
 from __future__ import annotations
@@ -57,53 +60,53 @@ def sites(report: ModelReport | ModelRow) -> list[tuple]:
 
 
 KERNEL_COPIES = "kernel copies (eager profiler only)"
-FAKE_TENSORS = "fake tensors (the autograd engine on fake CPU tensors differs from eager alike)"
-REPLAY = "the replay (differs from the autograd engine on fake CPU tensors)"
+FAKE_TENSORS = "fake tensors (torch's autograd engine on fake CPU tensors differs from eager alike)"
+NODE_BY_NODE = "the node-by-node backward (differs from torch's engine on fake CPU tensors)"
 
 
 def compare(
-    name: str, eager: ModelReport | ModelRow, replayed: ModelReport, engine: ModelReport
+    name: str, eager: ModelReport | ModelRow, stepped: ModelReport, engine: ModelReport
 ) -> dict[str, Any]:
-    """``replayed`` against ``eager``; ``engine`` (the same step on fake CPU tensors through
-    autograd's engine, no trace) tells the fake method's differences from the replay's. Cost
+    """``stepped`` against ``eager``; ``engine`` (the same step on fake CPU tensors through
+    torch's autograd engine) tells the fake method's differences from the backward's. Cost
     sites are compared where the eager row recorded a cost (the committed timm rows did not)."""
-    eager_f, replay_f, engine_f = findings(eager), findings(replayed), findings(engine)
-    eager_s, replay_s, engine_s = sites(eager), sites(replayed), sites(engine)
+    eager_f, stepped_f, engine_f = findings(eager), findings(stepped), findings(engine)
+    eager_s, stepped_s, engine_s = sites(eager), sites(stepped), sites(engine)
     return classify(
         {
             "model": name,
             "sites_compared": eager.cost is not None,
-            "replay_equals_engine": engine_f == replay_f and engine_s == replay_s,
-            "only_replay_vs_engine_findings": [f for f in replay_f if f not in engine_f],
-            "only_engine_vs_replay_findings": [f for f in engine_f if f not in replay_f],
-            "only_replay_vs_engine_sites": [s for s in replay_s if s not in engine_s],
-            "only_engine_vs_replay_sites": [s for s in engine_s if s not in replay_s],
+            "node_by_node_equals_engine": engine_f == stepped_f and engine_s == stepped_s,
+            "only_stepped_vs_engine_findings": [f for f in stepped_f if f not in engine_f],
+            "only_engine_vs_stepped_findings": [f for f in engine_f if f not in stepped_f],
+            "only_stepped_vs_engine_sites": [s for s in stepped_s if s not in engine_s],
+            "only_engine_vs_stepped_sites": [s for s in engine_s if s not in stepped_s],
             "eager_verdict": eager.verdict.value if eager.cost is not None else None,
-            "replay_verdict": replayed.verdict.value,
-            "only_eager_findings": [f for f in eager_f if f not in replay_f],
-            "only_replay_findings": [f for f in replay_f if f not in eager_f],
-            "only_eager_sites": [s for s in eager_s if s not in replay_s],
-            "only_replay_sites": [s for s in replay_s if s not in eager_s],
+            "stepped_verdict": stepped.verdict.value,
+            "only_eager_findings": [f for f in eager_f if f not in stepped_f],
+            "only_stepped_findings": [f for f in stepped_f if f not in eager_f],
+            "only_eager_sites": [s for s in eager_s if s not in stepped_s],
+            "only_stepped_sites": [s for s in stepped_s if s not in eager_s],
         }
     )
 
 
 def classify(result: dict[str, Any]) -> dict[str, Any]:
     """``result`` with whether it agrees and, if not, the cause (module docstring)."""
-    findings_agree = not (result["only_eager_findings"] or result["only_replay_findings"])
-    only_eager_sites, only_replay_sites = result["only_eager_sites"], result["only_replay_sites"]
+    findings_agree = not (result["only_eager_findings"] or result["only_stepped_findings"])
+    only_eager_sites, only_stepped_sites = result["only_eager_sites"], result["only_stepped_sites"]
     if not result["sites_compared"]:
-        only_eager_sites = only_replay_sites = []
-    kernel_only = all(s[0] == "kernel" for s in only_eager_sites) and not only_replay_sites
-    agree = findings_agree and not only_eager_sites and not only_replay_sites
+        only_eager_sites = only_stepped_sites = []
+    kernel_only = all(s[0] == "kernel" for s in only_eager_sites) and not only_stepped_sites
+    agree = findings_agree and not only_eager_sites and not only_stepped_sites
     cause = None
     if not agree:
         cause = (
             KERNEL_COPIES
             if findings_agree and kernel_only
             else FAKE_TENSORS
-            if result["replay_equals_engine"]
-            else REPLAY
+            if result["node_by_node_equals_engine"]
+            else NODE_BY_NODE
         )
     return {**result, "agree": agree, "findings_agree": findings_agree, "cause": cause}
 
@@ -118,8 +121,8 @@ def summary_of(results: list[dict[str, Any]]) -> dict[str, Any]:
         "findings_agree": sum(r["findings_agree"] for r in checked),
         "kernel_copies_only": sum(r["cause"] == KERNEL_COPIES for r in checked),
         "fake_tensors": sum(r["cause"] == FAKE_TENSORS for r in checked),
-        "replay": sum(r["cause"] == REPLAY for r in checked),
-        "replay_equals_engine": sum(r["replay_equals_engine"] for r in checked),
+        "node_by_node": sum(r["cause"] == NODE_BY_NODE for r in checked),
+        "node_by_node_equals_engine": sum(r["node_by_node_equals_engine"] for r in checked),
     }
 
 
@@ -132,9 +135,9 @@ def breakdown(results: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
             continue
         seen = found.setdefault(result["cause"], Counter())
         keys = set()
-        for side in ("only_eager_findings", "only_replay_findings"):
+        for side in ("only_eager_findings", "only_stepped_findings"):
             keys |= {f"{side[5:-9]} finding {f[0]} {f[1]} {f[2]}/{f[3]}" for f in result[side]}
-        for side in ("only_eager_sites", "only_replay_sites"):
+        for side in ("only_eager_sites", "only_stepped_sites"):
             keys |= {f"{side[5:-6]} site {s[0]} {s[1]} {s[2]}" for s in result[side]}
         seen.update(keys)
     return {cause: dict(counts.most_common()) for cause, counts in found.items()}
@@ -206,14 +209,14 @@ def main() -> None:
                 side = max(reference.input_shape[-2:]) if reference.input_shape else None
                 options = BuildOptions(meta=True, max_input_size=side)  # built as it was audited
                 loaded = load_model(ModelRef(source, name), options)
-                replayed = audit_loaded(loaded, settings)
+                stepped = audit_loaded(loaded, settings)
                 plan = replace(plan_run(settings), tensors=TENSORS[TensorMode.FAKE])
                 engine = audit_loaded(load_model(ModelRef(source, name), options), plan)
             except Exception as e:  # a row of the check, as a sweep would make it
                 results.append({"model": f"{source.value}:{name}", "error": f"{e}"[:300]})
                 print(f"{source.value}:{name:28s} error {e}"[:200], flush=True)
                 continue
-            result = compare(f"{source.value}:{name}", reference, replayed, engine)
+            result = compare(f"{source.value}:{name}", reference, stepped, engine)
             result["seconds"] = round(time.perf_counter() - start, 1)
             results.append(result)
             print(
