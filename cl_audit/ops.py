@@ -37,7 +37,7 @@ from cl_audit.compat import (
     new_fake_mode,
     tensor_leaves,
 )
-from cl_audit.compat.backward import run_backward
+from cl_audit.compat.backward import backward_problem, run_backward
 from cl_audit.compat.opinfo import OperatorEntry, Sample
 from cl_audit.enums import Engine, OpBehaviour
 from cl_audit.errors import UsageError, first_line
@@ -294,7 +294,8 @@ def probe_sample(
         "producer": producers.made.get(id(out)),
     }
     if target.predicted:  # autograd's engine needs the device: the backward node by node
-        seen |= _fake_gradient(call, target, x, args, kwargs)
+        if backward_problem() is None:  # else not judged (the command says why)
+            seen |= _fake_gradient(call, target, x, args, kwargs)
     else:
         seen |= _gradient(call, *map_tensors(target.place, (x, args, kwargs)))
     layout = layout_of(out)

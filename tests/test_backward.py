@@ -152,3 +152,29 @@ def test_the_backward_runs_on_fake_cuda_tensors_where_torchs_engine_cannot():
     assert any(op == "aten.convolution_backward.default" for op, _ in ours)
     with pytest.raises(RuntimeError):
         _step(torchvision.models.resnet18(), "torch", "cuda")
+
+
+@pytest.mark.parametrize(
+    "call",
+    [lambda x: torch.nn.functional.group_norm(x, 2), lambda x: x, lambda x: x * 2],
+    ids=["group_norm (a node of three outputs)", "the leaf itself", "mul (the control)"],
+)
+def test_a_gradient_given_to_any_output_reaches_the_input_as_torchs_engine_passes_it(call):
+    """``backward(gradient)`` from the first output of a node with several (group norm's
+    node also takes the mean's and rstd's gradients) and from a leaf (no node: its
+    AccumulateGrad): the gradient reaching the input, as torch's engine hands it over."""
+
+    def reached(engine: str) -> tuple[int, ...]:
+        with new_fake_mode():
+            x = torch.empty(2, 6, 5, 3).to(memory_format=torch.channels_last).requires_grad_()
+            seen: list[torch.Tensor] = []
+            x.register_hook(seen.append)
+            out = call(x)
+            gradient = torch.empty(out.shape).to(memory_format=torch.channels_last)
+            if engine == "torch":
+                out.backward(gradient)
+            else:
+                run_backward(out, gradient=gradient)
+            return seen[0].stride()
+
+    assert reached("node-by-node") == reached("torch")

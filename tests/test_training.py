@@ -327,5 +327,5 @@ def _line(function: object, text: str) -> int:
 
 @pytest.mark.skipif(BACKWARD_PROBLEM is None, reason="this torch runs a backward node by node")
 def test_a_torch_that_cannot_run_a_backward_node_by_node_refuses_fake_training_with_the_reason():
-    with pytest.raises(UsageError, match="cannot run a backward node by node"):
+    with pytest.raises(UsageError, match="a backward run node by node"):
         train(tm.KeepsFormat(), tensor_mode=TensorMode.FAKE)

@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 from torch.autograd.function import BackwardCFunction
+from torch.autograd.graph import get_gradient_edge
 from torch.overrides import TorchFunctionMode
 
 from cl_audit.errors import UsageError
@@ -89,13 +90,14 @@ def run_backward(
     """``root.backward(gradient)`` (ones for a scalar ``root``), node by node (module
     docstring); ``running`` hears each node before it runs (its call, the fitting and adding of
     what it returns) and None after; ``hooks`` are those ``recording_hooks`` found."""
-    if root.grad_fn is None:
-        raise RuntimeError("the tensor differentiated has no grad_fn: nothing requires grad")
-    first = root.grad_fn
+    if not root.requires_grad:
+        raise RuntimeError("the tensor differentiated does not require grad")
+    first, slot = get_gradient_edge(root)[:2]  # a leaf's: its AccumulateGrad
     waiting = _dependencies(first)
     start = torch.ones_like(root) if gradient is None else gradient
-    buffers: dict[Node, list[torch.Tensor | None]] = {first: [start]}
-    holders: dict[int, int] = {id(buffers[first][0]): 1}
+    buffers: dict[Node, list[torch.Tensor | None]] = {first: [None] * len(first._input_metadata)}
+    buffers[first][slot] = start
+    holders: dict[int, int] = {id(start): 1}
     order = itertools.count()
     ready = [(-first._sequence_nr(), next(order), first)]
     with torch.no_grad():
@@ -251,6 +253,11 @@ def backward_problem() -> str | None:
             engine(torch.nn.functional.conv2d(x, w, b).sum())
             return [w.grad.stride(), b.grad.stride()]
 
+    node = (torch.ones(1, requires_grad=True) * 2).grad_fn
+    for name in ("_input_metadata", "_sequence_nr"):
+        if not hasattr(node, name):
+            needs = "which a backward run node by node needs"
+            return f"torch {torch.__version__} lacks Node.{name}, {needs}"
     try:
         if grads(run_backward) == grads(lambda loss: loss.backward()):
             return None
