@@ -29,9 +29,11 @@ from cl_audit.enums import (
     Fate,
     LayoutBranch,
     Phase,
+    TensorMode,
     Verdict,
     WrapOrder,
 )
+from cl_audit.render.terminal import predicted_note
 from cl_audit.report import (
     REPORT_VERSION,
     Compiled,
@@ -234,6 +236,26 @@ def test_a_version_10_report_reads_without_a_ddp_check():
         jsonschema.validate(current | {"version": 10}, load_schema("report", 10))
     assert ModelReport.from_dict(data).ddp is None and ModelReport.from_dict(data).fsdp is None
     assert ModelReport.from_dict(current) == _full_report()
+
+
+def test_a_version_11_replayed_report_reads_and_renders_as_it_was_made():
+    """Version 12 says ``fake-step`` for a fake training step, which a version 11 schema
+    refuses; a version 11 document's ``replayed`` still reads, is predicted, and renders as a
+    traced step (the control: a version 12 one says node by node)."""
+    current = _full_report().to_dict()
+    fake_step = current | {"environment": current["environment"] | {"mode": "fake-step"}}
+    jsonschema.validate(fake_step, load_schema("report"))
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(fake_step | {"version": 11}, load_schema("report", 11))
+    replayed = current | {
+        "version": 11,
+        "environment": current["environment"] | {"mode": "replayed"},
+    }
+    jsonschema.validate(replayed, load_schema("report", 11))
+    old, new = ModelReport.from_dict(replayed), ModelReport.from_dict(fake_step)
+    assert old.predicted and old.environment.mode is TensorMode.REPLAYED
+    assert "from a traced step" in predicted_note(old)
+    assert "the backward run node by node" in predicted_note(new)
 
 
 def test_a_version_8_report_reads_its_cost_sites_without_a_root_cause():

@@ -37,7 +37,7 @@ PRIVATE = re.compile(
     r"torch\._C\b|\._cdata\b|\._base\b|FakeTensor\(|torch\._amp|_python_dispatch"
     r"|torch\._subclasses|\._apply\(|torch\._dynamo|torch\._inductor|torch\._functorch"
     r"|\.meta\[|nn_module_stack|torch\.testing\._internal|torch\.utils\._pytree"
-    r"|torch\.distributed\._composable"
+    r"|torch\.distributed\._composable|\._input_metadata\b|\._sequence_nr\b"
 )
 
 

@@ -228,7 +228,10 @@ def test_a_batch_allocated_nchw_is_allocated_channels_last_and_verified():
     assert site.remedy.status is RemedyStatus.VERIFIED
     (trial,) = site.remedy.evidence
     assert trial.line.endswith(_line(rm.PaddedBatch, "# the allocation"))
-    assert trial.holds and trial.extra_bytes_after == 0 and trial.max_abs_diff == 0
+    # the same values, up to the rounding of a convolution in the other order (CPU-dependent:
+    # 0 on some machines, 3.6e-07 on an AMD EPYC)
+    assert trial.holds and trial.extra_bytes_after == 0
+    assert trial.max_abs_diff <= trial.tolerance
 
 
 def test_a_batch_read_through_a_view_refutes_allocating_it_channels_last():
