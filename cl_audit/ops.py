@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import fnmatch
 import json
+import re
 import time
 import warnings
 from collections import Counter
@@ -497,6 +498,7 @@ class OpCost:
     models: int
     bytes: int
     rows: tuple[OperatorRow, ...]
+    gradient: bool = False  # a backward operation: its rows' gradient column is what applies
 
 
 _PREFIXES = ("Tensor.", "torch.", "F.", "nn.functional.")
@@ -509,11 +511,33 @@ def _bare(python_op: str) -> str:
     return python_op
 
 
+_NODE = re.compile(r"([A-Z][A-Za-z0-9]*?)Backward\d*")
+
+
+def forward_of(python_op: str | None, aten_op: str | None) -> str | None:
+    """The aten operation whose backward a backward operation runs, or None for a forward one:
+    named by the autograd node running it (``NativeGroupNormBackward0`` runs
+    ``native_group_norm``'s: derivatives.yaml names a node after its operator, in CamelCase),
+    else by its own aten name (``aten.reflection_pad2d_backward``)."""
+    match = _NODE.fullmatch(python_op or "")
+    if match is not None:
+        snake = re.sub(r"(?<!^)(?=[A-Z])", "_", match[1]).lower()
+        return "aten." + re.sub(r"(\d)_d(?=_|$)", r"\1d", snake)  # Pad2D: pad2d
+    if aten_op is not None and aten_op.endswith("_backward"):
+        return aten_op.removesuffix("_backward")
+    return None
+
+
 def _rows_for(index: OpsIndex, python_op: str | None, aten_op: str | None) -> tuple:
     """The index's rows for an operation: by name (``F.interpolate`` is
     ``nn.functional.interpolate`` and its variants; those whose samples' outputs the same aten
     operation made, where some are); by the aten operation alone only for a site without a
-    Python name."""
+    Python name; for a backward operation, the row of the operator whose backward it runs
+    (``forward_of``), whose gradient column applies."""
+    forward = forward_of(python_op, aten_op)
+    if forward is not None:  # the operator of that name (not those whose outputs it made:
+        name = forward.removeprefix("aten.")  # a view makes many, whose backward is their own)
+        return tuple(row for row in index.rows if _bare(row.op) == name)
     if python_op is not None:
         bare = _bare(python_op)
         named = tuple(
@@ -543,7 +567,14 @@ def rank_costs(index: OpsIndex, sweeps: Iterable[SweepReport]) -> tuple[OpCost, 
                 models.setdefault(key, set()).add(row.key)
                 spent[key] += site.extra
     return tuple(
-        OpCost(python_op, aten_op, len(models[key]), spent[key], _rows_for(index, *key))
+        OpCost(
+            python_op,
+            aten_op,
+            len(models[key]),
+            spent[key],
+            _rows_for(index, *key),
+            forward_of(*key) is not None,
+        )
         for key, _ in spent.most_common()
         for python_op, aten_op in (key,)
     )
@@ -559,27 +590,31 @@ class OpLink:
     aten_op: str | None
     bytes: int
     rows: tuple[OperatorRow, ...]
+    gradient: bool = False  # a backward operation: its rows' gradient column is what applies
 
     @property
     def reading(self) -> str:
         """What the rows say of the loss, in a line."""
         counts: Counter[OpBehaviour] = Counter()
         for row in self.rows:
-            counts.update(dict(row.counts))
+            counts.update(dict(row.gradient_counts if self.gradient else row.counts))
         total = sum(counts.values())
         lost = sum(counts[b] for b in (OpBehaviour.REFUSES, OpBehaviour.LOSES, OpBehaviour.OTHER))
+        what = "its backward " if self.gradient else ""
         if not total:
-            return "not in the index (torch's database has no 4-D or 5-D sample of it)"
+            return f"not in the index (torch's database has no 4-D or 5-D sample of {what}it)"
         samples = "its one sample" if total == 1 else f"all {total} of its samples"
         if lost == total:
-            return f"loses channels_last in {samples} in torch's database: the operator's to fix"
+            return (
+                f"{what}loses channels_last in {samples} in torch's database: the operator's to fix"
+            )
         if lost:
             return (
-                f"loses channels_last in {lost} of its {total} samples in torch's database: "
-                "only with some arguments or strides"
+                f"{what}loses channels_last in {lost} of its {total} samples in torch's "
+                "database: only with some arguments or strides"
             )
         return (
-            f"keeps the order in {samples} in torch's database: lost with this model's "
+            f"{what}keeps the order in {samples} in torch's database: lost with this model's "
             "arguments or strides, or in its code"
         )
 
@@ -599,7 +634,13 @@ def report_links(index: OpsIndex, report: ModelReport) -> tuple[OpLink, ...]:
         if key not in spent:
             converted[key] += finding.bytes_converted
     return tuple(
-        OpLink(python_op, aten_op, n, _rows_for(index, python_op, aten_op))
+        OpLink(
+            python_op,
+            aten_op,
+            n,
+            _rows_for(index, python_op, aten_op),
+            forward_of(python_op, aten_op) is not None,
+        )
         for ledger in (spent, converted)
         for (python_op, aten_op), n in ledger.most_common()
     )

@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from literal_reports import cost_site, costed_row, sweep
+from rich.console import Console
 from test_cli import ANY_COST, TOYS, invoke, runner
 
 from cl_audit.cli import app
@@ -26,11 +27,13 @@ from cl_audit.ops import (
     OpsIndex,
     SampleResult,
     diff,
+    forward_of,
     operator_row,
     probe_sample,
     rank_costs,
     target_for,
 )
+from cl_audit.render.ops import render_op_costs
 from cl_audit.report import load_schema
 from cl_audit.report.cost import Producer
 
@@ -262,6 +265,47 @@ def test_a_sweeps_losses_are_charged_to_the_operation_that_wrote_the_nchw_data()
     ]
     assert [r.op for r in costs[0].rows] == ["nn.functional.interpolate.bilinear"]
     assert [r.op for r in costs[1].rows] == ["nn.functional.instance_norm"]
+
+
+def test_a_backward_operations_cost_is_set_beside_its_operators_gradient():
+    """A backward site (run by ``NativeGroupNormBackward0``) joins the row of the operator whose
+    backward it is, and reads that row's gradient: here it keeps the format forward and loses
+    it backward. The forward site of the same operator (the control) reads its behaviour; a
+    view's backward joins no row that merely ends in a view (instance norm's)."""
+    group_norm = OperatorRow(
+        "native_group_norm",
+        B.KEEPS,
+        ((B.KEEPS, 2),),
+        None,
+        aten_ops=("aten.native_group_norm",),
+        gradient=B.LOSES,
+        gradient_counts=((B.LOSES, 2),),
+    )
+    viewing = OperatorRow("nn.functional.instance_norm", B.LOSES, ((B.LOSES, 1),), None,
+                          aten_ops=("aten.view",), gradient=B.LOSES)  # fmt: skip
+    index = OpsIndex("2.14.1", "cuda", "float32", (group_norm, viewing), 0, 1.0, True)
+    backward = cost_site(
+        CostKind.KERNEL, "NativeGroupNormBackward0", "aten.native_group_norm_backward",
+        Phase.BACKWARD, extra=3 << 20,
+    )  # fmt: skip
+    forward = cost_site(
+        CostKind.KERNEL, "F.group_norm", "aten.native_group_norm", Phase.FORWARD, extra=1 << 20
+    )
+    view = cost_site(CostKind.COPY, "ViewBackward0", "aten.clone", Phase.BACKWARD, extra=1 << 10)
+    report = sweep(costed_row("a", backward, forward, view))
+    costs = {c.python_op: c for c in rank_costs(index, [report])}
+    assert costs["NativeGroupNormBackward0"].gradient
+    assert costs["NativeGroupNormBackward0"].rows == (group_norm,)
+    assert not costs["F.group_norm"].gradient and costs["ViewBackward0"].rows == ()
+    link = OpLink("NativeGroupNormBackward0", None, 1, (group_norm,), gradient=True)
+    assert link.reading.startswith("its backward loses channels_last in all 2 of its samples")
+    assert "keeps the order" in replace(link, gradient=False).reading
+    console = Console(record=True, width=200)
+    render_op_costs(index, tuple(costs.values()), console)
+    assert "native_group_norm: gradient loses" in console.export_text()
+    assert forward_of("ReflectionPad2DBackward0", None) == "aten.reflection_pad2d"
+    assert forward_of(None, "aten.avg_pool2d_backward") == "aten.avg_pool2d"
+    assert forward_of("torch::autograd::AccumulateGrad", "aten.copy_") is None
 
 
 def test_a_saved_index_with_a_device_or_dtype_is_refused_not_ignored():

@@ -91,8 +91,12 @@ def _word(behaviour: OpBehaviour | None) -> str:
     return "-" if behaviour is None else behaviour.value
 
 
-def _rows_text(rows: tuple[OperatorRow, ...], top: int = 4) -> str:
-    text = ", ".join(f"{r.op}: {_word(r.behaviour)}" for r in rows[:top])
+def _rows_text(rows: tuple[OperatorRow, ...], gradient: bool = False, top: int = 4) -> str:
+    """Each row's behaviour (for a backward operation, its gradient's)."""
+    text = ", ".join(
+        f"{r.op}: gradient {_word(r.gradient)}" if gradient else f"{r.op}: {_word(r.behaviour)}"
+        for r in rows[:top]
+    )
     return text + (f" (+{len(rows) - top})" if len(rows) > top else "")
 
 
@@ -120,7 +124,8 @@ def render_op_costs(
             _operation(cost.python_op, cost.aten_op),
             str(cost.models),
             f"{cost.bytes / 2**20:.1f} MiB",
-            _rows_text(cost.rows) or "none (not in the database, or no 4-D or 5-D sample)",
+            _rows_text(cost.rows, cost.gradient)
+            or "none (not in the database, or no 4-D or 5-D sample)",
         )
     console.print(table)
     if len(costs) > top:
@@ -146,7 +151,7 @@ def render_op_links(index: OpsIndex, links: tuple[OpLink, ...], console: Console
         table.add_row(
             _operation(link.python_op, link.aten_op),
             format_bytes(link.bytes),
-            _rows_text(link.rows),
+            _rows_text(link.rows, link.gradient),
             link.reading,
         )
     console.print(table)
