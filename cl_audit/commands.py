@@ -382,7 +382,6 @@ def ops(
 
 
 def _run_index(patterns: tuple[str, ...], device: str, dtype: DType, console: Console) -> OpsIndex:
-    from cl_audit.compat.backward import backward_problem
     from cl_audit.compat.opinfo import module_entries, operator_entries, opinfo_problem
     from cl_audit.ops import build_index, target_for
 
@@ -390,8 +389,6 @@ def _run_index(patterns: tuple[str, ...], device: str, dtype: DType, console: Co
     if problem is not None:
         raise UsageError(problem)
     target = target_for(device)
-    if target.predicted and backward_problem() is not None:
-        console.print(f"note: gradients are not judged: {backward_problem()}")
     entries = itertools.chain(
         operator_entries("cpu", dtype.torch_dtype), module_entries("cpu", dtype.torch_dtype)
     )

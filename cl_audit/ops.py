@@ -118,7 +118,8 @@ class OperatorRow:
 class OpsIndex:
     """The index of one torch release, device and dtype; ``without_map``: operators none of
     whose samples has a 4-D or 5-D floating-point first input (not listed); ``predicted``:
-    run on fake tensors of a device this machine lacks (no kernel ran)."""
+    run on fake tensors of a device this machine lacks (no kernel ran);
+    ``gradients_not_judged``: why no row has a gradient, when none was judged."""
 
     torch: str
     device: str
@@ -127,6 +128,7 @@ class OpsIndex:
     without_map: int
     seconds: float
     predicted: bool = False
+    gradients_not_judged: str | None = None
 
     def count(self, behaviour: OpBehaviour) -> int:
         return sum(row.behaviour is behaviour for row in self.rows)
@@ -439,8 +441,10 @@ def build_index(entries: Iterable[OperatorEntry], target: Target, dtype: torch.d
             rows.append(row)
     name = str(dtype).removeprefix("torch.")
     seconds = time.perf_counter() - start
+    unjudged = backward_problem() if target.predicted else None
+    made = (torch.__version__, target.device, name, tuple(rows), without, seconds)
     return OpsIndex(
-        torch.__version__, target.device, name, tuple(rows), without, seconds, target.predicted
+        *made, target.predicted, f"gradients are not judged: {unjudged}" if unjudged else None
     )
 
 

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from literal_reports import cost_site, costed_row, sweep
 from rich.console import Console
 from test_cli import ANY_COST, TOYS, invoke, runner
+from torch_checks import BACKWARD_PROBLEM
 
 from cl_audit.cli import app
 from cl_audit.compat import fake_cuda_problem
@@ -26,6 +27,7 @@ from cl_audit.ops import (
     OpLink,
     OpsIndex,
     SampleResult,
+    build_index,
     diff,
     forward_of,
     operator_row,
@@ -33,9 +35,11 @@ from cl_audit.ops import (
     rank_costs,
     target_for,
 )
-from cl_audit.render.ops import render_op_costs
+from cl_audit.render.html_ops import ops_html
+from cl_audit.render.ops import render_op_costs, render_ops
 from cl_audit.report import load_schema
 from cl_audit.report.cost import Producer
+from cl_audit.report.envelope import OPS_VERSION
 
 B = OpBehaviour
 REPORTS = Path(__file__).resolve().parents[1] / "reports"
@@ -211,6 +215,46 @@ def test_fake_cuda_gradients_come_from_a_backward_run_node_by_node_on_fake_tenso
     assert operator_row(entry, cuda).example.copied is None
 
 
+def test_a_predicted_index_says_in_its_json_why_no_gradient_was_judged():
+    """Where this torch's autograd nodes cannot run one by one (2.4.1), a predicted index
+    judges no gradient and says why in its JSON, terminal and HTML; where they can, the
+    convolution's gradient is judged and the field is null (whichever this torch is, one
+    branch runs: CI runs both)."""
+    entry = OperatorEntry(
+        "toy.conv", _conv, lambda: iter([Sample(_map(2, 3, 8, 8), (_map(4, 3, 3, 3),), {})])
+    )
+    index = build_index([entry], target_for("cuda"), torch.float32)
+    data = index.to_dict()
+    jsonschema.validate(data, load_schema("ops"))
+    if BACKWARD_PROBLEM is None:
+        assert data["gradients_not_judged"] is None and index.rows[0].gradient is B.KEEPS
+        index = replace(index, gradients_not_judged="gradients are not judged: a reason")
+    else:
+        assert BACKWARD_PROBLEM in data["gradients_not_judged"]
+        assert index.rows[0].behaviour is B.KEEPS and index.rows[0].gradient is None
+    console = Console(record=True, width=200)
+    render_ops(index, index.rows, console)
+    assert f"note: {index.gradients_not_judged}" in console.export_text()
+    assert f"note: {index.gradients_not_judged}" in ops_html(index)
+    plain = replace(index, gradients_not_judged=None)
+    console = Console(record=True, width=200)
+    render_ops(plain, plain.rows, console)
+    assert "note:" not in console.export_text() and "note:" not in ops_html(plain)
+
+
+def test_a_version_2_index_reads_as_one_whose_gradients_were_judged():
+    example = SampleResult(B.KEEPS, (1, 2, 3, 3), (18, 1, 6, 2))
+    row = OperatorRow("conv", B.KEEPS, ((B.KEEPS, 1),), example, gradient=B.KEEPS)
+    data = OpsIndex("2.14.1", "cuda", "float32", (row,), 0, 1.0, True).to_dict()
+    data["version"] = 2
+    del data["gradients_not_judged"]
+    jsonschema.validate(data, load_schema("ops", 2))
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(data, load_schema("ops"))
+    index = OpsIndex.from_dict(data)
+    assert index.gradients_not_judged is None and index.rows[0].gradient is B.KEEPS
+
+
 def test_a_device_the_index_cannot_run_on_is_a_usage_error():
     with pytest.raises(UsageError, match="runs on cpu or cuda, not mps"):
         target_for("mps")
@@ -332,9 +376,10 @@ def test_cl_audit_ops_from_sweep_ranks_a_committed_registry_against_a_saved_inde
 @pytest.mark.parametrize("path", sorted((REPORTS / "ops").glob("*.json")), ids=lambda p: p.stem)
 def test_the_committed_indexes_match_the_schema_and_read_back(path):
     data = json.loads(path.read_text())
-    jsonschema.validate(data, load_schema("ops"))
+    jsonschema.validate(data, load_schema("ops", data["version"]))
     index = OpsIndex.from_dict(data)
-    assert index.rows and index.to_dict() == data
+    written = {**data, "version": OPS_VERSION, "gradients_not_judged": index.gradients_not_judged}
+    assert index.rows and index.to_dict() == written
     assert index.predicted == path.stem.startswith("cuda")
 
 
@@ -405,7 +450,7 @@ def test_a_version_1_index_reads_without_copies():
     )
     data = OpsIndex("2.14.1", "cpu", "float32", (row,), 0, 1.0).to_dict()
     data["version"] = 1
-    del data["rows"][0]["example"]["copied"]
+    del data["rows"][0]["example"]["copied"], data["gradients_not_judged"]
     jsonschema.validate(data, load_schema("ops", 1))
     index = OpsIndex.from_dict(data)
     assert index.rows[0].example.copied is None and index.rows[0].behaviour is B.KEEPS

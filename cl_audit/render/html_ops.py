@@ -71,10 +71,13 @@ def ops_html(index: OpsIndex) -> str:
     rows = "".join(
         _row(r) for r in sorted(index.rows, key=lambda r: (_ORDER.get(r.behaviour, -1), r.op))
     )
+    unjudged = index.gradients_not_judged
+    note = f'<p class="dim">note: {_e(unjudged)}</p>' if unjudged else ""
     body = (
         f"<h1>cl-audit ops: {len(index.rows)} operators</h1>"
         f'<p class="dim">torch {_e(index.torch)}, {_e(index.device)} {_e(index.dtype)}, {how}; '
         f"{index.without_map} operators without a 4-D or 5-D sample; {index.seconds:.1f} s</p>"
+        f"{note}"
         f'<div class="cards">{cards}</div>'
         '<input type="search" id="filter" placeholder="filter operators">'
         f'<select id="status-filter"><option value="">any behaviour</option>{options}'

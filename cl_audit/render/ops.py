@@ -27,6 +27,8 @@ def render_ops(index: OpsIndex, rows: tuple[OperatorRow, ...], console: Console)
         + f"); {index.without_map} without such a sample; {index.seconds:.1f} s",
         highlight=False,
     )
+    if index.gradients_not_judged:
+        console.print(f"note: {index.gradients_not_judged}", highlight=False)
     table = Table(expand=True, show_lines=False)
     table.add_column("operator", style="bold", overflow="fold", ratio=3)
     table.add_column("forward", no_wrap=True)

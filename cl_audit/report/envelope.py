@@ -54,8 +54,8 @@ BENCH_READABLE = (1, BENCH_VERSION)
 OPS_FORMAT = "cl-audit.ops"  # cl_audit.ops: the operator coverage index
 
 
-OPS_VERSION = 2  # 2: the behaviour "copies" and each sample's "copied" bytes; module_db rows
-OPS_READABLE = (1, OPS_VERSION)
+OPS_VERSION = 3  # 3: gradients_not_judged; 2: the behaviour "copies", "copied" bytes, module_db
+OPS_READABLE = (1, 2, OPS_VERSION)
 
 
 REPORT_READABLE = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, REPORT_VERSION)
