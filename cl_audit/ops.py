@@ -463,17 +463,19 @@ def select(
 
 @dataclass(frozen=True)
 class OpChange:
-    """An operator whose behaviour differs between two indexes (None: absent from that index,
-    or its samples could not be made there)."""
+    """An operator whose behaviour (or, with ``gradient``, its input gradient's) differs
+    between two indexes (None: absent from that index, its samples could not be made there,
+    or for a gradient, none judged)."""
 
     op: str
     old: OpBehaviour | None
     new: OpBehaviour | None
+    gradient: bool = False
 
     @property
     def better(self) -> bool | None:
         """True when the new behaviour is less bad (``OpBehaviour``'s order), False when worse,
-        None when the operator is in one index only."""
+        None when one side has none."""
         if self.old is None or self.new is None:
             return None
         return _WORST.index(self.new) > _WORST.index(self.old)
@@ -481,14 +483,24 @@ class OpChange:
 
 def diff(old: OpsIndex, new: OpsIndex) -> tuple[OpChange, ...]:
     """The operators whose behaviour differs from ``old`` to ``new`` (what a torch release
-    fixed or broke), by name."""
-    before = {row.op: row.behaviour for row in old.rows}
-    after = {row.op: row.behaviour for row in new.rows}
-    return tuple(
-        OpChange(op, before.get(op), after.get(op))
+    fixed or broke), by name; then, for operators in both, the gradients that differ, unless
+    one index judged none (``gradients_not_judged``)."""
+    before = {row.op: row for row in old.rows}
+    after = {row.op: row for row in new.rows}
+    behaviour = tuple(
+        OpChange(op, a.behaviour if a else None, b.behaviour if b else None)
         for op in sorted(before.keys() | after.keys())
-        if before.get(op) != after.get(op)
+        for a, b in [(before.get(op), after.get(op))]
+        if (a and a.behaviour) != (b and b.behaviour)
     )
+    if old.gradients_not_judged or new.gradients_not_judged:
+        return behaviour
+    gradients = tuple(
+        OpChange(op, before[op].gradient, after[op].gradient, gradient=True)
+        for op in sorted(before.keys() & after.keys())
+        if before[op].gradient != after[op].gradient
+    )
+    return behaviour + gradients
 
 
 @dataclass(frozen=True)

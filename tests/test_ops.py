@@ -184,6 +184,33 @@ def test_the_diff_names_what_a_release_broke_fixed_and_added(tmp_path):
     assert invoke("ops", "diff", str(paths[0]), str(tmp_path / "missing.json")).exit_code == 2
 
 
+def _with_gradients(index: OpsIndex, **gradients: OpBehaviour) -> OpsIndex:
+    rows = tuple(replace(r, gradient=gradients.get(r.op)) for r in index.rows)
+    return replace(index, rows=rows)
+
+
+def test_the_diff_names_a_gradient_that_a_release_broke_unless_one_side_judged_none(tmp_path):
+    """max_pool3d's case: the forward unchanged, its gradient keeps -> loses; the
+    convolution's gradient, unchanged, is the control; an index that judged no gradient
+    (torch 2.4.1's predicted one) is compared by forward behaviour only, and the diff says so."""
+    old = _with_gradients(_index("2.0", conv=B.KEEPS, pool=B.KEEPS), conv=B.KEEPS, pool=B.KEEPS)
+    new = _with_gradients(_index("2.1", conv=B.KEEPS, pool=B.KEEPS), conv=B.KEEPS, pool=B.LOSES)
+    (change,) = diff(old, new)
+    assert (change.op, change.gradient, change.better) == ("pool", True, False)
+    unjudged = replace(_index("2.0", conv=B.KEEPS, pool=B.KEEPS), gradients_not_judged="why")
+    assert diff(unjudged, new) == ()
+    paths = []
+    for name, index in (("old", old), ("new", new), ("unjudged", unjudged)):
+        paths.append(tmp_path / f"{name}.json")
+        paths[-1].write_text(index.to_json())
+    result = invoke("ops", "diff", str(paths[0]), str(paths[1]))
+    assert "0 changed, 1 gradients changed" in result.output
+    (line,) = [line for line in result.output.splitlines() if line.startswith("│")]
+    assert line.split()[1:9:2] == ["pool", "gradient", "keeps", "loses"] and "worse" in line
+    result = invoke("ops", "diff", str(paths[2]), str(paths[1]))
+    assert "gradients not compared" in result.output and "says why" in result.output
+
+
 @pytest.mark.skipif(fake_cuda_problem() is not None, reason=str(fake_cuda_problem()))
 def test_fake_cuda_predicts_what_the_cuda_kernels_return_where_the_cpu_differs():
     """Reflection padding keeps channels_last on the CPU (torch 2.4.1 to 2.15.0) and writes

@@ -62,30 +62,41 @@ def _example(row: OperatorRow) -> str:
 def render_ops_diff(
     old: OpsIndex, new: OpsIndex, changes: tuple[OpChange, ...], console: Console
 ) -> None:
-    """What moved between two indexes: worse first, then better, then the operators in one
-    index only (the database gained or dropped their 4-D samples, or they failed there)."""
+    """What moved between two indexes: forward behaviours, then gradients; in each, worse
+    first, then better, then those on one side only (the database gained or dropped an
+    operator's 4-D samples, they failed there, or a gradient was judged on one side only)."""
+    forward = sum(not c.gradient for c in changes)
     console.print(
         f"torch {old.torch} ({len(old.rows)} operators) -> torch {new.torch} ({len(new.rows)}), "
-        f"{new.device} {new.dtype}: {len(changes)} changed",
+        f"{new.device} {new.dtype}: {forward} changed, {len(changes) - forward} gradients changed",
         highlight=False,
     )
     if old.device != new.device or old.dtype != new.dtype:
         console.print(f"note: {old.device} {old.dtype} against {new.device} {new.dtype}")
+    for index in (old, new):
+        if index.gradients_not_judged:
+            console.print(
+                f"note: gradients not compared: torch {index.torch}'s index "
+                f"says {index.gradients_not_judged}",
+                highlight=False,
+            )
     if not changes:
         return
     table = Table(expand=False)
     table.add_column("operator", style="bold", overflow="fold")
+    table.add_column("of", no_wrap=True)
     table.add_column(old.torch, no_wrap=True)
     table.add_column(new.torch, no_wrap=True)
     table.add_column("", no_wrap=True)
     order = {False: 0, True: 1, None: 2}
-    for change in sorted(changes, key=lambda c: (order[c.better], c.op)):
+    for change in sorted(changes, key=lambda c: (c.gradient, order[c.better], c.op)):
         word = {
             False: "worse",
             True: "better",
             None: "only in new" if change.old is None else "only in old",
         }
-        table.add_row(change.op, _word(change.old), _word(change.new), word[change.better])
+        of = "gradient" if change.gradient else "forward"
+        table.add_row(change.op, of, _word(change.old), _word(change.new), word[change.better])
     console.print(table)
 
 
