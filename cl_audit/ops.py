@@ -487,11 +487,12 @@ def diff(old: OpsIndex, new: OpsIndex) -> tuple[OpChange, ...]:
     one index judged none (``gradients_not_judged``)."""
     before = {row.op: row for row in old.rows}
     after = {row.op: row for row in new.rows}
+    was = {op: row.behaviour for op, row in before.items()}
+    now = {op: row.behaviour for op, row in after.items()}
     behaviour = tuple(
-        OpChange(op, a.behaviour if a else None, b.behaviour if b else None)
-        for op in sorted(before.keys() | after.keys())
-        for a, b in [(before.get(op), after.get(op))]
-        if (a and a.behaviour) != (b and b.behaviour)
+        OpChange(op, was.get(op), now.get(op))
+        for op in sorted(was.keys() | now.keys())
+        if was.get(op) != now.get(op)
     )
     if old.gradients_not_judged or new.gradients_not_judged:
         return behaviour

@@ -1,14 +1,15 @@
 """The torchvision registry under DDP and the FSDP pre-flight (``cl_audit.distributed``), one
 model per builder module (the first in name order: ``compiled_torchvision.one_per_module``).
 
-    python scripts/distributed_torchvision.py --out reports/distributed/torchvision_torch-X.json
-    python scripts/distributed_torchvision.py --table reports/distributed/torchvision_torch-X.json
+    python scripts/distributed_torchvision.py --out reports/distributed/torchvision_torch-X.json.gz
+    python scripts/distributed_torchvision.py --table ...  # the same file
 
 Each model: ``ddp_check`` (two gloo processes per configuration: converted before and after
 wrapping, ``gradient_as_bucket_view`` off and on) and ``fsdp_check`` (two processes), at
 ``--side`` (default 64: 3x64x64, video 3x4x64x64; the layouts of parameters do not depend on
 it; ``--own-size`` for the model's own, as inception_v3 needs), batch 2, with random weights.
-A model that fails is a row with its error; ``--models A B`` re-runs those into ``--out``.
+A model that fails is a row with its error; ``--models A B`` re-runs those into ``--out``
+(a ``.gz`` path is read and written compressed).
 ``--table`` prints the Markdown summary that reports/README.md quotes.
 """
 
@@ -18,6 +19,7 @@ import argparse
 import json
 import time
 from dataclasses import asdict
+from pathlib import Path
 
 import torch
 from compiled_torchvision import one_per_module
@@ -25,6 +27,7 @@ from compiled_torchvision import one_per_module
 from cl_audit.distributed import ddp_check, fsdp_check
 from cl_audit.enums import BucketMatch, ModelSource, WrapOrder
 from cl_audit.errors import ModelFailedError
+from cl_audit.report.envelope import decode_document, encode_document
 from cl_audit.settings import AuditSettings
 from cl_audit.sources import ModelRef
 
@@ -49,13 +52,18 @@ def _row(name: str, side: int | None) -> dict[str, object]:
 def measure(out: str, side: int | None, models: list[str]) -> None:
     """Each model's row into ``out``, kept as it finishes; with ``models``, those rows replace
     the ones ``out`` holds (a model re-run at another size)."""
-    rows = json.load(open(out))["models"] if models else []
+    rows = _read(out)["models"] if models else []
     for name in models or one_per_module():
         row = _row(name, side)
         rows = [r for r in rows if r["model"] != name] + [row]
         print(name, row.get("error") or "ok", row["seconds"], flush=True)
-        with open(out, "w") as f:  # every finished row kept
-            json.dump({"torch": torch.__version__, "models": rows}, f, indent=1, default=str)
+        text = json.dumps({"torch": torch.__version__, "models": rows}, indent=1, default=str)
+        Path(out).write_bytes(encode_document(text, out.endswith(".gz")))  # every row kept
+
+
+def _read(path: str) -> dict:
+    """A file this script wrote, gzip-compressed (``.gz``) or not."""
+    return decode_document(Path(path).read_bytes())
 
 
 def _count(run: dict, match: BucketMatch) -> int:
@@ -63,7 +71,7 @@ def _count(run: dict, match: BucketMatch) -> int:
 
 
 def table(path: str) -> str:
-    data = json.load(open(path))
+    data = _read(path)
     lines = [
         f"torch {data['torch']}, {len(data['models'])} models",
         "",
