@@ -55,7 +55,7 @@ def measure(out: str, side: int | None, models: list[str]) -> None:
     rows = _read(out)["models"] if models else []
     for name in models or one_per_module():
         row = _row(name, side)
-        rows = [r for r in rows if r["model"] != name] + [row]
+        rows = sorted([r for r in rows if r["model"] != name] + [row], key=lambda r: r["model"])
         print(name, row.get("error") or "ok", row["seconds"], flush=True)
         text = json.dumps({"torch": torch.__version__, "models": rows}, indent=1, default=str)
         Path(out).write_bytes(encode_document(text, out.endswith(".gz")))  # every row kept
@@ -75,8 +75,9 @@ def table(path: str) -> str:
     lines = [
         f"torch {data['torch']}, {len(data['models'])} models",
         "",
-        "| model | params 4-D | after: mismatched / ambiguous | before: mismatched / ambiguous "
-        "| DDP warns (after / before) | FSDP2 refuses | FSDP1 keeps | s |",
+        "| model | params 4-D, 5-D | after: mismatched / ambiguous "
+        "| before: mismatched / ambiguous | DDP warns (after / before) "
+        "| FSDP2 refuses | FSDP1 keeps | s |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for row in data["models"]:
