@@ -442,9 +442,15 @@ def build_index(entries: Iterable[OperatorEntry], target: Target, dtype: torch.d
     name = str(dtype).removeprefix("torch.")
     seconds = time.perf_counter() - start
     unjudged = backward_problem() if target.predicted else None
-    made = (torch.__version__, target.device, name, tuple(rows), without, seconds)
     return OpsIndex(
-        *made, target.predicted, f"gradients are not judged: {unjudged}" if unjudged else None
+        torch.__version__,
+        target.device,
+        name,
+        tuple(rows),
+        without,
+        seconds,
+        predicted=target.predicted,
+        gradients_not_judged=f"gradients are not judged: {unjudged}" if unjudged else None,
     )
 
 

@@ -15,6 +15,8 @@ import argparse
 from collections import Counter
 from pathlib import Path
 
+from fake_step_selfcheck import sites
+
 from cl_audit.report import SweepReport
 
 
@@ -23,17 +25,9 @@ def _outcome(row: object) -> str:
     return row.status.value if cost is None else cost.verdict.value
 
 
-def _sites(row: object) -> list[tuple]:
-    return sorted(
-        (s.kind.value, s.phase.value, s.op, s.module_path, s.call_site, s.extra)
-        for s in row.cost.sites
-        if s.extra
-    )
-
-
 def _compare_sites(old: dict, new: dict) -> None:
     both = [k for k in sorted(old.keys() & new.keys()) if old[k].cost and new[k].cost]
-    differ = [k for k in both if _sites(old[k]) != _sites(new[k])]
+    differ = [k for k in both if sites(old[k]) != sites(new[k])]
     written = [k for k in both if old[k].cost.bytes_written != new[k].cost.bytes_written]
     ratios = sorted(new[k].cost.bytes_written / old[k].cost.bytes_written for k in written)
     print(f"cost sites: {len(both) - len(differ)} of {len(both)} models the same")
