@@ -20,6 +20,7 @@ from cl_audit.compat import (
     FakeTensorMode,
     TorchDispatchMode,
     fake_tensor,
+    suggest_memory_format,
 )
 from cl_audit.divergences import (
     BATCH_NORM_BACKWARD_SOURCE,
@@ -57,7 +58,12 @@ class KernelSourceMode(TorchDispatchMode):
     """Below the audit, above the fake mode: gives an overridden operation's output the layout
     its kernel's source says, so the audit and the rest of the model see what the real kernel
     would return: contiguous for a ``KernelOverride`` whose first input is channels_last; as
-    cuDNN lays out a training batch norm's input gradient. ``applied`` counts them."""
+    cuDNN lays out a training batch norm's input gradient. With ``cudnn_batch_norm``, cuDNN's
+    batch norm and its backward allocate their outputs as their kernels do
+    (``_cudnn_outputs``) instead of running torch's fake decomposition (tens of fake operations
+    each). ``applied`` counts the outputs laid out otherwise than the fake implementation
+    would: for cuDNN's backward, each whose incoming gradient it converts to the input's
+    layout (the decomposition follows the incoming gradient)."""
 
     def __init__(
         self,
@@ -67,6 +73,7 @@ class KernelSourceMode(TorchDispatchMode):
         super().__init__()
         self._overrides = {o.op: o for o in overrides}
         self._sources = {o.op: o.source for o in overrides}
+        self._cudnn = cudnn_batch_norm
         if cudnn_batch_norm:
             self._sources[_BATCH_NORM_BACKWARD] = BATCH_NORM_BACKWARD_SOURCE
             self._sources[_CUDNN_BATCH_NORM_BACKWARD] = BATCH_NORM_BACKWARD_SOURCE
@@ -89,10 +96,16 @@ class KernelSourceMode(TorchDispatchMode):
         )
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        result = func(*args, **(kwargs or {}))
         name = aten_op_name(func)
-        if name in (_BATCH_NORM_BACKWARD, _CUDNN_BATCH_NORM_BACKWARD) and name in self._sources:
-            return self._cudnn_batch_norm_gradient(name, args, result)
+        if self._cudnn and name in _CUDNN_OUTPUTS and not kwargs:
+            outputs = _cudnn_outputs(name, args)
+            if outputs is not None:
+                if name == _CUDNN_BATCH_NORM_BACKWARD and _converts_gradient(args):
+                    self.applied[name] += 1
+                return outputs
+        result = func(*args, **(kwargs or {}))
+        if name == _BATCH_NORM_BACKWARD and name in self._sources:
+            return self._native_batch_norm_gradient(args, result)
         override = self._overrides.get(name)
         if override is None or not args or not isinstance(args[0], torch.Tensor):
             return result
@@ -105,14 +118,11 @@ class KernelSourceMode(TorchDispatchMode):
         outputs[override.output] = outputs[override.output].contiguous()
         return type(result)(outputs)
 
-    def _cudnn_batch_norm_gradient(self, name: str, args: Any, result: Any) -> Any:
-        """The input gradient of a training batch norm that cuDNN runs, laid out as its input
-        (``BATCH_NORM_BACKWARD_SOURCE``): ``cudnn_batch_norm_backward`` (a forward traced on
-        CUDA), or the native one where cuDNN would take it; any other is left as is."""
-        if name == _CUDNN_BATCH_NORM_BACKWARD:
-            data, weight, train = args[0], args[2], True
-        else:
-            data, weight, train = args[1], args[2], len(args) > 7 and args[7]
+    def _native_batch_norm_gradient(self, args: Any, result: Any) -> Any:
+        """The input gradient of a native training batch norm where cuDNN would take it (a
+        forward traced on CUDA), laid out as its input (``BATCH_NORM_BACKWARD_SOURCE``); any
+        other is left as is."""
+        data, weight, train = args[1], args[2], len(args) > 7 and args[7]
         fmt = {4: torch.channels_last, 5: torch.channels_last_3d}.get(data.dim())
         grad_input = result[0]
         if fmt is None or grad_input is None or weight is None or not train:
@@ -126,9 +136,38 @@ class KernelSourceMode(TorchDispatchMode):
             return result
         if grad_input.is_contiguous(memory_format=fmt):
             return result
-        self.applied[name] += 1
+        self.applied[_BATCH_NORM_BACKWARD] += 1
         return (grad_input.contiguous(memory_format=fmt), *result[1:])
 
 
+def _cudnn_outputs(name: str, args: Any) -> tuple[torch.Tensor, ...] | None:
+    """The outputs cuDNN's batch norm (forward or backward) allocates, as
+    aten/src/ATen/native/cudnn/BatchNorm.cpp does: the output or input gradient
+    ``empty(input.sizes(), input's dtype, input.suggest_memory_format())``, the saved statistics
+    and the weight's gradients the weight's size (statistics: size 0 outside training) and
+    dtype, the reserve space size 0 (its size is cuDNN's, as torch's decomposition leaves it);
+    None where the input is not contiguous in its own format (the kernel refuses it)."""
+    data, weight = args[0], args[1 if name == _CUDNN_BATCH_NORM else 2]
+    fmt = suggest_memory_format(data)
+    if not data.is_contiguous(memory_format=fmt):
+        return None
+    output = torch.empty(data.shape, dtype=data.dtype, device=data.device, memory_format=fmt)
+    if name == _CUDNN_BATCH_NORM_BACKWARD:
+        grads = (torch.empty(weight.shape, dtype=weight.dtype, device=weight.device) for _ in "wb")
+        return (output, *grads)
+    statistics = (data.shape[1],) if args[5] else (0,)
+    saved = (torch.empty(statistics, dtype=weight.dtype, device=weight.device) for _ in range(2))
+    reserve = torch.empty((0,), dtype=torch.uint8, device=data.device)
+    return (output, *saved, reserve)
+
+
+def _converts_gradient(args: Any) -> bool:
+    """Whether cuDNN's batch norm backward converts its incoming gradient (``args[1]``) to
+    the input's layout (``grad_output.contiguous(input.suggest_memory_format())``)."""
+    return not args[1].is_contiguous(memory_format=suggest_memory_format(args[0]))
+
+
 _BATCH_NORM_BACKWARD = "aten.native_batch_norm_backward"
+_CUDNN_BATCH_NORM = "aten.cudnn_batch_norm"
 _CUDNN_BATCH_NORM_BACKWARD = "aten.cudnn_batch_norm_backward"
+_CUDNN_OUTPUTS = (_CUDNN_BATCH_NORM, _CUDNN_BATCH_NORM_BACKWARD)

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from cl_audit.audit import Audit
-from cl_audit.compat import amp_unscale_, amp_update_scale_
+from cl_audit.compat import amp_unscale_, amp_update_scale_, fake_like, outside_modes
 from cl_audit.compat.backward import recording_hooks, run_backward
 from cl_audit.enums import Amp, Optimizer, Phase, Stage, Workload
 from cl_audit.report import GradientLayout
@@ -121,13 +121,32 @@ class Step:
     def prime(self) -> None:
         """The optimizer's and the scaler's state made as a first step makes them, by a step on
         zero gradients (no forward, no backward): state tensors take their parameter's layout,
-        as a step's gradients do (autograd's layout contract for accumulated gradients)."""
-        with torch.no_grad():
-            for parameter in self.parameters.values():
-                parameter.grad = torch.zeros_like(parameter)
-            self._step_optimizer()
-            for parameter in self.parameters.values():
-                parameter.grad = None
+        as a step's gradients do (autograd's layout contract for accumulated gradients). For
+        fake parameters (the only ones primed): the step runs on meta copies of them, outside
+        the fake mode (a step's state is decided by the parameters' shapes, strides and dtypes;
+        meta tensors run it without fake dispatch), and each state tensor becomes a fake one
+        (``fake_like``): on its parameter's device, or on the CPU where the step made it there
+        (AdamW's step count). The scaler is made here, under the fake mode."""
+        self._gradient_scaler()
+        if self._optimizer is None:
+            self._optimizer = make_optimizer(
+                self.plan.settings.optimizer, self.parameters.values(), self._foreach
+            )
+        parameters = list(self.parameters.values())
+        with outside_modes(), torch.no_grad():
+            metas = [
+                torch.empty_strided(p.shape, p.stride(), dtype=p.dtype, device="meta")
+                for p in parameters
+            ]
+            for meta in metas:
+                meta.grad = torch.zeros_like(meta)
+            first = make_optimizer(self.plan.settings.optimizer, metas)
+            first.step()
+            for parameter, meta in zip(parameters, metas, strict=True):
+                self._optimizer.state[parameter] = {
+                    key: fake_like(value, parameter) if isinstance(value, torch.Tensor) else value
+                    for key, value in first.state[meta].items()
+                }
 
     def timed(self, forward: _Forward, device: torch.device) -> tuple[float, ...]:
         """Milliseconds of ``TIMED_STEPS`` steps after ``WARMUP_STEPS``, no audit running."""

@@ -3,6 +3,7 @@ tables by torch version and device, and the CUDA kernel-source overrides."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import subprocess
@@ -340,3 +341,135 @@ def test_a_cuda_training_batch_norm_backward_lays_its_gradient_out_as_cudnn_does
         (data, nchw_grad.to(memory_format=cl), torch.ones(4)),
     ):
         assert _batch_norm_backward(*controls)[1] == ()
+
+
+def _cudnn_batch_norm(kernels: bool, data: torch.Tensor, grad: torch.Tensor, training: bool):
+    """cuDNN's batch norm and its backward on fake CUDA tensors: under ``KernelSourceMode``
+    (``kernels``), or torch's own fake decomposition; with the overrides it applied."""
+    from cl_audit.fake import KernelSourceMode
+
+    fake, cuda = compat.new_fake_mode(), torch.device("cuda")
+    mode = KernelSourceMode.for_device(cuda) if kernels else contextlib.nullcontext()
+    data_f, grad_f = (compat.fake_tensor(fake, t, cuda) for t in (data, grad))
+    weight = [compat.fake_tensor(fake, torch.ones(data.shape[1]), cuda) for _ in range(4)]
+    with fake, mode:
+        out = torch.ops.aten.cudnn_batch_norm.default(data_f, *weight, training, 0.1, 1e-5)
+        grads = ()
+        if training:
+            grads = torch.ops.aten.cudnn_batch_norm_backward.default(
+                data_f, grad_f, weight[0], *weight[2:], out[1], out[2], 1e-5, out[3]
+            )
+    shapes = [(tuple(t.shape), t.stride(), t.dtype, t.device.type) for t in (*out, *grads)]
+    return shapes, () if not kernels else mode.applied_overrides()
+
+
+@needs_fake_cuda
+@pytest.mark.parametrize("training", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("shape", [(2, 8, 5, 5), (2, 8, 1, 1), (1, 8, 5, 5), (2, 8, 3, 4, 5)])
+@pytest.mark.parametrize("channels_last", [True, False])
+def test_cudnn_batch_norm_outputs_are_allocated_as_its_kernel_does_and_as_torch_fakes_them(
+    training, dtype, shape, channels_last
+):
+    """cuDNN's batch norm and its backward allocate their outputs as BatchNorm.cpp does
+    (without torch's fake decomposition, tens of fake operations each): the same shapes,
+    strides and dtypes as the decomposition for every input autograd hands them (in its own
+    format, the gradient converted to it first), float16 data with float32 weights included."""
+    data = torch.randn(shape, dtype=dtype)
+    if channels_last:
+        fmt = torch.channels_last if len(shape) == 4 else torch.channels_last_3d
+        data = data.to(memory_format=fmt)
+    grad = torch.randn_like(data)  # in the data's format, as CudnnBatchNormBackward0 passes it
+    fast, applied = _cudnn_batch_norm(True, data, grad, training)
+    assert fast == _cudnn_batch_norm(False, data, grad, training)[0]
+    assert applied == ()
+    assert fast[0][1] == data.stride() and fast[0][2] == dtype
+    assert fast[1][0] == ((shape[1],) if training else (0,)) and fast[1][2] == torch.float32
+
+
+@needs_fake_cuda
+def test_cudnn_batch_norm_backward_lays_its_gradient_out_as_the_input_whatever_it_is_given():
+    """Given a gradient in another format than its input (autograd never does so: its formula
+    converts first), the kernel still allocates the input gradient in the input's format, where
+    torch's decomposition follows the gradient: counted as applied. Control: the gradient in
+    the input's format, nothing counted."""
+    cl = torch.channels_last
+    for data, grad in (
+        (torch.randn(2, 8, 5, 5), torch.randn(2, 8, 5, 5).to(memory_format=cl)),
+        (torch.randn(2, 8, 5, 5).to(memory_format=cl), torch.randn(2, 8, 5, 5)),
+    ):
+        (*_, (_, grad_input, *_), _, _), applied = _cudnn_batch_norm(True, data, grad, True)
+        assert grad_input == data.stride()
+        assert [(a.op, a.applied) for a in applied] == [("aten.cudnn_batch_norm_backward", 1)]
+        decomposed = _cudnn_batch_norm(False, data, grad, True)[0]
+        assert decomposed[4][1] == grad.stride()
+    data = torch.randn(2, 8, 5, 5).to(memory_format=cl)
+    assert _cudnn_batch_norm(True, data, torch.randn_like(data), True)[1] == ()
+
+
+_ACTIVATION_BACKWARDS = {  # op: its arguments after (grad_output, input)
+    "silu_backward": (),
+    "sigmoid_backward": (),
+    "tanh_backward": (),
+    "gelu_backward": (),
+    "threshold_backward": (0.0,),
+    "hardtanh_backward": (0.0, 6.0),
+    "hardswish_backward": (),
+    "hardsigmoid_backward": (),
+    "leaky_relu_backward": (0.01, False),
+    "mish_backward": (),
+    "softplus_backward": (1.0, 20.0),
+}
+
+
+@pytest.mark.parametrize("name", [*sorted(_ACTIVATION_BACKWARDS), "elu_backward"])
+def test_activation_backwards_are_faked_as_their_kernels_lay_them_out(name):
+    """cl-audit's fake mode runs an activation's backward as the binary operation its kernel
+    is (a multiplication of its two tensors, in the kernel's order) instead of torch's Python
+    decomposition: the same shape, strides and dtype as the real kernel gives, whichever of the
+    two is channels_last (the order decides), in 2-D, 4-D and 5-D, float32 and float16. Torch's
+    own fake mode agrees wherever both tensors share a layout (and, for the ops whose
+    decomposition starts from the gradient, always). Control: a broadcast gradient is left to
+    torch."""
+    op = getattr(torch.ops.aten, name).default
+    cl = {4: torch.channels_last, 5: torch.channels_last_3d}
+    cpu = torch.device("cpu")
+
+    def call(grad: torch.Tensor, data: torch.Tensor) -> torch.Tensor:
+        if name == "elu_backward":
+            return op(grad, 1.0, 1, 1, False, data)
+        return op(grad, data, *_ACTIVATION_BACKWARDS[name])
+
+    def fake_run(mode: compat.FakeTensorMode, grad: torch.Tensor, data: torch.Tensor):
+        grad, data = (compat.fake_tensor(mode, t, cpu) for t in (grad, data))
+        with mode:
+            out = call(grad, data)
+        return tuple(out.shape), out.stride(), out.dtype
+
+    for shape in ((4, 6), (2, 6, 5, 3), (2, 6, 3, 4, 5)):
+        for dtype in (torch.float32, torch.float16):
+            for grad_cl, data_cl in ((False, False), (True, False), (False, True), (True, True)):
+                grad, data = torch.randn(shape, dtype=dtype), torch.randn(shape, dtype=dtype)
+                if len(shape) > 2:
+                    grad = grad.to(memory_format=cl[len(shape)]) if grad_cl else grad
+                    data = data.to(memory_format=cl[len(shape)]) if data_cl else data
+                ours = fake_run(compat.new_fake_mode(), grad, data)
+                real = call(grad, data)
+                assert ours == (tuple(real.shape), real.stride(), real.dtype)
+                same = grad_cl == data_cl or len(shape) == 2
+                if same or name not in _DECOMPOSED_FROM_THE_INPUT:
+                    assert ours == fake_run(compat.FakeTensorMode(), grad, data)
+                else:  # the case fixed: torch's fake follows the input, its kernel the gradient
+                    assert ours != fake_run(compat.FakeTensorMode(), grad, data)
+    broadcast = torch.randn(1, 6, 5, 3)
+    data = torch.randn(2, 6, 5, 3).to(memory_format=torch.channels_last)
+    assert compat._binary_operands(op, (broadcast, data, 0.0, 6.0, 0.0, data)) is None
+
+
+_DECOMPOSED_FROM_THE_INPUT = {  # torch 2.14.1's decompositions whose output follows the input
+    "elu_backward",
+    "hardsigmoid_backward",
+    "hardswish_backward",
+    "hardtanh_backward",
+    "softplus_backward",
+}

@@ -71,18 +71,19 @@ def test_bf16_autocast_is_reported_and_fp16_uses_a_scaler_eagerly():
 
 
 @needs_node_by_node
-def test_fake_training_runs_and_a_divergence_of_this_torch_is_in_its_table():
+def test_fake_training_loses_the_format_where_eager_does_at_the_activations_backward():
+    """mobilenet_v2's head: the activation's backward kernel iterates over the pool's NCHW
+    gradient first, so it returns NCHW, in a fake step as in eager (torch's own fake
+    decomposition followed the channels_last input instead: the divergence the measured
+    tables name); the report names the table fake runs apply."""
     from cl_audit.divergences import divergence_table
 
     fake = train(tm.ActivationBeforePool(), tensor_mode=TensorMode.FAKE)
-    assert fake.predicted and fake.environment.train
-    (regain,) = [f for f in fake.regains if f.aten_op == "aten.hardtanh_backward"]
-    assert regain.root_cause.python_op == "MeanBackward1"
-    # where eager loses the format at the same op (measured on this torch, in this test), the
-    # divergence table that fake runs apply here must name it
     eager = train(tm.ActivationBeforePool())
-    if any(f.aten_op == "aten.hardtanh_backward" for f in eager.offenders):
-        assert ("aten.hardtanh_backward", "backward") in divergence_table("cpu")
+    assert fake.predicted and fake.environment.train
+    for report in (fake, eager):
+        (loss,) = [f for f in report.offenders if f.aten_op == "aten.hardtanh_backward"]
+        assert loss.root_cause.python_op == "MeanBackward1"
     assert fake.environment.fake_divergences == divergence_table("cpu").name
 
 
@@ -146,6 +147,40 @@ def test_a_fake_step_of_a_model_that_keeps_the_format_is_clean(device):
     assert report.offenders == () and report.verdict is Verdict.CLEAN
 
 
+@pytest.mark.parametrize(
+    "device",
+    [
+        pytest.param("cpu", marks=needs_node_by_node),
+        pytest.param("cuda", marks=[needs_fake_cuda, needs_node_by_node]),
+    ],
+)
+def test_a_fake_step_lays_an_activations_gradient_out_as_its_kernel(device):
+    """A hard-swish given NCHW input before a channels_last convolution: its backward kernel
+    iterates over the channels_last gradient first and keeps it (eager CPU training, the
+    kernel, says so); the fake step agrees instead of reporting the loss torch's fake
+    decomposition made up. Positive control: the forward's own loss (``.contiguous()``) is
+    still found, in both."""
+    eager = train(tm.ActivationAfterLostFormat())
+    fake = train(tm.ActivationAfterLostFormat(), tensor_mode=TensorMode.FAKE, device=device)
+    for report in (eager, fake):
+        found = [(f.phase, f.python_op, f.module_path) for f in report.offenders]
+        assert found == [(Phase.FORWARD, "Tensor.contiguous", "")]
+
+
+@needs_fake_cuda
+@needs_node_by_node
+def test_a_fake_cuda_step_finds_cudnn_batch_norm_converting_its_gradient():
+    """A batch norm given NCHW input between channels_last convolutions: on CUDA its backward
+    (CudnnBatchNormBackward0) converts the channels_last gradient to its input's layout, found
+    at the batch norm; cuDNN's outputs come from its kernel's allocations, not torch's fake
+    decomposition. Control: channels_last input, no backward loss."""
+    report = train(tm.NormAfterLostFormat(), tensor_mode=TensorMode.FAKE, device="cuda")
+    found = [(f.phase, f.python_op, f.module_path) for f in report.offenders]
+    assert (Phase.BACKWARD, "CudnnBatchNormBackward0", "bn") in found
+    control = train(tm.NormAfterLostFormat(lost=False), tensor_mode=TensorMode.FAKE, device="cuda")
+    assert control.offenders == ()
+
+
 @needs_node_by_node
 @needs_fake_cuda
 @pytest.mark.parametrize(("amp", "dtype"), [(Amp.FP16, "float16"), (Amp.BF16, "bfloat16")])
@@ -158,10 +193,10 @@ def test_a_fake_cuda_step_runs_in_the_dtypes_cuda_autocast_chooses(amp, dtype):
         pytest.skip(f"this torch refuses fake CUDA bfloat16: {problem}")
     report = train(tm.ActivationBeforePool(), tensor_mode=TensorMode.FAKE, device="cuda", amp=amp)
     assert report.environment.autocast == f"cuda:{dtype}"
-    (activation,) = [f for f in report.regains if f.python_op == "HardtanhBackward0"]
+    (activation,) = [f for f in report.offenders if f.python_op == "HardtanhBackward0"]
     assert {t.dtype for t in activation.inputs} == {dtype} and activation.module_path == "act"
     fp32 = train(tm.ActivationBeforePool(), tensor_mode=TensorMode.FAKE, device="cuda")
-    (control,) = [f for f in fp32.regains if f.python_op == "HardtanhBackward0"]
+    (control,) = [f for f in fp32.offenders if f.python_op == "HardtanhBackward0"]
     assert {t.dtype for t in control.inputs} == {"float32"}
 
 
@@ -221,23 +256,37 @@ def test_an_op_that_asks_the_cuda_runtime_fails_naming_it_never_on_the_cpu_silen
 @pytest.mark.parametrize("optimizer", list(Optimizer))
 def test_priming_a_step_makes_the_optimizer_state_in_each_parameters_layout(optimizer):
     """A fake step warms up without running a first step: ``Step.prime`` makes the optimizer's
-    state (momentum, Adam's moments) laid out as its channels_last parameter, as a real first
-    step does, and leaves no gradient behind."""
+    state (momentum, Adam's moments) as fake tensors laid out as their channels_last parameter,
+    on its device, as a real first step does (the control: the same state tensors, the same
+    strides, on the CPU), and leaves no gradient behind."""
+    from cl_audit.compat import fake_tensor, is_fake, new_fake_mode
     from cl_audit.plan import plan_run
     from cl_audit.training import Step
 
     conv = torch.nn.Conv2d(3, 8, 3).to(memory_format=torch.channels_last)
-    plan = plan_run(AuditSettings(train=True, optimizer=optimizer))
-    primed = Step(plan, dict(conv.named_parameters()))
-    primed.prime()
-    stepped = Step(plan, dict(conv.named_parameters()))
+    mode, cpu = new_fake_mode(), torch.device("cpu")
+    fakes = {n: fake_tensor(mode, p.detach(), cpu) for n, p in conv.named_parameters()}
+    fake_plan = plan_run(
+        AuditSettings(train=True, optimizer=optimizer, tensor_mode=TensorMode.FAKE)
+    )
+    primed = Step(fake_plan, {n: t.requires_grad_() for n, t in fakes.items()})
+    with mode:
+        primed.prime()
+    assert all(t.grad is None for t in fakes.values())
+    stepped = Step(
+        plan_run(AuditSettings(train=True, optimizer=optimizer)), dict(conv.named_parameters())
+    )
     stepped.run(lambda: conv(torch.randn(2, 3, 8, 8)), None)  # a real first step: the control
     assert conv.weight.grad is not None
     for step in (primed, stepped):
         state = step.state_tensors()
         weights = [t for t in state if t.shape == conv.weight.shape]
         assert weights and all(t.stride() == conv.weight.stride() for t in weights)
-    assert len(primed.state_tensors()) == len(stepped.state_tensors())
+    made, real = primed.state_tensors(), stepped.state_tensors()
+    assert [(t.shape, t.stride(), t.dtype) for t in made] == [
+        (t.shape, t.stride(), t.dtype) for t in real
+    ]
+    assert all(is_fake(t) and t.device == cpu for t in made)
 
 
 def test_fake_scaler_does_what_grad_scaler_does_when_no_gradient_overflows():

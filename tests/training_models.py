@@ -78,6 +78,42 @@ class KeepsFormat(nn.Module):
         return self.conv2(torch.relu(self.conv1(x))).sum(dim=(2, 3))
 
 
+class NormAfterLostFormat(nn.Module):
+    """A batch norm given NCHW input (the forward makes it contiguous) between two
+    channels_last convolutions: on CUDA cuDNN's backward lays the input gradient out as its
+    NCHW input, converting the channels_last gradient that the second convolution's backward
+    returns (torch's fake decomposition followed that gradient). ``lost=False`` is the control:
+    channels_last input, nothing converted."""
+
+    def __init__(self, lost: bool = True) -> None:
+        super().__init__()
+        self.lost = lost
+        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.conv2 = nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv1(x)
+        y = y.contiguous() if self.lost else y
+        return self.conv2(self.bn(y)).sum(dim=(2, 3))
+
+
+class ActivationAfterLostFormat(nn.Module):
+    """A hard-swish given NCHW input (the forward makes it contiguous) before a channels_last
+    convolution: its backward kernel iterates over the incoming gradient first, so the
+    convolution's channels_last gradient stays channels_last (torch 2.14's fake decomposition
+    followed the NCHW input instead: a loss no kernel makes)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.act = nn.Hardswish()
+        self.conv2 = nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv2(self.act(self.conv1(x).contiguous())).sum(dim=(2, 3))
+
+
 class BranchesOnValue(KeepsFormat):
     """KeepsFormat that branches on a value of its activations: fake tensors have no values,
     so a fake step fails there, named."""

@@ -12,6 +12,7 @@ checks itself with a probe of known answer before it predicts anything (``fake_c
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
 from collections.abc import Callable
@@ -21,6 +22,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch._prims_common import suggest_memory_format as _suggest_memory_format
 from torch._subclasses import fake_tensor as _fake
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -36,6 +38,7 @@ __all__ = [
     "current_autograd_node",
     "data_dependent_op",
     "fake_cuda_problem",
+    "fake_like",
     "fake_tensor",
     "flatten",
     "is_data_dependent_error",
@@ -46,8 +49,10 @@ __all__ = [
     "module_apply",
     "new_fake_mode",
     "op_traits",
+    "outside_modes",
     "profiled_ops",
     "storage_key",
+    "suggest_memory_format",
     "tensor_leaves",
     "torch_version",
     "unflatten",
@@ -169,7 +174,47 @@ class _FakeMode(FakeTensorMode):
         if _real_only(func, args, kwargs):
             with torch.utils._mode_utils.no_dispatch():
                 return func(*args, **kwargs)
+        operands = _binary_operands(func, args)
+        if operands is not None:
+            return super().dispatch(_MUL, types, operands, {})
         return super().dispatch(func, types, args, kwargs)
+
+
+_MUL = torch.ops.aten.mul.Tensor
+_aten = torch.ops.aten
+# Activations' backward kernels are binary TensorIterator operations on two of their arguments,
+# in this order (their meta functions in aten/src/ATen/native/Activation.cpp, or their CUDA
+# kernels: ``build_borrowing_binary_op(grad_input, a, b)``); torch fakes them by Python
+# decompositions of tens of fake operations, where a multiplication of the same two tensors
+# gives the same output.
+_BINARY_BACKWARDS = {
+    _aten.silu_backward.default: (0, 1),
+    _aten.sigmoid_backward.default: (0, 1),
+    _aten.tanh_backward.default: (0, 1),
+    _aten.gelu_backward.default: (0, 1),
+    _aten.threshold_backward.default: (1, 0),
+    _aten.hardtanh_backward.default: (0, 1),
+    _aten.hardswish_backward.default: (0, 1),
+    _aten.hardsigmoid_backward.default: (0, 1),
+    _aten.leaky_relu_backward.default: (1, 0),
+    _aten.elu_backward.default: (0, 5),
+    _aten.mish_backward.default: (0, 1),
+    _aten.softplus_backward.default: (0, 1),
+}
+
+
+def _binary_operands(func: Any, args: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The two tensors an activation's backward kernel iterates over, in its order, where they
+    have one shape and dtype (no broadcast, no promotion); else None."""
+    order = _BINARY_BACKWARDS.get(func)
+    if order is None:
+        return None
+    a, b = args[order[0]], args[order[1]]
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+        return None
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return None
+    return a, b
 
 
 _LIFTS = (torch.ops.aten.lift_fresh.default, torch.ops.aten.lift_fresh_copy.default)
@@ -210,6 +255,17 @@ def tensor_leaves(value: Any) -> list[torch.Tensor]:
     return [a for a in torch.utils._pytree.tree_leaves(value) if isinstance(a, torch.Tensor)]
 
 
+def outside_modes() -> contextlib.AbstractContextManager[object]:
+    """No dispatch mode (fake or other) active inside: tensors made there are what they say."""
+    return torch.utils._python_dispatch._disable_current_modes()
+
+
+def suggest_memory_format(tensor: torch.Tensor) -> torch.memory_format:
+    """``Tensor::suggest_memory_format()`` (C++ only): channels_last(_3d) for strides like it,
+    else contiguous; the format kernels allocate their outputs in."""
+    return _suggest_memory_format(tensor)
+
+
 def new_fake_mode() -> FakeTensorMode:
     return _FakeMode(allow_non_fake_inputs=True)
 
@@ -219,6 +275,13 @@ def fake_tensor(mode: FakeTensorMode, tensor: torch.Tensor, device: torch.device
     device need not exist on this machine."""
     meta = tensor if tensor.is_meta else tensor.to("meta")
     return _fake.FakeTensor(mode, meta, device)
+
+
+def fake_like(tensor: torch.Tensor, fake: torch.Tensor) -> torch.Tensor:
+    """A fake copy of ``tensor`` in the fake mode of the fake tensor ``fake``: on its device
+    where ``tensor`` is a meta tensor, else on ``tensor``'s own."""
+    device = fake.device if tensor.is_meta else tensor.device
+    return fake_tensor(fake.fake_mode, tensor, device)
 
 
 _is_fake: Callable[[object], bool] = getattr(
