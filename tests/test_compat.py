@@ -473,3 +473,44 @@ _DECOMPOSED_FROM_THE_INPUT = {  # torch 2.14.1's decompositions whose output fol
     "hardtanh_backward",
     "softplus_backward",
 }
+
+
+def test_a_dense_cast_is_faked_with_its_inputs_strides_as_its_kernel_allocates_it():
+    """``_to_copy`` that only changes the dtype of a dense tensor allocates the same strides
+    (TensorConversions.cpp): cl-audit's fake mode gives them directly instead of torch's
+    Python decomposition, equal to the real kernel and to torch's fake mode for channels_last,
+    NCHW, transposed and size-1 shapes. Controls, left to torch: a non-dense view (expanded,
+    sliced) and a memory format asked for."""
+    cpu, cl = torch.device("cpu"), torch.channels_last
+    ops = torch.ops.aten
+
+    def fake_cast(mode: compat.FakeTensorMode, x: torch.Tensor, **kwargs: object):
+        fx = compat.fake_tensor(mode, x, cpu)
+        with mode:
+            out = ops._to_copy.default(fx, **kwargs)
+        return out.stride(), out.dtype
+
+    dense = [torch.randn(2, 8, 5, 5), torch.randn(2, 8, 5, 5).to(memory_format=cl)]
+    dense += [torch.randn(2, 8, 1, 1).to(memory_format=cl), torch.randn(4, 6).t()]
+    dense += [torch.randn(2, 8, 3, 4, 5).to(memory_format=torch.channels_last_3d)]
+    for x in dense:
+        assert compat._dense_cast((compat.fake_tensor(compat.new_fake_mode(), x, cpu),), {})
+        for kwargs in ({"dtype": torch.float16}, {"memory_format": torch.preserve_format}, {}):
+            real = ops._to_copy.default(x, **kwargs)
+            ours = fake_cast(compat.new_fake_mode(), x, **kwargs)
+            assert ours == (real.stride(), real.dtype) == (x.stride(), real.dtype)
+            assert ours == fake_cast(compat.FakeTensorMode(), x, **kwargs)
+    views = (
+        (torch.randn(1, 8, 1, 1), lambda t: t.expand(2, 8, 5, 5), {"dtype": torch.float16}),
+        (torch.randn(4, 6), lambda t: t[::2], {"dtype": torch.float16}),
+        (torch.randn(2, 8, 5, 5), lambda t: t, {"memory_format": cl}),
+    )
+    for base, view, kwargs in views:
+        mode = compat.new_fake_mode()
+        fake = compat.fake_tensor(mode, base, cpu)
+        with mode:
+            fx = view(fake)
+            assert not compat._dense_cast((fx,), kwargs)
+            out = ops._to_copy.default(fx, **kwargs)
+        real = ops._to_copy.default(view(base), **kwargs)
+        assert (out.stride(), out.dtype) == (real.stride(), real.dtype)

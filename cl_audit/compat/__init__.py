@@ -27,6 +27,7 @@ from torch._subclasses import fake_tensor as _fake
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from cl_audit.errors import UsageError
+from cl_audit.layout import is_dense
 
 __all__ = [
     "TORCH_VERSION",
@@ -177,6 +178,13 @@ class _FakeMode(FakeTensorMode):
         operands = _binary_operands(func, args)
         if operands is not None:
             return super().dispatch(_MUL, types, operands, {})
+        if func is _TO_COPY and _dense_cast(args, kwargs):
+            data = args[0]
+            dtype = kwargs.get("dtype") or data.dtype
+            strided = (data.shape, data.stride())
+            return super().dispatch(
+                _EMPTY_STRIDED, types, strided, {"dtype": dtype, "device": data.device}
+            )
         return super().dispatch(func, types, args, kwargs)
 
 
@@ -201,6 +209,28 @@ _BINARY_BACKWARDS = {
     _aten.mish_backward.default: (0, 1),
     _aten.softplus_backward.default: (0, 1),
 }
+
+
+_TO_COPY = torch.ops.aten._to_copy.default
+_EMPTY_STRIDED = torch.ops.aten.empty_strided.default
+_CAST_KEYWORDS = {"dtype", "memory_format", "layout", "device", "pin_memory", "non_blocking"}
+
+
+def _dense_cast(args: Any, kwargs: dict[str, Any]) -> bool:
+    """Whether a ``_to_copy`` only changes the dtype (or nothing) of a tensor with dense,
+    non-overlapping strides: its kernel (TensorConversions.cpp, ``memory_format`` preserve)
+    then allocates ``empty_strided`` with the same strides, which torch fakes by a Python
+    decomposition."""
+    if len(args) != 1 or not is_fake(args[0]) or not kwargs.keys() <= _CAST_KEYWORDS:
+        return False
+    data = args[0]
+    if kwargs.get("memory_format") not in (None, torch.preserve_format):
+        return False
+    if kwargs.get("layout") not in (None, torch.strided) or kwargs.get("pin_memory"):
+        return False
+    if kwargs.get("device") not in (None, data.device) or kwargs.get("non_blocking"):
+        return False
+    return data.layout == torch.strided and is_dense(data.shape, data.stride())
 
 
 def _binary_operands(func: Any, args: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
