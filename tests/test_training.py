@@ -253,6 +253,7 @@ def test_an_op_that_asks_the_cuda_runtime_fails_naming_it_never_on_the_cpu_silen
     assert _cli("recurrent_head", "--train", "--fake", "--json", "-").exit_code in (0, 1)
 
 
+@needs_node_by_node  # the prime serves fake steps, which run their backward node by node
 @pytest.mark.parametrize("optimizer", list(Optimizer))
 def test_priming_a_step_makes_the_optimizer_state_in_each_parameters_layout(optimizer):
     """A fake step warms up without running a first step: ``Step.prime`` makes the optimizer's
