@@ -128,10 +128,7 @@ class Step:
         (``fake_like``): on its parameter's device, or on the CPU where the step made it there
         (AdamW's step count). The scaler is made here, under the fake mode."""
         self._gradient_scaler()
-        if self._optimizer is None:
-            self._optimizer = make_optimizer(
-                self.plan.settings.optimizer, self.parameters.values(), self._foreach
-            )
+        optimizer = self._made_optimizer()
         parameters = list(self.parameters.values())
         with outside_modes(), torch.no_grad():
             metas = [
@@ -143,7 +140,7 @@ class Step:
             first = make_optimizer(self.plan.settings.optimizer, metas)
             first.step()
             for parameter, meta in zip(parameters, metas, strict=True):
-                self._optimizer.state[parameter] = {
+                optimizer.state[parameter] = {
                     key: fake_like(value, parameter) if isinstance(value, torch.Tensor) else value
                     for key, value in first.state[meta].items()
                 }
@@ -183,16 +180,21 @@ class Step:
 
     def _step_optimizer(self) -> None:
         """The optimizer's step on the gradients there are (fp16: through the scaler)."""
+        optimizer = self._made_optimizer()
+        scaler = self._gradient_scaler()
+        if scaler is None:
+            optimizer.step()
+        else:
+            scaler.step(optimizer)
+            scaler.update()
+
+    def _made_optimizer(self) -> torch.optim.Optimizer:
+        """The step's optimizer, made on first use and kept."""
         if self._optimizer is None:
             self._optimizer = make_optimizer(
                 self.plan.settings.optimizer, self.parameters.values(), self._foreach
             )
-        scaler = self._gradient_scaler()
-        if scaler is None:
-            self._optimizer.step()
-        else:
-            scaler.step(self._optimizer)
-            scaler.update()
+        return self._optimizer
 
     def _gradient_scaler(self) -> torch.amp.GradScaler | FakeScaler | None:
         """The fp16 gradient scaler (made on first use; fake for predicted tensors), else None."""

@@ -188,8 +188,8 @@ class _FakeMode(FakeTensorMode):
         return super().dispatch(func, types, args, kwargs)
 
 
-_MUL = torch.ops.aten.mul.Tensor
 _aten = torch.ops.aten
+_MUL = _aten.mul.Tensor
 # Activations' backward kernels are binary TensorIterator operations on two of their arguments,
 # in this order (their meta functions in aten/src/ATen/native/Activation.cpp, or their CUDA
 # kernels: ``build_borrowing_binary_op(grad_input, a, b)``); torch fakes them by Python
@@ -211,8 +211,8 @@ _BINARY_BACKWARDS = {
 }
 
 
-_TO_COPY = torch.ops.aten._to_copy.default
-_EMPTY_STRIDED = torch.ops.aten.empty_strided.default
+_TO_COPY = _aten._to_copy.default
+_EMPTY_STRIDED = _aten.empty_strided.default
 _CAST_KEYWORDS = {"dtype", "memory_format", "layout", "device", "pin_memory", "non_blocking"}
 
 
