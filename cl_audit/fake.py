@@ -19,6 +19,7 @@ from cl_audit.compat import (
     TORCH_VERSION,
     FakeTensorMode,
     TorchDispatchMode,
+    device_query,
     fake_tensor,
     suggest_memory_format,
 )
@@ -96,6 +97,9 @@ class KernelSourceMode(TorchDispatchMode):
         )
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        device = device_query(func, args)
+        if device is not None:
+            return device
         name = aten_op_name(func)
         if self._cudnn and name in _CUDNN_OUTPUTS and not kwargs:
             outputs = _cudnn_outputs(name, args)

@@ -18,6 +18,7 @@ from torch_checks import FAKE_CUDA_PROBLEM, fake_cuda_group_norm_returns_nchw, n
 from typer.testing import CliRunner
 
 from cl_audit import compat
+from cl_audit.audit import audit
 from cl_audit.cli import app
 from cl_audit.compat import TORCH_VERSION
 from cl_audit.divergences import (
@@ -28,6 +29,7 @@ from cl_audit.divergences import (
     kernel_copy_table,
 )
 from cl_audit.errors import UsageError
+from cl_audit.fake import KernelSourceMode
 from cl_audit.plan import resolve_device
 from cl_audit.run import audit_module
 from cl_audit.settings import AuditSettings, TensorMode
@@ -514,3 +516,106 @@ def test_a_dense_cast_is_faked_with_its_inputs_strides_as_its_kernel_allocates_i
             out = ops._to_copy.default(fx, **kwargs)
         real = ops._to_copy.default(view(base), **kwargs)
         assert (out.stride(), out.dtype) == (real.stride(), real.dtype)
+
+
+def test_the_modes_answer_a_fake_tensors_device_query_from_the_tensor():
+    """C++ asks the device of every fake tensor an operation touches (``prim.device``): each
+    cl-audit mode answers it from the fake tensor, as torch's own handler does; any other
+    call, or a real tensor, is passed on."""
+    device_of = torch.ops.prim.device.default
+    cuda = torch.device("cuda")
+    mode = compat.new_fake_mode()
+    fake = compat.fake_tensor(mode, torch.empty(2, 3, device="meta"), cuda)
+    assert compat.device_query(device_of, (fake,)) == fake.device == torch.device("cuda:0")
+    assert compat.device_query(device_of, (torch.empty(2),)) is None
+    assert compat.device_query(torch.ops.aten.detach.default, (fake,)) is None
+    with mode, KernelSourceMode.for_device(cuda), audit(training=True):
+        assert device_of(fake) == fake.device
+        assert (fake * 2).device == fake.device
+
+
+_SHAPES = {"nchw": (2, 8, 5, 5), "channels_last": (2, 8, 5, 5)}
+
+
+def _memo_calls() -> dict[str, tuple[bool, object]]:
+    """name -> (whether the output views the first argument, the call)."""
+    ops = torch.ops.aten
+    conv = ops.convolution.default
+    return {
+        "mul": (False, lambda x, w: ops.mul.Tensor(x, x)),
+        "convolution": (
+            False,
+            lambda x, w: conv(x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1),
+        ),
+        "batch norm": (
+            False,
+            lambda x, w: ops.native_batch_norm.default(x, None, None, None, None, True, 0.1, 1e-5),
+        ),
+        "sum": (False, lambda x, w: ops.sum.dim_IntList(x, [2, 3])),
+        "cast": (False, lambda x, w: ops._to_copy.default(x, dtype=torch.float16)),
+        "transpose": (True, lambda x, w: ops.transpose.int(x, 1, 2)),
+        "detach": (True, lambda x, w: ops.detach.default(x)),
+        "select": (True, lambda x, w: ops.select.int(x, 1, 3)),
+        "slice": (True, lambda x, w: ops.slice.Tensor(x, 2, 1, 4)),
+    }
+
+
+def _metadata(value: object) -> list[tuple[object, ...]]:
+    outputs = value if isinstance(value, (tuple, list)) else (value,)
+    return [
+        (o.shape, o.stride(), o.dtype, o.device, o.storage_offset())
+        for o in outputs
+        if isinstance(o, torch.Tensor)
+    ]
+
+
+@pytest.mark.parametrize("layout", sorted(_SHAPES))
+@pytest.mark.parametrize("name", sorted(_memo_calls()))
+def test_remembered_fake_outputs_are_torchs_own_made_fresh_or_on_the_viewed_storage(layout, name):
+    """An operation seen before is answered by the fake mode's memo: outputs with the metadata
+    torch's own fake mode gives, each on a new storage (or, for a view, on its argument's
+    storage at its offset) so that provenance by storage identity stays right."""
+    views, call = _memo_calls()[name]
+    cpu = torch.device("cpu")
+    fmt = torch.channels_last if layout == "channels_last" else torch.contiguous_format
+    x = torch.empty(_SHAPES[layout], device="meta").to(memory_format=fmt)
+    w = torch.empty(8, 8, 3, 3, device="meta").to(memory_format=fmt)
+    reference = compat.FakeTensorMode()
+    with reference:
+        expected = _metadata(call(*(compat.fake_tensor(reference, t, cpu) for t in (x, w))))
+    mode = compat.new_fake_mode()
+    fx, fw = (compat.fake_tensor(mode, t, cpu) for t in (x, w))
+    with mode:
+        first = call(fx, fw)
+        hits = mode.memo.hits
+        second = call(fx, fw)
+    assert mode.memo.hits == hits + 1  # answered by the memo
+    assert _metadata(first) == _metadata(second) == expected
+    firsts = first if isinstance(first, tuple) else (first,)
+    seconds = second if isinstance(second, tuple) else (second,)
+    for a, b in zip(firsts, seconds, strict=True):
+        if a is None:
+            continue
+        assert compat.is_fake(b) and b.fake_mode is mode
+        if views:
+            assert compat.storage_key(b) == compat.storage_key(fx) == compat.storage_key(a)
+        else:
+            assert compat.storage_key(b) not in (compat.storage_key(a), compat.storage_key(fx))
+
+
+def test_the_memo_leaves_in_place_and_storage_sharing_operations_to_torch():
+    """The controls: an in-place operation returns its argument itself, and ``_unsafe_view``
+    (whose schema promises a fresh tensor) shares its argument's storage; neither is
+    remembered, and both behave as in torch's fake mode every time."""
+    ops = torch.ops.aten
+    mode = compat.new_fake_mode()
+    x = compat.fake_tensor(mode, torch.empty(2, 6, device="meta"), torch.device("cpu"))
+    with mode:
+        for _ in range(2):
+            assert ops.add_.Tensor(x, x) is x
+            viewed = ops._unsafe_view.default(x, [3, 4])
+            assert compat.storage_key(viewed) == compat.storage_key(x)
+            ops.mul.Tensor(x, x)
+    assert mode.memo.key(ops.add_.Tensor, (x, x), {}) is None
+    assert mode.memo.key(ops._unsafe_view.default, (x, [3, 4]), {}) is None
+    assert mode.memo.key(ops.mul.Tensor, (x, x), {}) is not None  # the positive control

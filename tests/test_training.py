@@ -12,10 +12,13 @@ import training_models as tm
 from torch_checks import BACKWARD_PROBLEM, needs_fake_cuda, needs_node_by_node
 from typer.testing import CliRunner
 
+from cl_audit import compat
 from cl_audit.cli import app
 from cl_audit.compat import fake_cuda_problem
+from cl_audit.compat import memo as compat_memo
 from cl_audit.errors import ModelFailedError, Stage, UsageError
 from cl_audit.report import Phase, RegainSource, Verdict
+from cl_audit.report.codec import encode
 from cl_audit.run import audit_module
 from cl_audit.settings import Amp, AuditSettings, Engine, Optimizer, Strategy, TensorMode
 
@@ -379,3 +382,35 @@ def _line(function: object, text: str) -> int:
 def test_a_torch_that_cannot_run_a_backward_node_by_node_refuses_fake_training_with_the_reason():
     with pytest.raises(UsageError, match="a backward run node by node"):
         train(tm.KeepsFormat(), tensor_mode=TensorMode.FAKE)
+
+
+@pytest.mark.parametrize(
+    ("device", "model"),
+    [
+        pytest.param("cpu", tm.ActivationBeforePool, marks=needs_node_by_node),
+        pytest.param("cuda", tm.NormAfterLostFormat, marks=[needs_fake_cuda, needs_node_by_node]),
+    ],
+)
+def test_a_fake_step_reports_the_same_with_or_without_the_fake_modes_memo(
+    device, model, monkeypatch
+):
+    """The fake mode's memo (compat/memo.py) answers repeated operations from their outputs'
+    metadata: the whole report, findings, sites and bytes, is the one torch's fake mode alone
+    gives; and the memo did answer (the model has a loss to find: the positive control)."""
+    hits = []
+    lookup = compat_memo.OutputMemo.lookup
+
+    def counted(self, key, func, args):
+        found = lookup(self, key, func, args)
+        hits.append(found is not None)
+        return found
+
+    monkeypatch.setattr(compat_memo.OutputMemo, "lookup", counted)
+    settings = {"tensor_mode": TensorMode.FAKE, "device": device, "amp": Amp.FP16}
+    remembered = encode(train(model(), **settings))
+    assert any(hits) and remembered["offenders"]
+    monkeypatch.setattr(compat, "_MEMO", False)
+    hits.clear()
+    alone = encode(train(model(), **settings))
+    assert not hits
+    assert remembered == alone

@@ -26,6 +26,7 @@ from torch._prims_common import suggest_memory_format as _suggest_memory_format
 from torch._subclasses import fake_tensor as _fake
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from cl_audit.compat.memo import OutputMemo
 from cl_audit.errors import UsageError
 from cl_audit.layout import is_dense
 
@@ -168,13 +169,41 @@ class _FakeMode(FakeTensorMode):
     all real (data the model holds itself as plain tensor attributes: parameters, buffers and
     inputs are fake here) and that neither writes to them nor moves them to a device runs for
     real, so their values stay known (``for s in self.stride: x.new_full(..., s)``); torch's
-    own mode turns them into fake tensors whose values nothing can read."""
+    own mode turns them into fake tensors whose values nothing can read. It answers a fake
+    tensor's device query at once (``device_query``) and an operation seen before from its
+    ``memo`` (``OutputMemo``, compat/memo.py)."""
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        device = device_query(func, args)
+        if device is not None:
+            return device
+        return super().__torch_dispatch__(func, types, args, kwargs or {})
+
+    @property
+    def memo(self) -> OutputMemo:
+        """The outputs this mode remembers (``OutputMemo``)."""
+        memo = self.__dict__.get("_memo")
+        if memo is None:
+            memo = self._memo = OutputMemo(self)
+        return memo
 
     def dispatch(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         if _real_only(func, args, kwargs):
             with torch.utils._mode_utils.no_dispatch():
                 return func(*args, **kwargs)
+        memo = self.memo
+        key = memo.key(func, args, kwargs) if _MEMO else None
+        if key is not None:
+            outputs = memo.lookup(key, func, args)
+            if outputs is not None:
+                return outputs
+        result = self._fake_dispatch(func, types, args, kwargs)
+        if key is not None:
+            memo.remember(key, func, args, kwargs, result)
+        return result
+
+    def _fake_dispatch(self, func: Any, types: Any, args: Any, kwargs: dict[str, Any]) -> Any:
         operands = _binary_operands(func, args)
         if operands is not None:
             return super().dispatch(_MUL, types, operands, {})
@@ -188,6 +217,7 @@ class _FakeMode(FakeTensorMode):
         return super().dispatch(func, types, args, kwargs)
 
 
+_MEMO = True  # OutputMemo answers the operations it can (off: torch's cache alone)
 _aten = torch.ops.aten
 _MUL = _aten.mul.Tensor
 # Activations' backward kernels are binary TensorIterator operations on two of their arguments,
@@ -321,6 +351,21 @@ _is_fake: Callable[[object], bool] = getattr(
 
 def is_fake(tensor: object) -> bool:
     return _is_fake(tensor)
+
+
+_DEVICE = torch.ops.prim.device.default
+
+
+def device_query(func: Any, args: Any) -> torch.device | None:
+    """The device a fake tensor reports for ``prim.device``, or None for any other call.
+
+    C++ asks the device of every fake tensor an operation touches (autograd twice per tensor,
+    the optimizer's grouping once), most of a fake training step's dispatches; a mode can answer
+    it from the tensor instead of passing it down the stack, as torch's own handler does
+    (``_device_handler`` in torch/_subclasses/fake_tensor.py: ``meta`` inside a kernel)."""
+    if func is _DEVICE and isinstance(args[0], _fake.FakeTensor):
+        return args[0].device
+    return None
 
 
 _DEVICE_ERRORS = tuple(

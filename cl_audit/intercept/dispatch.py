@@ -15,7 +15,7 @@ from typing import Any
 from torch.autograd.profiler import record_function
 from torch.overrides import TorchFunctionMode
 
-from cl_audit.compat import TorchDispatchMode
+from cl_audit.compat import TorchDispatchMode, device_query
 from cl_audit.errors import mark_failure
 from cl_audit.intercept.naming import aten_op_name, python_op_name
 from cl_audit.intercept.observer import Observer
@@ -23,8 +23,7 @@ from cl_audit.intercept.observer import Observer
 __all__ = ["CALL_LABEL", "DispatchEngine"]
 
 CALL_LABEL = "cl_audit#"
-_METADATA = "prim"  # the namespace of operators that read a tensor's metadata (prim.device, which
-# C++ asks of every fake tensor: most of a fake training step's dispatches): nothing to check
+_METADATA = "prim"  # the namespace of operators that read a tensor's metadata: nothing to check
 
 
 class _PythonCalls(TorchFunctionMode):
@@ -59,7 +58,8 @@ class _AtenObserver(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         if func.namespace == _METADATA:
-            return func(*args, **(kwargs or {}))
+            device = device_query(func, args)
+            return device if device is not None else func(*args, **(kwargs or {}))
         try:
             result = func(*args, **(kwargs or {}))
         except Exception as e:
@@ -79,7 +79,8 @@ class _LabellingObserver(_AtenObserver):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         if func.namespace == _METADATA:
-            return func(*args, **(kwargs or {}))
+            device = device_query(func, args)
+            return device if device is not None else func(*args, **(kwargs or {}))
         self._calls += 1
         with record_function(f"{CALL_LABEL}{self._calls}"):
             result = func(*args, **(kwargs or {}))
