@@ -589,7 +589,7 @@ def test_remembered_fake_outputs_are_torchs_own_made_fresh_or_on_the_viewed_stor
         first = call(fx, fw)
         hits = mode.memo.hits
         second = call(fx, fw)
-    assert mode.memo.hits == hits + 1  # answered by the memo
+    assert mode.memo.hits > hits  # answered by the memo (or its parts, where torch decomposes it)
     assert _metadata(first) == _metadata(second) == expected
     firsts = first if isinstance(first, tuple) else (first,)
     seconds = second if isinstance(second, tuple) else (second,)

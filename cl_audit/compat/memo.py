@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 from torch._subclasses import fake_tensor as _fake
-from torch.fx.experimental.proxy_tensor import get_proxy_mode
+from torch.fx.experimental import proxy_tensor as _proxy
 
 __all__ = ["OutputMemo"]
 
@@ -37,6 +37,8 @@ _EXCLUDED_TAGS = frozenset(
     )
     if hasattr(torch.Tag, name)
 )
+# get_proxy_mode (pre-dispatch tracing too) is newer than torch 2.4, which has the innermost only
+_tracing = getattr(_proxy, "get_proxy_mode", None) or _proxy.get_innermost_proxy_mode
 _NAMESPACES = frozenset({"aten", "prims"})
 _PLAIN = frozenset(
     {
@@ -145,7 +147,7 @@ class OutputMemo:
         allowed = self._funcs.get(func)
         if allowed is None:
             allowed = self._funcs[func] = _remembered(func)
-        if allowed is False or self._mode.shape_env is not None or get_proxy_mode() is not None:
+        if allowed is False or self._mode.shape_env is not None or _tracing() is not None:
             return None
         try:
             return (func, torch.get_default_dtype(), _key(args), _key(tuple(kwargs.items())))
