@@ -436,12 +436,12 @@ def test_a_view_is_never_a_fix_site_though_the_finding_names_it_as_root_cause():
     assert regain.root_cause.python_op == "Tensor.view"  # where the tokens became a map
 
 
-def _record(call, phase, op, inputs, outputs, in_keys, out_keys):
+def _record(call, phase, op, inputs, outputs, in_keys, out_keys, parameters=()):
     from cl_audit.attribution import Location
     from cl_audit.intercept.ledger import OpRecord
 
     return OpRecord(
-        call, phase, op, None, inputs, outputs, in_keys, out_keys, set(),
+        call, phase, op, None, inputs, outputs, in_keys, out_keys, set(parameters),
         lambda: Location(None, None, None), None,
     )  # fmt: skip
 
@@ -470,3 +470,31 @@ def test_gradients_are_fixed_through_their_casts_and_a_reused_storage_is_not_one
     step = 8 * 8 * 2 + 8 * 8 * 4 + 64 * 4  # the gradient, its half form, the scratch tensor
     assert ledger.written == 2 * 8 * 4 * 4 * 4 + step + 64 * 4
     assert ledger.written_fixed == step  # not the activation gradient, not the stale output
+
+
+def test_a_backward_output_whose_storage_a_parameter_derived_one_reused_is_not_fixed():
+    """A parameter-derived output made in the backward (counted fixed as it is written) may
+    take the storage of a backward output freed before it; when the optimizer reads it, the
+    freed output is not one of the step's gradients (it was counted fixed by chance, as the
+    allocator reused addresses: nfnet's bytes differed from run to run). The control: the
+    gradient and its half-precision form are fixed."""
+    from cl_audit.intercept.ledger import Ledger
+
+    aten = torch.ops.aten
+    grad_out, act = torch.zeros(2, 8, 4, 4), torch.zeros(2, 8, 4, 4)
+    half, full = torch.zeros(8, 8, dtype=torch.half), torch.zeros(8, 8)  # a weight's gradient
+    freed, derived, weight = torch.zeros(64), torch.zeros(64), torch.zeros(64)
+    ledger = Ledger()
+    back, optimizer = Phase.BACKWARD, Phase.OPTIMIZER
+    for record in (
+        _record(
+            1, back, aten.convolution_backward.default, [grad_out], [act, half], [10], [11, 12]
+        ),
+        _record(2, back, aten._to_copy.default, [half], [full], [12], [13]),
+        _record(3, back, aten.neg.default, [act], [freed], [11], [14]),  # freed: 14 reused below
+        _record(4, back, aten.mul.Tensor, [weight], [derived], [20], [14], parameters={20, 14}),
+        _record(5, optimizer, aten._foreach_add_.List, [full, derived], [], [13, 14], []),
+    ):
+        ledger.observe(record)
+    gradient = 8 * 8 * 2 + 8 * 8 * 4  # the gradient and its half form
+    assert ledger.written_fixed == gradient + 64 * 4  # and the parameter-derived output

@@ -174,6 +174,8 @@ class Ledger:
         if written:
             if phase is Phase.OPTIMIZER or all(key in record.parameters for key in out_keys):
                 self.written_fixed += written
+                for key in out_keys:  # settled: a backward output's storage no longer
+                    self._latest.pop(key, None)
             elif phase is Phase.BACKWARD:
                 self._backward_outputs(outputs, out_keys, in_keys, in_place)
         if phase is Phase.OPTIMIZER and self._latest:
