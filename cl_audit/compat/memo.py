@@ -6,7 +6,8 @@ caches them too (``FakeTensorMode._cached_dispatch_impl``), but a hit costs abou
 machine (a general key over every argument kind, the output rebuilt under the kernel-invocation
 guard), most of a fake training step. ``OutputMemo`` keeps the same answer for the operations
 whose outputs are fresh tensors or views of one argument, and rebuilds them from their metadata
-(a view on its argument's storage, as torch's cache does) in a few µs.
+(a view on its argument's storage, as torch's cache does) in about a third of that (a
+multiplication's hit: 183 -> 55 µs).
 
 Remembered only: builtin (``aten``/``prims``) operations that write to none of their arguments,
 none tagged as data-dependent, dynamic-shaped, seeded or in-place-view; views only where one
@@ -53,7 +54,8 @@ _PLAIN = frozenset(
         torch.layout,
     }
 )
-_Spec = tuple[Any, ...] | None  # an output: shape, strides, dtype, device, requires_grad
+# an output: shape, strides, dtype, device, then requires_grad (fresh) or storage offset (view)
+_Spec = tuple[Any, ...] | None
 
 
 class _Unkeyable(Exception):
