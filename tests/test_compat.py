@@ -294,8 +294,6 @@ def test_fake_cuda_convolution_gradients_are_laid_out_as_cudnn_lays_them():
 
 
 def _batch_norm_backward(data: torch.Tensor, grad: torch.Tensor, weight: torch.Tensor | None):
-    from cl_audit.fake import KernelSourceMode
-
     mode = KernelSourceMode.for_device(torch.device("cuda"))
     fake = compat.new_fake_mode()
     cpu = torch.device("cpu")
@@ -315,8 +313,6 @@ def test_a_cuda_training_batch_norm_backward_lays_its_gradient_out_as_cudnn_does
     incoming gradient converted first); a forward traced under CUDA's autocast has cuDNN's
     batch norm itself, the same. Controls: NCHW input, no affine weight (native CUDA path),
     bfloat16 (not cuDNN's), and a channels_last gradient (nothing to change)."""
-    from cl_audit.fake import KernelSourceMode
-
     cl = torch.channels_last
     data = torch.randn(2, 4, 5, 5).to(memory_format=cl)
     nchw_grad = torch.randn(2, 4, 5, 5)
@@ -348,8 +344,6 @@ def test_a_cuda_training_batch_norm_backward_lays_its_gradient_out_as_cudnn_does
 def _cudnn_batch_norm(kernels: bool, data: torch.Tensor, grad: torch.Tensor, training: bool):
     """cuDNN's batch norm and its backward on fake CUDA tensors: under ``KernelSourceMode``
     (``kernels``), or torch's own fake decomposition; with the overrides it applied."""
-    from cl_audit.fake import KernelSourceMode
-
     fake, cuda = compat.new_fake_mode(), torch.device("cuda")
     mode = KernelSourceMode.for_device(cuda) if kernels else contextlib.nullcontext()
     data_f, grad_f = (compat.fake_tensor(fake, t, cuda) for t in (data, grad))

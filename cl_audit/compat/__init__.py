@@ -179,13 +179,9 @@ class _FakeMode(FakeTensorMode):
             return device
         return super().__torch_dispatch__(func, types, args, kwargs or {})
 
-    @property
-    def memo(self) -> OutputMemo:
-        """The outputs this mode remembers (``OutputMemo``)."""
-        memo = self.__dict__.get("_memo")
-        if memo is None:
-            memo = self._memo = OutputMemo(self)
-        return memo
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.memo = OutputMemo(self)
 
     def dispatch(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
@@ -200,7 +196,7 @@ class _FakeMode(FakeTensorMode):
                 return outputs
         result = self._fake_dispatch(func, types, args, kwargs)
         if key is not None:
-            memo.remember(key, func, args, kwargs, result)
+            memo.remember(key, func, args, result, tensor_leaves((args, kwargs)))
         return result
 
     def _fake_dispatch(self, func: Any, types: Any, args: Any, kwargs: dict[str, Any]) -> Any:

@@ -105,7 +105,7 @@ def _remembered(func: Any) -> int | bool:
     return aliased[0]
 
 
-def _fresh(output: Any, inputs: tuple[torch.Tensor, ...]) -> _Spec:
+def _fresh(output: Any, inputs: list[torch.Tensor]) -> _Spec:
     """A fresh output's metadata; anything else (a view, a constant) is not kept."""
     if output is None:
         return None
@@ -170,18 +170,20 @@ class OutputMemo:
         outputs = [None if s is None else self._made(s) for s in specs]
         return outputs[0] if container is None else container(outputs)
 
-    def remember(self, key: Any, func: Any, args: Any, kwargs: dict[str, Any], result: Any) -> None:
-        """Keep ``result``'s metadata for ``key``; an operation whose outputs are not as its
-        schema promises (fresh, or a view of its argument) is never keyed again."""
+    def remember(
+        self, key: Any, func: Any, args: Any, result: Any, inputs: list[torch.Tensor]
+    ) -> None:
+        """Keep ``result``'s metadata for ``key`` (``inputs``: the call's tensors); an
+        operation whose outputs are not as its schema promises (fresh, or a view of its
+        argument) is never keyed again."""
         base = self._funcs[func]
         try:
             if base is not True:
                 entry = (None, (_view(result, args[base] if base < len(args) else None),))
             elif type(result) in (tuple, list):
-                inputs = tuple(_inputs((args, kwargs)))
                 entry = (type(result), tuple(_fresh(r, inputs) for r in result))
             else:
-                entry = (None, (_fresh(result, tuple(_inputs((args, kwargs)))),))
+                entry = (None, (_fresh(result, inputs),))
         except _Unkeyable:
             self._funcs[func] = False
             return
@@ -199,13 +201,3 @@ class OutputMemo:
         meta = torch.empty(0, dtype=dtype, device="meta")
         meta.set_(base.untyped_storage(), offset, shape, stride)
         return _fake.FakeTensor(self._mode, meta, device)
-
-
-def _inputs(value: Any) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (list, tuple)):
-        return [t for v in value for t in _inputs(v)]
-    if isinstance(value, dict):
-        return [t for v in value.values() for t in _inputs(v)]
-    return []

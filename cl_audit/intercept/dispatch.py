@@ -26,6 +26,12 @@ CALL_LABEL = "cl_audit#"
 _METADATA = "prim"  # the namespace of operators that read a tensor's metadata: nothing to check
 
 
+def _metadata(func: Any, args: Any, kwargs: Any) -> Any:
+    """A metadata query's answer: a fake tensor's device from the tensor, any other passed on."""
+    device = device_query(func, args)
+    return device if device is not None else func(*args, **(kwargs or {}))
+
+
 class _PythonCalls(TorchFunctionMode):
     """Remembers the Python-level torch callable currently running, and hands each result to
     ``on_result`` (it sees results after autograd recorded them, unlike the dispatch mode)."""
@@ -58,8 +64,7 @@ class _AtenObserver(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         if func.namespace == _METADATA:
-            device = device_query(func, args)
-            return device if device is not None else func(*args, **(kwargs or {}))
+            return _metadata(func, args, kwargs)
         try:
             result = func(*args, **(kwargs or {}))
         except Exception as e:
@@ -79,8 +84,7 @@ class _LabellingObserver(_AtenObserver):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         if func.namespace == _METADATA:
-            device = device_query(func, args)
-            return device if device is not None else func(*args, **(kwargs or {}))
+            return _metadata(func, args, kwargs)
         self._calls += 1
         with record_function(f"{CALL_LABEL}{self._calls}"):
             result = func(*args, **(kwargs or {}))
