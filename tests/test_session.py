@@ -39,7 +39,8 @@ def run(monkeypatch, refs, settings, outcomes, tmp_path: Path, resume=False, int
     calls: list[Job] = []
     displays: list[Display] = []
 
-    def fake_runner(jobs, parallel, checkpoint, on_start, on_finish):
+    def fake_runner(jobs, parallel, checkpoint, on_start, on_finish, footprint=False):
+        assert not footprint  # no cache here: no worker reads its source files
         for job in jobs:
             if job.ref.name == interrupt_at:
                 raise KeyboardInterrupt

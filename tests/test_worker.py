@@ -109,7 +109,7 @@ def test_run_jobs_forks_checkpoints_and_turns_a_crash_into_a_row(tmp_path):
         finished.append(row)
         files[row.name.rsplit(":", 1)[1]] = ran_through
 
-    run_jobs(jobs, 2, checkpoint, lambda j: started.append(j.ref.name), on_finish)
+    run_jobs(jobs, 2, checkpoint, lambda j: started.append(j.ref.name), on_finish, footprint=True)
     rows = {r.name.rsplit(":", 1)[1]: r for r in finished}
     assert rows["fine"].status is Status.OK
     assert rows["segfaults"].status is Status.ERROR and "SIGSEGV" in rows["segfaults"].message
@@ -118,6 +118,28 @@ def test_run_jobs_forks_checkpoints_and_turns_a_crash_into_a_row(tmp_path):
     assert files["fine"] == files["segfaults"] == {str(FAULTS)}
     assert sorted(started) == sorted(j.ref.name for j in jobs)
     assert set(checkpoint.read()) == {r.key for r in finished}
+
+
+def test_workers_read_no_source_files_unless_asked(tmp_path, monkeypatch):
+    """The files an audit ran through serve a sweep's cache alone, and reading them costs a
+    worker about half a second: without ``footprint`` no worker reads them (reading raises
+    here, in the forked workers too), and every row is whole."""
+    from cl_audit.sweep import worker
+
+    def unread(*args: object) -> set[str]:
+        raise AssertionError("a worker read its source files unasked")
+
+    for name in ("factory_files", "module_files", "call_site_files"):
+        monkeypatch.setattr(worker, name, unread)
+    checkpoint = Checkpoint(tmp_path / "rows.jsonl")
+    checkpoint.start(keep=False)
+    heard: list[tuple[ModelRow, frozenset[str]]] = []
+    jobs = [job(f"{TOYS}:channel_shuffle", input_size=(3, 64, 64)), job(f"{FAULTS}:fine")]
+    run_jobs(jobs, 2, checkpoint, lambda j: None, lambda row, files: heard.append((row, files)))
+    assert [row.status for row, _ in heard] == [Status.OK, Status.OK]
+    assert [files for _, files in heard] == [frozenset(), frozenset()]
+    shuffle = next(row for row, _ in heard if row.name.endswith("channel_shuffle"))
+    assert [f.python_op for f in shuffle.offenders] == ["Tensor.contiguous"]
 
 
 @pytest.mark.parametrize(("text", "megabytes"), [("2GB", 2048), ("512MB", 512), ("1.5G", 1536)])

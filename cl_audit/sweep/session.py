@@ -119,20 +119,25 @@ def run_sweep(
     jobs = [first(ref, settings) for ref in refs if ref.key not in rows]
     ran_through: dict[str, set[str]] = {}
 
-    def store(row: ModelRow, files: frozenset[str]) -> None:
-        """Cache a row once it is final: not fake, or not to be confirmed."""
-        if cache is None:
-            return
-        ran_through.setdefault(row.key, set()).update(files)
-        unconfirmed = settings.confirm and row.mode is Mode.FAKE
-        if not unconfirmed or not confirm_jobs({row.key: row}, settings):
-            cache.store(row, ran_through[row.key])
+    # Without a cache no worker reads the files its audit ran through.
+    on_row: Callable[[ModelRow, frozenset[str]], None] | None = None
+    if cache is not None:
+        kept = cache
+
+        def store(row: ModelRow, files: frozenset[str]) -> None:
+            """Cache a row once it is final: not fake, or not to be confirmed."""
+            ran_through.setdefault(row.key, set()).update(files)
+            unconfirmed = settings.confirm and row.mode is Mode.FAKE
+            if not unconfirmed or not confirm_jobs({row.key: row}, settings):
+                kept.store(row, ran_through[row.key])
+
+        on_row = store
 
     interrupted = False
     try:
-        _run_pass(jobs, settings.jobs, checkpoint, progress, rows, store, len(done), len(reused))
+        _run_pass(jobs, settings.jobs, checkpoint, progress, rows, on_row, len(done), len(reused))
         if settings.confirm:
-            _confirm(rows, settings, checkpoint, progress, notify, store)
+            _confirm(rows, settings, checkpoint, progress, notify, on_row)
     except KeyboardInterrupt:
         interrupted = True  # every finished row is already in ``rows`` and the checkpoint
     except UsageError as e:  # a write failed (a full disk): what is kept, and where
@@ -243,7 +248,7 @@ def _confirm(
     checkpoint: Checkpoint,
     progress: ProgressFactory,
     notify: Callable[[str], None],
-    on_row: Callable[[ModelRow, frozenset[str]], None],
+    on_row: Callable[[ModelRow, frozenset[str]], None] | None,
 ) -> None:
     jobs = confirm_jobs(rows, settings)
     if jobs:
@@ -257,20 +262,24 @@ def _run_pass(
     checkpoint: Checkpoint,
     progress: ProgressFactory,
     rows: dict[str, ModelRow],
-    on_row: Callable[[ModelRow, frozenset[str]], None],
+    on_row: Callable[[ModelRow, frozenset[str]], None] | None,
     already_done: int = 0,
     cached: int = 0,
 ) -> None:
     """One pass with its own progress display, which counts ``already_done`` (resumed) and
     ``cached`` (reused) rows as done; each row lands in ``rows`` as it finishes, and goes to
-    ``on_row`` with the files its audit ran through."""
+    ``on_row`` (if any) with the files its audit ran through."""
     if jobs:
         _warm_imports([job.ref for job in jobs])
     with progress(len(jobs) + already_done + cached, already_done + cached, cached) as display:
 
         def finished(row: ModelRow, files: frozenset[str]) -> None:
             rows[row.key] = row
-            on_row(row, files)
+            if on_row is not None:
+                on_row(row, files)
             display.finish(row)
 
-        run_jobs(jobs, parallel, checkpoint, lambda job: display.start(job.ref), finished)
+        def started(job: Job) -> None:
+            display.start(job.ref)
+
+        run_jobs(jobs, parallel, checkpoint, started, finished, footprint=on_row is not None)
