@@ -117,21 +117,8 @@ def run_sweep(
         )
     first = _eager_job if direct else Job
     jobs = [first(ref, settings) for ref in refs if ref.key not in rows]
-    ran_through: dict[str, set[str]] = {}
-
     # Without a cache no worker reads the files its audit ran through.
-    on_row: Callable[[ModelRow, frozenset[str]], None] | None = None
-    if cache is not None:
-        kept = cache
-
-        def store(row: ModelRow, files: frozenset[str]) -> None:
-            """Cache a row once it is final: not fake, or not to be confirmed."""
-            ran_through.setdefault(row.key, set()).update(files)
-            unconfirmed = settings.confirm and row.mode is Mode.FAKE
-            if not unconfirmed or not confirm_jobs({row.key: row}, settings):
-                kept.store(row, ran_through[row.key])
-
-        on_row = store
+    on_row = None if cache is None else _storing(cache, settings)
 
     interrupted = False
     try:
@@ -171,6 +158,22 @@ def eager_only(settings: SweepSettings) -> bool:
     device = audit.device.split(":")[0]
     fake = audit.predicted
     return settings.confirm and audit.train and fake and device in HIDDEN_TRAINING_COPIES
+
+
+def _storing(
+    cache: SweepCache, settings: SweepSettings
+) -> Callable[[ModelRow, frozenset[str]], None]:
+    """What caches a row once it is final (not fake, or not to be confirmed), with every file
+    its model's audits ran through."""
+    ran_through: dict[str, set[str]] = {}
+
+    def store(row: ModelRow, files: frozenset[str]) -> None:
+        ran_through.setdefault(row.key, set()).update(files)
+        unconfirmed = settings.confirm and row.mode is Mode.FAKE
+        if not unconfirmed or not confirm_jobs({row.key: row}, settings):
+            cache.store(row, ran_through[row.key])
+
+    return store
 
 
 def _eager_job(ref: ModelRef, settings: SweepSettings) -> Job:
