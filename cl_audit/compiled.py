@@ -37,7 +37,7 @@ from torch import nn
 from torch.func import functional_call
 
 from cl_audit.attribution import frames_call_site
-from cl_audit.compat import data_dependent_op, fake_tensor, new_fake_mode
+from cl_audit.compat import cuda_present, data_dependent_op, fake_tensor, new_fake_mode
 from cl_audit.compat.inductor import (
     CapturedGraph,
     GraphConv,
@@ -108,7 +108,7 @@ def compiled_layouts(
         raise UsageError(problem)
     example = example_of(example_input)
     target = torch.device(device)
-    predicted = target.type == "cuda" and not torch.cuda.is_available()
+    predicted = target.type == "cuda" and not cuda_present()
     traced_on = torch.device("cpu") if predicted else target
     names = {name for name, _ in model.named_parameters()}
     was_training = model.training

@@ -31,6 +31,7 @@ from torch.profiler import record_function
 
 from cl_audit.audit import watching
 from cl_audit.compat import (
+    cuda_present,
     fake_cuda_problem,
     fake_tensor,
     is_device_runtime_error,
@@ -197,7 +198,7 @@ def target_for(device: str) -> Target:
         return CPU
     if kind != "cuda":
         raise UsageError(f"cl-audit ops runs on cpu or cuda, not {device}")
-    if torch.cuda.is_available():
+    if cuda_present():
         return Target("cuda", place=lambda t: t.to("cuda"))
     problem = fake_cuda_problem(runtime=False)  # a call reaching the runtime: its row's error
     if problem is not None:

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from cl_audit.compat import fake_cuda_problem
+from cl_audit.compat import cuda_present, fake_cuda_problem
 from cl_audit.compat.backward import backward_problem
 from cl_audit.enums import Engine, TensorMode, Workload
 from cl_audit.errors import UsageError
@@ -98,17 +98,19 @@ def resolve_device(
         problem = fake_cuda_problem(bfloat16) if device.type == "cuda" else None
         if problem is not None:
             raise UsageError(f"--fake --device {text}: no honest prediction here: {problem}")
-    elif device.type == "cuda" and not torch.cuda.is_available():
-        raise UsageError(f"--device {text!r}: CUDA is not available on this machine")
     elif not _available(device.type):
-        raise UsageError(f"--device {text!r}: {device.type} is not available on this machine")
+        name = "CUDA" if device.type == "cuda" else device.type
+        raise UsageError(f"--device {text!r}: {name} is not available on this machine")
     return device
 
 
 def _available(device_type: str) -> bool:
-    """Whether this machine runs ``device_type`` eagerly (its torch module says so)."""
+    """Whether this machine runs ``device_type`` eagerly (its torch module says so; for CUDA
+    asked so that a sweep's forked workers can still use it)."""
     if device_type == "cpu":
         return True
+    if device_type == "cuda":
+        return cuda_present()
     if device_type == "mps":
         return torch.backends.mps.is_available()
     is_available = getattr(getattr(torch, device_type, None), "is_available", None)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from cl_audit.compat import cuda_present
 from cl_audit.compat.inductor import compile_problem
 from cl_audit.enums import Amp, DType, Engine, Optimizer, Strategy, TensorMode
 from cl_audit.environment import autocast_name
@@ -110,7 +111,7 @@ def autocast_for(
     if amp is None:
         return contextlib.nullcontext()
     device_type = torch.device(device).type
-    if device_type == "cuda" and fake and not torch.cuda.is_available():
+    if device_type == "cuda" and fake and not cuda_present():
         return _fake_cuda_autocast(amp.torch_dtype)
     return torch.autocast(device_type, dtype=amp.torch_dtype)
 

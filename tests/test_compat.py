@@ -613,3 +613,33 @@ def test_the_memo_leaves_in_place_and_storage_sharing_operations_to_torch():
     assert mode.memo.key(ops.add_.Tensor, (x, x), {}) is None
     assert mode.memo.key(ops._unsafe_view.default, (x, [3, 4]), {}) is None
     assert mode.memo.key(ops.mul.Tensor, (x, x), {}) is not None  # the positive control
+
+
+_CUDA_SWEEP = """
+import sys, torch
+torch.cuda._device_count_nvml = lambda: 1  # NVML answers: one GPU
+if sys.argv[1] == "ask-the-runtime-first":
+    torch.cuda.is_available()
+from cl_audit.cli import main
+sys.argv = ["cl-audit", *sys.argv[2:]]
+main()
+"""
+
+
+@pytest.mark.skipif(not torch.backends.cuda.is_built(), reason="a torch built without CUDA")
+@pytest.mark.parametrize("parent", ["asks-nvml", "ask-the-runtime-first"])
+def test_an_eager_cuda_sweep_leaves_its_forked_workers_free_to_use_cuda(parent, tmp_path):
+    """``torch.cuda.is_available()`` in a sweep's parent made torch refuse CUDA in every forked
+    worker: each row of an eager CUDA sweep on an H200 (torch 2.11) failed with "Cannot
+    re-initialize CUDA in forked subprocess". The parent now asks through ``cuda_present``
+    (NVML, made to answer one GPU here): its workers reach CUDA itself (here they fail for want
+    of a driver, on a GPU they run). Control: a parent that asks the runtime first poisons them."""
+    report = tmp_path / "sweep.json"
+    models = [f"{Path(__file__).with_name('toy_models.py')}:{m}" for m in ("clean_net", "broken")]
+    command = [sys.executable, "-c", _CUDA_SWEEP, parent, *models, "--device", "cuda"]
+    result = subprocess.run([*command, "--json", str(report)], capture_output=True, text=True)
+    assert result.returncode in (0, 1, 3), result.stderr[-2000:]
+    rows = json.loads(report.read_text())["models"]
+    poisoned = ["re-initialize CUDA in forked subprocess" in (r["message"] or "") for r in rows]
+    assert len(rows) == 2
+    assert poisoned == [parent == "ask-the-runtime-first"] * 2, [r["message"] for r in rows]

@@ -405,6 +405,15 @@ def is_device_runtime_error(error: BaseException) -> bool:
     )
 
 
+def cuda_present() -> bool:
+    """Whether this machine has a CUDA device, asked so that forked workers can still use it.
+    ``torch.cuda.is_available()`` asks the CUDA runtime (unless PYTORCH_NVML_BASED_CUDA_CHECK is
+    set), after which torch refuses CUDA in every child forked later ("Cannot re-initialize CUDA
+    in forked subprocess": every row of an eager CUDA sweep, seen on an H200 with torch 2.11);
+    ``device_count`` asks NVML first and does not poison fork when NVML answers."""
+    return torch.cuda.device_count() > 0
+
+
 @functools.cache
 def fake_cuda_problem(bfloat16: bool = False, runtime: bool = True) -> str | None:
     """Why fake CUDA tensors cannot give an honest prediction with this torch, or None.
