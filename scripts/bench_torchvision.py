@@ -5,6 +5,9 @@ Markdown table to stdout. Never mix CPU and GPU figures: ``--device`` names one.
 
     python scripts/bench_torchvision.py --out reports/bench-torchvision-cpu.json
     python scripts/bench_torchvision.py --out /tmp/r1.json resnet50 mobilenet_v2   # repeatability
+    python scripts/bench_torchvision.py --device cuda --batch-size 32 --train --out ...
+
+The file is rewritten after every model, so a run stopped at a time limit keeps what it timed.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--train", action="store_true", help="time training steps")
     parser.add_argument("models", nargs="*", default=list(DEFAULT_MODELS))
     args = parser.parse_args()
     amp = args.amp or ("fp16" if args.device.startswith("cuda") else "bf16")
@@ -49,7 +53,9 @@ def main() -> None:
         amp = "none"  # said in the output: this machine has no bf16 kernels
     size = tuple(int(d) for d in args.input_size.split("x"))
     reports = []
-    print(f"device {args.device}, autocast {amp}, input {args.batch_size}x{args.input_size}")
+    kind = "training steps" if args.train else "inference"
+    print(f"device {args.device}, autocast {amp}, {args.batch_size}x{args.input_size}, {kind}")
+    errors = []
     for name in args.models:
         start = time.perf_counter()
         torch.manual_seed(0)
@@ -60,6 +66,7 @@ def main() -> None:
                 input_size=size,
                 device=args.device,
                 amp=None if amp == "none" else Amp(amp),
+                train=args.train,
             ),
             rounds=args.rounds,
             steps_per_round=args.steps,
@@ -67,15 +74,23 @@ def main() -> None:
         )
         x = torch.randn(args.batch_size, *size, generator=torch.Generator().manual_seed(0))
         module = loaded.module.to(args.device)
-        report = bench_module(module, (x.to(args.device),), settings, name=name, source="tv")
-        reports.append(report.to_dict())
-        print(f"{name:22s} {time.perf_counter() - start:6.1f}s  {report.verdict_text}", flush=True)
+        try:
+            report = bench_module(module, (x.to(args.device),), settings, name=name, source="tv")
+        except Exception as e:  # a model that fails is listed, not the end of the run
+            errors.append({"model": name, "message": f"{type(e).__name__}: {e}"[:300]})
+            print(f"{name:22s} error {errors[-1]['message'][:90]}", flush=True)
+        else:
+            reports.append(report.to_dict())
+            seconds = time.perf_counter() - start
+            print(f"{name:22s} {seconds:6.1f}s  {report.verdict_text}", flush=True)
+        document = {"format": "cl-audit.bench-reports", "version": 1, "reports": reports}
+        with open(args.out, "w") as f:
+            json.dump({**document, "errors": errors} if errors else document, f)
+            f.write("\n")
         del module, loaded
-    with open(args.out, "w") as f:
-        json.dump({"format": "cl-audit.bench-reports", "version": 1, "reports": reports}, f)
-        f.write("\n")
-    print()
-    print(markdown(reports))
+    if reports:
+        print()
+        print(markdown(reports))
 
 
 def markdown(reports: list[dict]) -> str:
