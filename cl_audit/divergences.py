@@ -166,8 +166,9 @@ class KernelOverride:
         return self.since <= version and (self.until is None or version <= self.until)
 
 
-# Each entry cites the kernel source it was read from (no GPU measured them yet: a run of
-# scripts/gpu_truth.py --device cuda supersedes them). Read and found to agree with fake CUDA,
+# Each entry cites the kernel source it was read from (no GPU has checked them one by one; on an
+# H200 with torch 2.11 eager CUDA lost channels_last at group norm too, at the clone of its
+# input: reports/README.md, CUDA measured on a GPU). Read and found to agree with fake CUDA,
 # so not listed: reflection_pad2d and replication_pad2d (NCHW in both; the meta function keeps
 # channels_last for CPU only, _meta_registrations.py, PR 179366), max_unpool2d (NCHW in both;
 # the decomposition keeps channels_last for cpu/xpu only, PR 187195), upsample_bicubic2d and

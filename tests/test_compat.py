@@ -156,7 +156,13 @@ def test_divergence_table_is_the_measured_one_else_the_union_said_so():
     union = divergence_table("cpu", (2, 9))
     assert union.name == "union of torch 2.4, 2.14, 2.15 cpu (torch 2.9 not measured)"
     assert set(union.ops) == set(oldest.ops) | set(measured.ops) | set(newer.ops)
-    assert divergence_table("cuda", (2, 14)).ops == {}
+    # CUDA: measured on an H200 with torch 2.11 (reports/gpu-truth/cuda_torch-2.11.0.json)
+    cuda = divergence_table("cuda", (2, 11))
+    assert cuda.name.startswith("torch 2.11 cuda (torch 2.11.0")
+    assert set(cuda.ops) == {("aten.add", "backward"), ("aten.cat", "forward")}
+    union_cuda = divergence_table("cuda", (2, 14))
+    assert union_cuda.name == "union of torch 2.11 cuda (torch 2.14 not measured)"
+    assert divergence_table("mps", (2, 14)).ops == {}
 
 
 def test_kernel_copy_table_is_the_measured_one_else_the_newest_before_it_said_so():
@@ -227,7 +233,7 @@ def test_fake_cuda_group_norm_follows_the_kernel_source_of_this_torch():
         if o.op == "aten.native_group_norm" and o.holds(TORCH_VERSION)
     ]
     report = _fake_audit(GroupNormNet(), "cuda")
-    assert report.environment.fake_divergences.startswith("none: no fake-versus-eager table")
+    assert report.environment.fake_divergences == divergence_table("cuda").name
     if holds:
         (loss,) = report.offenders
         assert loss.aten_op == "aten.native_group_norm" and loss.round_trips == 1

@@ -16,6 +16,7 @@ import jsonschema
 import pytest
 from torch_checks import fake_group_norm_loses_what_eager_keeps, needs_fake_cuda
 
+from cl_audit.divergences import divergence_table
 from cl_audit.errors import UsageError
 from cl_audit.report import ModelSource, SweepReport, Verdict, compare, load_schema, merge
 from cl_audit.sources import ModelRef
@@ -232,7 +233,8 @@ def test_single_model_predicted_cuda_names_its_divergence_table(tmp_path):
     assert cuda.returncode == 0, cuda.stderr
     environment = json.loads(cuda.stdout)["environment"]
     assert environment["device"] == "cuda"
-    assert environment["fake_divergences"] == "none: no fake-versus-eager table measured on cuda"
+    assert environment["fake_divergences"] == divergence_table("cuda").name
+    assert "2.11 cuda" in environment["fake_divergences"]  # measured on an H200
 
 
 # --- merge and baseline -------------------------------------------------------------------
