@@ -320,3 +320,17 @@ class TokensLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc(self.conv(x).flatten(2).transpose(1, 2))
+
+
+class ChannelSlice(nn.Module):
+    """A channel slice of a channels_last map between two convolutions (dpn's dual paths): its
+    backward, ``slice_backward``, returns an NCHW gradient that the first convolution's
+    backward converts."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 16, 3, padding=1)
+        self.after = nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.after(self.conv(x)[:, :8])

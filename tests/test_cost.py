@@ -293,12 +293,12 @@ def test_fake_mode_predicts_the_same_sites_from_strides():
     assert report.verdict is Verdict.OFFENDING
 
 
-def _fake(model: torch.nn.Module) -> ModelReport:
+def _fake(model: torch.nn.Module, train: bool = False) -> ModelReport:
     from cl_audit.run import audit_module
     from cl_audit.settings import AuditSettings, TensorMode
 
     torch.manual_seed(0)
-    settings = AuditSettings(tensor_mode=TensorMode.FAKE, gate=Gate(0, 0))
+    settings = AuditSettings(tensor_mode=TensorMode.FAKE, gate=Gate(0, 0), train=train)
     return audit_module(model, (_input(),), settings)
 
 
@@ -335,6 +335,23 @@ def test_an_operation_reading_only_metadata_of_a_channels_last_map_is_no_predict
     report = _fake(cm.MetadataFill())
     assert [s.op for s in _extra_sites(report)] == []
     assert report.verdict is Verdict.CLEAN
+
+
+def test_a_channel_slices_backward_converts_nothing_itself_in_fake_runs_as_in_eager_ones():
+    """``slice_backward`` fills zeros and copies the gradient into the slice, in either order
+    alike: eager runs measure no channels_last-only copy there (dpn68b on the CPU and on an
+    H200), where fake runs predicted the whole gradient as a conversion (12 of dpn68b's 14.5 MB
+    predicted for CUDA; offending where the GPU measured minor). The control: the conversion
+    it causes, at the first convolution's backward, is still the cost, and names the slice's
+    backward as its fix site."""
+    eager, fake = _audit(cm.ChannelSlice(), train=True), _fake(cm.ChannelSlice(), train=True)
+    for report in (eager, fake):
+        sites = {(s.kind, s.aten_op, s.module_path): s for s in _extra_sites(report)}
+        assert not [key for key in sites if key[1] == "aten.slice_backward"]
+        conversion = sites[(CostKind.KERNEL, "aten.convolution_backward", "conv")]
+        assert conversion.fix_site is not None
+        assert conversion.fix_site.aten_op == "aten.slice_backward"
+    assert report.verdict is Verdict.OFFENDING
 
 
 def test_im2col_of_a_channels_last_map_is_still_a_predicted_copy():

@@ -6,8 +6,9 @@ Copies are counted three ways, by strides and storage identity only:
 - an explicit copy operation (``clone``, ``_to_copy``, ``copy_``: what ``contiguous``,
   ``reshape``, ``flatten`` and ``.to`` copy with) writes its new outputs;
 - a conversion inside a kernel, which the dispatch level cannot see: *predicted* when an
-  operation that is neither elementwise, a reduction, a view, a strided gather nor a reader of
-  metadata only (``new_full``, ``empty_like``) is handed a
+  operation that is neither elementwise, a reduction, a view, a strided gather, a reader of
+  metadata only (``new_full``, ``empty_like``) nor a kernel that copies its input in either
+  order (``slice_backward``) is handed a
   4D/5D input in the other order than its 4D/5D output (a convolution converting a contiguous
   input to its channels_last output, a softmax writing its channels_last input contiguous), or
   a channels_last input when it returns no 4D/5D tensor (``im2col``), or a strided input that
@@ -48,6 +49,11 @@ STRIDED_READS = frozenset(
      "aten.constant_pad_nd", "aten.slice_scatter", "aten.select_scatter", "aten.index_put",
      "aten.scatter", "aten.masked_fill", "aten.where", "aten.expand_copy"]
 )  # fmt: skip
+# Kernels that copy their input whatever its order: ``slice_backward`` fills zeros and copies
+# the gradient into the slice. A fake run predicts no conversion there (eagerly the two runs
+# copy alike: dpn68b on the CPU and on an H200); a measured run places the profiler's copies
+# there as at any kernel.
+ALWAYS_COPIES = frozenset(["aten.slice_backward"])
 # Operations that read only their inputs' shape, dtype and device, never their data: a layout
 # mismatch there converts nothing (``x.new_full((n, 1), v)`` of a channels_last map).
 METADATA_READS = frozenset(
@@ -155,6 +161,8 @@ class Ledger:
                 kind = _MIXED
             elif reduction or view or name in METADATA_READS:
                 kind = _OTHER
+            elif name in ALWAYS_COPIES:
+                kind = _CONVERTS if self.measured else _OTHER
             else:
                 kind = _CONVERTS
             known = self._kinds[aten_op] = (kind, in_place or name == "aten.copy")
