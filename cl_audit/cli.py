@@ -87,7 +87,7 @@ InputSize = Annotated[OptionalText, _o("SIZE", "Per-sample CxHxW or CxTxHxW.")]
 OptionalInt = Optional[int]  # noqa: UP045
 OptionalBool = Optional[bool]  # noqa: UP045
 BatchSize = Annotated[OptionalInt, _o("N", "Batch size (default 2).", min=1)]
-Device = Annotated[str, _o("DEVICE", "torch device.")]
+Device = Annotated[str, _o("DEVICE", "torch device.", "--device")]
 DTypeOption = Annotated[DType, typer.Option(help="Model and input dtype.")]
 OptimizerOption = Annotated[Optimizer, typer.Option(help="With --train.")]
 
@@ -125,6 +125,9 @@ def _settings(params: dict[str, Any], **more: Any) -> AuditSettings:
     is built."""
     size = params["input_size"]
     shared = {name: params[name] for name in _SHARED}
+    # typer before 0.29 hands ctx.params enum options as their values
+    shared["dtype"], shared["optimizer"] = DType(shared["dtype"]), Optimizer(shared["optimizer"])
+    shared["amp"] = shared["amp"] and Amp(shared["amp"])
     return AuditSettings(input_size=parse_input_size(size) if size else None, **shared, **more)
 
 
@@ -269,7 +272,9 @@ def ops_command(
     ctx: typer.Context,
     op: Annotated[Patterns, _o("GLOB", "Only operators matching (repeatable).")] = None,
     loses: Annotated[bool, _o(None, "Only operators that lose or refuse.", "--loses")] = False,
-    device: Annotated[str, _o("DEVICE", "cpu, or cuda (fake: predicted without a GPU).")] = "cpu",
+    device: Annotated[
+        str, _o("DEVICE", "cpu, or cuda (fake: predicted without a GPU).", "--device")
+    ] = "cpu",
     dtype: DTypeOption = DType.FLOAT32,
     json_path: Annotated[
         OptionalPath, _o("FILE", "The index as JSON ('-': stdout).", "--json")

@@ -11,6 +11,7 @@ import json
 import cost_models as cm
 import pytest
 import torch
+from torch_checks import needs_node_by_node
 from typer.testing import CliRunner
 
 from cl_audit import audit_model
@@ -337,6 +338,7 @@ def test_an_operation_reading_only_metadata_of_a_channels_last_map_is_no_predict
     assert report.verdict is Verdict.CLEAN
 
 
+@needs_node_by_node
 def test_a_channel_slices_backward_converts_nothing_itself_in_fake_runs_as_in_eager_ones():
     """``slice_backward`` fills zeros and copies the gradient into the slice, in either order
     alike: eager runs measure no channels_last-only copy there (dpn68b on the CPU and on an
