@@ -124,7 +124,10 @@ def main() -> None:
     configurations = [(train, amp) for train in (False, True) for amp in (None, Amp(args.amp))]
     if args.no_train:
         configurations = [c for c in configurations if not c[0]]
-    gpu = torch.cuda.get_device_name(0) if args.device.startswith("cuda") else None
+    gpu = None
+    if args.device.startswith("cuda"):  # the device, and the CUDA and cuDNN torch was built with
+        gpu = f"{torch.cuda.get_device_name(0)}, CUDA {torch.version.cuda}, cuDNN "
+        gpu += str(torch.backends.cudnn.version())
     rows: list[dict] = []
     for ref in refs:
         for train, amp in configurations:
