@@ -353,7 +353,7 @@ def test_a_channel_slices_backward_converts_nothing_itself_in_fake_runs_as_in_ea
         conversion = sites[(CostKind.KERNEL, "aten.convolution_backward", "conv")]
         assert conversion.fix_site is not None
         assert conversion.fix_site.aten_op == "aten.slice_backward"
-    assert report.verdict is Verdict.OFFENDING
+    assert fake.verdict is Verdict.OFFENDING
 
 
 def test_im2col_of_a_channels_last_map_is_still_a_predicted_copy():
