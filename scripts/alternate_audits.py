@@ -1,7 +1,8 @@
 """Inference against CUDA-predicted training audits of the same timm models, alternated per
 model so that both see the same machine (its speed moves by up to 2x within minutes here):
-each audit runs in a forked child as a sweep worker runs it (``audit_job``, one thread), with
-and without reading the source-file footprint that only a sweep's cache uses.
+each audit runs in a forked child as a sweep worker runs it (``audit_job``, one thread, the
+parent's objects frozen before the fork), with and without reading the source-file footprint
+that only a sweep's cache uses (``--footprint off``: without only, as a sweep without a cache).
 
     python scripts/alternate_audits.py --shard 3/20 --every 2 --out /tmp/alternate.json
 """
@@ -9,6 +10,7 @@ and without reading the source-file footprint that only a sweep's cache uses.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -33,6 +35,7 @@ CONFIGS = [(kind, footprint) for footprint in (False, True) for kind in KINDS]
 def timed(name: str, kind: str, footprint: bool) -> tuple[float, str]:
     """Seconds of one audit in a forked child, and its row's status."""
     read, write = os.pipe()
+    gc.freeze()  # as the sweep's runner does before it forks a worker
     pid = os.fork()
     if pid == 0:
         os.close(read)
@@ -53,13 +56,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shard", default="3/20", help="the sweep's shard of --timm all")
     parser.add_argument("--every", type=int, default=1, help="every Nth model of the shard")
+    parser.add_argument("--footprint", choices=("both", "off"), default="both")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
+    configs = CONFIGS if args.footprint == "both" else [c for c in CONFIGS if not c[1]]
     selected = Selection(timm=("all",), shard=args.shard).refs()
     refs = sorted(selected, key=lambda ref: ref.name)[:: args.every]  # as a report lists them
     rows = []
     for i, ref in enumerate(refs):
-        order = CONFIGS if i % 2 == 0 else CONFIGS[::-1]
+        order = configs if i % 2 == 0 else configs[::-1]
         for kind, footprint in order:
             seconds, status = timed(ref.name, kind, footprint)
             rows.append(
@@ -82,9 +87,9 @@ def main() -> None:
 
     summary = {
         f"{kind}{'' if footprint else '_no_footprint'}_seconds": round(total(kind, footprint), 1)
-        for kind, footprint in CONFIGS
+        for kind, footprint in configs
     }
-    for footprint, label in ((True, ""), (False, "_no_footprint")):
+    for footprint, label in ((True, ""), (False, "_no_footprint"))[args.footprint == "off" :]:
         summary[f"ratio{label}"] = round(
             total("training", footprint) / total("inference", footprint), 2
         )

@@ -7,6 +7,7 @@ misbehaviour is the size.
 from __future__ import annotations
 
 import ctypes
+import gc
 import os
 import time
 
@@ -35,6 +36,17 @@ class Hogs(nn.Module):
         hog = torch.ones(1536 * 1024 * 1024 // 4)
         time.sleep(10)
         return x + hog[:1].sum()
+
+
+class SaysFrozen(nn.Module):
+    """Fails with the number of objects its process's garbage collector leaves alone."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError(f"frozen objects: {gc.get_freeze_count()}")
+
+
+def says_frozen() -> tuple[nn.Module, tuple[int, ...]]:
+    return SaysFrozen(), SHAPE
 
 
 def segfaults() -> tuple[nn.Module, tuple[int, ...]]:

@@ -603,22 +603,57 @@ def test_remembered_fake_outputs_are_torchs_own_made_fresh_or_on_the_viewed_stor
             assert compat.storage_key(b) not in (compat.storage_key(a), compat.storage_key(fx))
 
 
-def test_the_memo_leaves_in_place_and_storage_sharing_operations_to_torch():
-    """The controls: an in-place operation returns its argument itself, and ``_unsafe_view``
-    (whose schema promises a fresh tensor) shares its argument's storage; neither is
-    remembered, and both behave as in torch's fake mode every time."""
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_an_operation_torch_fakes_by_a_decomposition_is_answered_whole_the_second_time(device):
+    """Layer norm and inference batch norm are faked by Python decompositions returning named
+    tuples (tens of operations, milliseconds): the memo answers a repeated call whole, one hit,
+    with outputs laid out as the first call's, on storages of their own."""
+    ops = torch.ops.aten
+    mode = compat.new_fake_mode()
+    where = torch.device(device)
+    x = compat.fake_tensor(mode, torch.empty(2, 7, 8, device="meta"), where)
+    image = compat.fake_tensor(
+        mode, torch.empty(2, 8, 5, 5, device="meta").to(memory_format=torch.channels_last), where
+    )
+    stats = [compat.fake_tensor(mode, torch.empty(8, device="meta"), where) for _ in range(2)]
+    calls = [
+        lambda: ops.native_layer_norm.default(x, [8], None, None, 1e-5),
+        lambda: ops.native_batch_norm.default(image, None, None, *stats, False, 0.1, 1e-5),
+    ]
+    with mode:
+        for call in calls:
+            first = call()
+            hits = mode.memo.hits
+            second = call()
+            assert mode.memo.hits == hits + 1
+            assert _metadata(second) == _metadata(first)
+            assert len({compat.storage_key(t) for t in (*first, *second)}) == 2 * len(first)
+
+
+def test_the_memo_answers_in_place_and_storage_sharing_operations_as_torch_does():
+    """An in-place operation (and the optimizer's ``_foreach_*_``, which returns nothing) is
+    answered by the memo with its written argument itself, and ``_unsafe_view`` (whose schema
+    promises a fresh tensor) with a tensor on its argument's storage, as torch's fake mode
+    answers them; the controls, an in-place operation that changes its argument's metadata
+    and one whose output depends on data, are never remembered."""
     ops = torch.ops.aten
     mode = compat.new_fake_mode()
     x = compat.fake_tensor(mode, torch.empty(2, 6, device="meta"), torch.device("cpu"))
+    y = compat.fake_tensor(mode, torch.empty(2, 6, device="meta"), torch.device("cpu"))
     with mode:
-        for _ in range(2):
-            assert ops.add_.Tensor(x, x) is x
+        for round in range(2):
+            hits = mode.memo.hits
+            assert ops.add_.Tensor(x, y) is x
+            assert ops.mul.out(x, y, out=y) is y
+            assert ops._foreach_add_.List([x, y], [y, x]) in (None, ())
             viewed = ops._unsafe_view.default(x, [3, 4])
-            assert compat.storage_key(viewed) == compat.storage_key(x)
-            ops.mul.Tensor(x, x)
-    assert mode.memo.key(ops.add_.Tensor, (x, x), {}) is None
-    assert mode.memo.key(ops._unsafe_view.default, (x, [3, 4]), {}) is None
-    assert mode.memo.key(ops.mul.Tensor, (x, x), {}) is not None  # the positive control
+            assert compat.storage_key(viewed) == compat.storage_key(x) and viewed is not x
+            assert (viewed.shape, viewed.stride()) == ((3, 4), (4, 1))
+            assert mode.memo.hits - hits == (4 if round else 0)
+        ops.unsqueeze_.default(x, 0)  # an in-place view: metadata changed, never remembered
+    assert x.shape == (1, 2, 6)
+    assert mode.memo.key(ops.unsqueeze_.default, (x, 0), {}) is None
+    assert mode.memo.key(ops.nonzero.default, (y,), {}) is None  # a data-dependent output
 
 
 _CUDA_SWEEP = """

@@ -400,9 +400,9 @@ def test_a_fake_step_reports_the_same_with_or_without_the_fake_modes_memo(
     hits = []
     lookup = compat_memo.OutputMemo.lookup
 
-    def counted(self, key, func, args):
-        found = lookup(self, key, func, args)
-        hits.append(found is not None)
+    def counted(self, key, func, args, kwargs):
+        found = lookup(self, key, func, args, kwargs)
+        hits.append(found is not compat_memo.MISSING)
         return found
 
     monkeypatch.setattr(compat_memo.OutputMemo, "lookup", counted)

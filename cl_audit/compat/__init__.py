@@ -26,7 +26,7 @@ from torch._prims_common import suggest_memory_format as _suggest_memory_format
 from torch._subclasses import fake_tensor as _fake
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from cl_audit.compat.memo import OutputMemo
+from cl_audit.compat.memo import MISSING, OutputMemo
 from cl_audit.errors import UsageError
 from cl_audit.layout import is_dense
 
@@ -191,12 +191,12 @@ class _FakeMode(FakeTensorMode):
         memo = self.memo
         key = memo.key(func, args, kwargs) if _MEMO else None
         if key is not None:
-            outputs = memo.lookup(key, func, args)
-            if outputs is not None:
+            outputs = memo.lookup(key, func, args, kwargs)
+            if outputs is not MISSING:
                 return outputs
         result = self._fake_dispatch(func, types, args, kwargs)
         if key is not None:
-            memo.remember(key, func, args, result, tensor_leaves((args, kwargs)))
+            memo.remember(key, func, args, kwargs, result, tensor_leaves((args, kwargs)))
         return result
 
     def _fake_dispatch(self, func: Any, types: Any, args: Any, kwargs: dict[str, Any]) -> Any:

@@ -5,17 +5,21 @@ strides, dtype, device, storage offset) and its other arguments: no values. Torc
 caches them too (``FakeTensorMode._cached_dispatch_impl``), but a hit costs about 150 µs on this
 machine (a general key over every argument kind, the output rebuilt under the kernel-invocation
 guard), most of a fake training step. ``OutputMemo`` keeps the same answer for the operations
-whose outputs are fresh tensors or views of one argument, and rebuilds them from their metadata
-(a view on its argument's storage, as torch's cache does) in about a third of that (a
-multiplication's hit: 183 -> 55 µs).
+whose outputs are fresh tensors, views of one argument or the arguments they write, and
+rebuilds them from their metadata (a view on its argument's storage, as torch's cache does) in
+about a third of that (a multiplication's hit: 183 -> 55 µs).
 
-Remembered only: builtin (``aten``/``prims``) operations that write to none of their arguments,
-none tagged as data-dependent, dynamic-shaped, seeded or in-place-view; views only where one
-tensor is returned, aliasing one argument, and no composite kernel decides whether it aliases
-(torch's cache draws the same line); every tensor argument fake, without a constant, not
-complex; every output of the others a fake tensor (or None) on a storage of its own. Anything
-else goes to torch's mode, as does every call while a proxy mode traces or with a shape
-environment (symbolic shapes).
+Remembered only: builtin (``aten``/``prims``) operations, none tagged as data-dependent,
+dynamic-shaped, seeded or in-place-view; views only where one tensor is returned, aliasing one
+argument, and no composite kernel decides whether it aliases (torch's cache draws the same
+line); in-place and ``out=`` operations where each return is an argument written (or nothing
+is returned: the optimizer's ``_foreach_*_``, whose 400-tensor key costs torch 20-30 ms a call)
+and the call left every argument's metadata as it was: a hit returns those arguments
+themselves, as the kernel does; every tensor argument fake, without a constant, not complex;
+every output of the others a fake tensor (or None) on a storage of its own, or a single tensor
+on the storage of one argument whatever the schema says (``_unsafe_view``, which torch's cache
+refuses), made again on it. Anything else goes to torch's mode, as does every call while a
+proxy mode traces or with a shape environment (symbolic shapes).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import torch
 from torch._subclasses import fake_tensor as _fake
 from torch.fx.experimental import proxy_tensor as _proxy
 
-__all__ = ["OutputMemo"]
+__all__ = ["MISSING", "OutputMemo"]
 
 _EXCLUDED_TAGS = frozenset(
     getattr(torch.Tag, name)
@@ -58,6 +62,9 @@ _PLAIN = frozenset(
 _Spec = tuple[Any, ...] | None
 
 
+MISSING = object()  # no outputs remembered (None and () are what void operations return)
+
+
 class _Unkeyable(Exception):
     """An argument the memo does not key (a real tensor, a symbol, an object)."""
 
@@ -82,9 +89,43 @@ def _key(value: Any) -> Any:
     raise _Unkeyable
 
 
-def _remembered(func: Any) -> int | bool:
+class _Writes:
+    """An in-place or ``out=`` operation: the arguments (position, or name where keyword-only)
+    its returns are, in order."""
+
+    def __init__(self, returns: tuple[int | str, ...]) -> None:
+        self.returns = returns
+
+    def written(self, args: Any, kwargs: dict[str, Any]) -> list[Any]:
+        return [args[r] if isinstance(r, int) else kwargs.get(r) for r in self.returns]
+
+
+def _writes(schema: Any) -> _Writes | None:
+    """The arguments an in-place or ``out=`` operation returns, if each return is one of the
+    tensors it writes (or it returns nothing)."""
+    written = {}
+    for i, argument in enumerate(schema.arguments):
+        info = argument.alias_info
+        if info is None:
+            continue
+        if not info.is_write:
+            return None  # an argument aliased without being written: not one of these
+        written[frozenset(info.before_set)] = argument.name if argument.kwarg_only else i
+    returns = []
+    for r in schema.returns:
+        info = r.alias_info
+        if info is None or not info.is_write or str(r.type) != "Tensor":
+            return None
+        position = written.get(frozenset(info.before_set))
+        if position is None:
+            return None
+        returns.append(position)
+    return _Writes(tuple(returns))
+
+
+def _remembered(func: Any) -> int | bool | _Writes:
     """Whether ``func``'s outputs can be remembered (module docstring): for a view, the
-    position of the argument it aliases."""
+    position of the argument it aliases; for an in-place operation, what it returns."""
     if not isinstance(func, torch._ops.OpOverload) or func.namespace not in _NAMESPACES:
         return False
     if _EXCLUDED_TAGS.intersection(func.tags):
@@ -94,6 +135,8 @@ def _remembered(func: Any) -> int | bool:
     returned = [r.alias_info for r in schema.returns]
     if not aliased and not any(returned):
         return True
+    if schema.is_mutable:
+        return _writes(schema) or False
     if not func.is_view or len(aliased) != 1 or len(returned) != 1 or returned[0] is None:
         return False
     if schema.arguments[aliased[0]].alias_info.is_write or returned[0].is_write:
@@ -103,6 +146,22 @@ def _remembered(func: Any) -> int | bool:
     ):
         return False
     return aliased[0]
+
+
+def _shared(output: Any, args: Any) -> int | None:
+    """The position of the one argument whose storage a single tensor output is on, where
+    the schema promised a fresh tensor (``_unsafe_view``); None where it is on none."""
+    if type(output) is not _fake.FakeTensor:
+        return None
+    storage = output.untyped_storage()._cdata
+    positions = [
+        i
+        for i, a in enumerate(args)
+        if type(a) is _fake.FakeTensor and a.untyped_storage()._cdata == storage
+    ]
+    if len(positions) != 1 or output is args[positions[0]]:
+        return None
+    return positions[0]
 
 
 def _fresh(output: Any, inputs: list[torch.Tensor]) -> _Spec:
@@ -141,8 +200,8 @@ class OutputMemo:
     def __init__(self, mode: _fake.FakeTensorMode) -> None:
         self._mode = mode
         self.hits = 0
-        self._funcs: dict[Any, int | bool] = {}
-        self._outputs: dict[Any, tuple[type | None, tuple[_Spec, ...]]] = {}
+        self._funcs: dict[Any, int | bool | _Writes] = {}
+        self._outputs: dict[Any, Any] = {}  # per key: (container, specs, base) or what it returned
 
     def key(self, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
         """The call's key, or None where the memo does not answer for it."""
@@ -156,38 +215,77 @@ class OutputMemo:
         except _Unkeyable:
             return None
 
-    def lookup(self, key: Any, func: Any, args: Any) -> Any:
+    def lookup(self, key: Any, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
         """The outputs remembered for ``key``, made anew (fresh fake tensors, or a view on the
-        aliased argument's storage), or None."""
-        found = self._outputs.get(key)
-        if found is None:
-            return None
-        container, specs = found
+        aliased argument's storage) or the arguments written, or ``MISSING``."""
+        found = self._outputs.get(key, MISSING)
+        if found is MISSING:
+            return found
         self.hits += 1
-        base = self._funcs[func]
-        if base is not True:
+        kind = self._funcs[func]
+        if isinstance(kind, _Writes):
+            written = kind.written(args, kwargs)
+            return found if not written else written[0] if len(written) == 1 else tuple(written)
+        container, specs, base = found
+        if base is not None:
             return self._viewed(specs[0], args[base])
         outputs = [None if s is None else self._made(s) for s in specs]
         return outputs[0] if container is None else container(outputs)
 
     def remember(
-        self, key: Any, func: Any, args: Any, result: Any, inputs: list[torch.Tensor]
+        self,
+        key: Any,
+        func: Any,
+        args: Any,
+        kwargs: dict[str, Any],
+        result: Any,
+        inputs: list[torch.Tensor],
     ) -> None:
-        """Keep ``result``'s metadata for ``key`` (``inputs``: the call's tensors); an
-        operation whose outputs are not as its schema promises (fresh, or a view of its
-        argument) is never keyed again."""
-        base = self._funcs[func]
+        """Keep ``result``'s metadata for ``key`` (``inputs``: the call's tensors, ``kwargs``:
+        its keyword arguments); an operation whose outputs are not as the module docstring
+        says (fresh, a view of its argument, on one argument's storage, or the arguments it
+        wrote, left as they were) is never keyed again."""
+        kind = self._funcs[func]
         try:
-            if base is not True:
-                entry = (None, (_view(result, args[base] if base < len(args) else None),))
-            elif type(result) in (tuple, list):
-                entry = (type(result), tuple(_fresh(r, inputs) for r in result))
+            if isinstance(kind, _Writes):
+                entry = self._written(kind, key, func, args, kwargs, result)
+            elif kind is not True:
+                entry = (None, (_view(result, args[kind] if kind < len(args) else None),), kind)
+            elif isinstance(result, (tuple, list)):  # a decomposition's named tuple: a tuple
+                container = list if isinstance(result, list) else tuple
+                specs = tuple(_fresh(r, inputs) for r in result)
+                storages = [r.untyped_storage()._cdata for r in result if r is not None]
+                if len(set(storages)) != len(storages):
+                    raise _Unkeyable  # two outputs on one storage
+                entry = (container, specs, None)
+            elif (shared := _shared(result, args)) is not None:
+                entry = (None, (_view(result, args[shared]),), shared)
             else:
-                entry = (None, (_fresh(result, inputs),))
+                entry = (None, (_fresh(result, inputs),), None)
         except _Unkeyable:
             self._funcs[func] = False
             return
         self._outputs[key] = entry
+
+    def _written(
+        self, kind: _Writes, key: Any, func: Any, args: Any, kwargs: dict[str, Any], result: Any
+    ) -> Any:
+        """What an in-place call returned, where it is the arguments it wrote (or nothing) and
+        every argument's metadata is as it was before the call (the key has them)."""
+        written = kind.written(args, kwargs)
+        if not written:
+            if result not in (None, ()):
+                raise _Unkeyable
+        elif len(written) == 1:
+            if result is not written[0]:
+                raise _Unkeyable
+        elif type(result) is not tuple or any(
+            r is not w for r, w in zip(result, written, strict=True)
+        ):
+            raise _Unkeyable
+        if self.key(func, args, kwargs) != key:
+            raise _Unkeyable  # the call changed an argument's metadata
+        return result if not written else None
 
     def _made(self, spec: tuple[Any, ...]) -> torch.Tensor:
         shape, stride, dtype, device, requires_grad = spec

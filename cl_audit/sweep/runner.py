@@ -5,13 +5,16 @@ The parent imports torch (and timm) once; each model then runs in a child forked
 OpenMP thread, at most ``jobs`` at a time. The parent watches every child: a crash, a timeout
 or memory past the cap kills that child only and becomes a row. Memory is the child's private
 resident memory (``/proc/PID/smaps_rollup``: pages shared with the parent do not count), sampled
-every 0.2 s, because RLIMIT_AS is unreliable with CUDA builds of torch. Each finished row is
-appended to a JSON Lines checkpoint at once, so an interrupted sweep can ``--resume``.
+every 0.2 s, because RLIMIT_AS is unreliable with CUDA builds of torch. The parent's objects
+are frozen before each fork (``gc.freeze``), so a child's garbage collections leave them alone.
+Each finished row is appended to a JSON Lines checkpoint at once, so an interrupted sweep can
+``--resume``.
 """
 
 from __future__ import annotations
 
 import faulthandler
+import gc
 import json
 import math
 import multiprocessing
@@ -204,6 +207,9 @@ def run_jobs(
                 job = pending.pop(0)
                 receiver, sender = context.Pipe(duplex=False)
                 process = context.Process(target=_child, args=(job, sender, footprint), daemon=True)
+                # The parent's objects (torch's, timm's: ~400,000) out of the child's garbage
+                # collections: a full one walked them all (0.5 s each; 7% of a training audit).
+                gc.freeze()
                 process.start()
                 sender.close()
                 running.append(_Running(job, process, receiver, time.monotonic()))
