@@ -26,19 +26,13 @@ def serve() -> None:
     import time
 
     import torch
+    from alternate_audits import KINDS as kinds  # the same two audits, each version's own
 
-    from cl_audit.enums import Amp, ModelSource, TensorMode
-    from cl_audit.settings import AuditSettings
+    from cl_audit.enums import ModelSource
     from cl_audit.sources import ModelRef
     from cl_audit.sweep.session import _warm_imports
     from cl_audit.sweep.worker import Job, SweepSettings, audit_job
 
-    kinds = {
-        "inference": AuditSettings(tensor_mode=TensorMode.FAKE),
-        "training": AuditSettings(
-            tensor_mode=TensorMode.FAKE, train=True, device="cuda", amp=Amp.FP16
-        ),
-    }
     _warm_imports([ModelRef(ModelSource.TIMM, "resnet50")])
     print(json.dumps({"ready": __import__("cl_audit").__file__}), flush=True)
     for line in sys.stdin:

@@ -19,18 +19,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from alternate_audits import KINDS  # the same two audits, as scripts/ is on sys.path
 
 from cl_audit import compat
-from cl_audit.enums import Amp, ModelSource, TensorMode
-from cl_audit.settings import AuditSettings
+from cl_audit.enums import ModelSource
 from cl_audit.sources import ModelRef
 from cl_audit.sweep.plan import Selection
 from cl_audit.sweep.worker import Job, SweepSettings, audit_job
-
-KINDS = {
-    "inference": AuditSettings(tensor_mode=TensorMode.FAKE),
-    "training": AuditSettings(tensor_mode=TensorMode.FAKE, train=True, device="cuda", amp=Amp.FP16),
-}
 
 
 def measured(name: str, kind: str) -> dict[str, object]:
