@@ -1,5 +1,6 @@
 """Predicted against measured CUDA: a fake sweep report (made without a GPU) against eager rows
-of the same models audited on a GPU (a sweep's checkpoint, JSON Lines, gzipped or not).
+of the same models audited on a GPU (sweeps' checkpoints, JSON Lines, gzipped or not; a model
+in two of them counts once, the later file's row).
 
     python scripts/compare_cuda_truth.py reports/timm_torch-2.14.1_cuda_train_predicted.json.gz \\
         reports/timm_torch-2.11.0_cuda_train_eager_h200_shards-1-2-of-6.jsonl.gz
@@ -8,7 +9,8 @@ Prints, as Markdown: the verdict matrix (predicted by measured, outcomes as
 ``compare_reports.py`` reads them), how many rows agree on the verdict and on the offending
 sites ((aten op, phase, call site) of each finding), and each disagreement with the sites only
 one side has and both shares of the step's bytes. Rows that failed on the GPU for want of
-memory (many workers on one GPU) are counted apart, not as disagreements. For two whole sweep
+memory (many workers on one GPU, or over a sweep's memory cap) are counted apart, not as
+disagreements. For two whole sweep
 reports, ``compare_reports.py``.
 """
 
@@ -43,16 +45,17 @@ def _share(row: ModelRow) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("predicted", type=Path)
-    parser.add_argument("measured", type=Path)
+    parser.add_argument("measured", type=Path, nargs="+", help="one or more checkpoints")
     args = parser.parse_args()
     predicted = {r.name: r for r in SweepReport.from_bytes(args.predicted.read_bytes()).models}
     matrix: Counter[tuple[str, str]] = Counter()
     memory, same_sites, both_ok, disagreements = 0, 0, 0, []
-    for row in _measured(args.measured):
+    measured = {row.name: row for path in args.measured for row in _measured(path)}
+    for row in measured.values():
         guess = predicted.get(row.name)
         if guess is None:
             continue
-        if row.status is not Status.OK and "OutOfMemoryError" in (row.message or ""):
+        if row.status is Status.OUT_OF_MEMORY or "OutOfMemoryError" in (row.message or ""):
             memory += 1
             continue
         pair = (_outcome(guess), _outcome(row))
