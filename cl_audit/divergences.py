@@ -31,6 +31,7 @@ from importlib import resources
 from cl_audit.compat import TORCH_VERSION, torch_version
 
 __all__ = [
+    "ATTENTION_SOURCE",
     "BATCH_NORM_BACKWARD_SOURCE",
     "CUDA_KERNEL_OVERRIDES",
     "HIDDEN_TRAINING_COPIES",
@@ -183,14 +184,33 @@ CUDA_KERNEL_OVERRIDES: tuple[KernelOverride, ...] = (
     KernelOverride("aten.native_group_norm_backward", 0, (2, 4), (2, 14), _GROUP_NORM_SOURCE),
 )
 
-# A training batch norm on CUDA runs cuDNN's kernels wherever cuDNN takes it (affine, not
-# bfloat16, float16 only with float32 weights, at most 880801 samples, fewer than 2^31
-# elements): its backward lays the input gradient out as the input and converts the incoming
-# gradient to that layout first. The trace records the CPU's native batch norm, whose fake
-# backward follows the incoming gradient instead; fake CUDA runs lay it out as cuDNN does.
+# Which fused kernel ``F.scaled_dot_product_attention`` runs on a Hopper GPU (H100, H200),
+# measured on an H200 with torch 2.11 and cuDNN 9.19 (scripts/sdpa_backends.py: 432 calls;
+# reports/sdpa-backends_cuda_h200_torch-2.11.0.json) and, for a mask that requires a gradient,
+# by eager CUDA training of the CoAtNet models (reports/README.md). Fake tensors without a GPU
+# take the math path, whose output is contiguous where the kernels follow the query (cuDNN) or
+# lay it out sequence-major (memory-efficient).
+ATTENTION_SOURCE = (
+    "measured on an H200 (torch 2.11, cuDNN 9.19): float16 and bfloat16 attention runs "
+    "cuDNN's kernel (output laid out as the query, gradients as their inputs), float32 "
+    "attention and attention whose mask requires a gradient the memory-efficient kernel "
+    "(output and gradients sequence-major); where the query, key or value is not dense in its "
+    "last dimension, or outside head sizes that are multiples of 8 up to 256, dropout and "
+    "grouped-query attention, the math path as fake tensors take it"
+)
+
+# A batch norm's backward on CUDA, cuDNN's or the native kernel's, lays the input gradient out
+# as the input in training and contiguous outside it; torch's fake decomposition follows the
+# incoming gradient. Measured: on an H200 (torch 2.11, bfloat16 autocast, the native kernel)
+# five models' backward batch norms returned channels_last from an NCHW incoming gradient where
+# fake runs predicted NCHW (reports/README.md, a second H200 lease). Fake CUDA runs lay it out
+# as the kernels do.
 BATCH_NORM_BACKWARD_SOURCE = (
-    "aten/src/ATen/native/Normalization.cpp (_select_batch_norm_backend: cuDNN for CUDA "
-    "training) and aten/src/ATen/native/cudnn/BatchNorm.cpp (cudnn_batch_norm_backward: "
+    "aten/src/ATen/native/cudnn/BatchNorm.cpp (cudnn_batch_norm_backward: "
     "grad_output.contiguous(input.suggest_memory_format()), grad_input allocated in the "
-    "input's memory format)"
+    "input's memory format) and aten/src/ATen/native/cuda/Normalization.cu (the native "
+    "kernel, taken for bfloat16, without affine weights or outside training: "
+    "batch_norm_elementwise_backward_train allocates grad_input in the input's "
+    "suggest_memory_format since PR 107270, torch 2.1; its fused path, for an input not "
+    "channels_last, contiguous; batch_norm_elementwise_backward_eval contiguous)"
 )

@@ -13,7 +13,9 @@ from collections import Counter
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from cl_audit.compat import (
     TORCH_VERSION,
@@ -21,9 +23,11 @@ from cl_audit.compat import (
     TorchDispatchMode,
     device_query,
     fake_tensor,
+    fused_attention,
     suggest_memory_format,
 )
 from cl_audit.divergences import (
+    ATTENTION_SOURCE,
     BATCH_NORM_BACKWARD_SOURCE,
     CUDA_KERNEL_OVERRIDES,
     KernelOverride,
@@ -32,7 +36,7 @@ from cl_audit.intercept.naming import aten_op_name
 from cl_audit.layout import MemoryLayout, layout_of
 from cl_audit.report import AppliedOverride
 
-__all__ = ["KernelSourceMode", "fake_state"]
+__all__ = ["AttentionKernelMode", "KernelSourceMode", "fake_state"]
 
 
 def fake_state(
@@ -59,12 +63,12 @@ class KernelSourceMode(TorchDispatchMode):
     """Below the audit, above the fake mode: gives an overridden operation's output the layout
     its kernel's source says, so the audit and the rest of the model see what the real kernel
     would return: contiguous for a ``KernelOverride`` whose first input is channels_last; as
-    cuDNN lays out a training batch norm's input gradient. With ``cudnn_batch_norm``, cuDNN's
+    CUDA lays out a batch norm's input gradient. With ``cudnn_batch_norm``, cuDNN's
     batch norm and its backward allocate their outputs as their kernels do
     (``_cudnn_outputs``) instead of running torch's fake decomposition (tens of fake operations
     each). ``applied`` counts the outputs laid out otherwise than the fake implementation
-    would: for cuDNN's backward, each whose incoming gradient it converts to the input's
-    layout (the decomposition follows the incoming gradient)."""
+    would: for a batch norm's backward, each whose input gradient CUDA lays out otherwise than
+    the decomposition (which follows the incoming gradient)."""
 
     def __init__(
         self,
@@ -123,20 +127,17 @@ class KernelSourceMode(TorchDispatchMode):
         return type(result)(outputs)
 
     def _native_batch_norm_gradient(self, args: Any, result: Any) -> Any:
-        """The input gradient of a native training batch norm where cuDNN would take it (a
-        forward traced on CUDA), laid out as its input (``BATCH_NORM_BACKWARD_SOURCE``); any
-        other is left as is."""
-        data, weight, train = args[1], args[2], len(args) > 7 and args[7]
-        fmt = {4: torch.channels_last, 5: torch.channels_last_3d}.get(data.dim())
+        """The input gradient of a batch norm's backward, laid out as CUDA's kernels lay it out
+        (``BATCH_NORM_BACKWARD_SOURCE``): in training as the input, cuDNN's and the native
+        kernel's alike (whatever the dtype or affine weight); outside training contiguous.
+        Torch's fake decomposition follows the incoming gradient instead. An input in either
+        layout (NC11) is left as it is."""
+        data, train = args[1], len(args) > 7 and bool(args[7])
         grad_input = result[0]
-        if fmt is None or grad_input is None or weight is None or not train:
+        if grad_input is None or data.dim() not in (4, 5):
             return result
-        if not data.is_contiguous(memory_format=fmt) or data.is_contiguous():
-            return result  # NCHW, or either (the layout is not decided by it)
-        half, bf16 = torch.float16, torch.bfloat16
-        if bf16 in (data.dtype, weight.dtype) or (data.dtype == half and weight.dtype == half):
-            return result
-        if data.shape[0] > 880801 or data.numel() >= 2**31 - 1:
+        fmt = suggest_memory_format(data) if train else torch.contiguous_format
+        if data.is_contiguous() and data.is_contiguous(memory_format=_CHANNELS_LAST[data.dim()]):
             return result
         if grad_input.is_contiguous(memory_format=fmt):
             return result
@@ -172,6 +173,93 @@ def _converts_gradient(args: Any) -> bool:
 
 
 _BATCH_NORM_BACKWARD = "aten.native_batch_norm_backward"
+_CHANNELS_LAST = {4: torch.channels_last, 5: torch.channels_last_3d}
 _CUDNN_BATCH_NORM = "aten.cudnn_batch_norm"
 _CUDNN_BATCH_NORM_BACKWARD = "aten.cudnn_batch_norm_backward"
 _CUDNN_OUTPUTS = (_CUDNN_BATCH_NORM, _CUDNN_BATCH_NORM_BACKWARD)
+
+
+_CUDNN_ATTENTION = "aten._scaled_dot_product_cudnn_attention"
+_EFFICIENT_ATTENTION = "aten._scaled_dot_product_efficient_attention"
+
+
+class AttentionKernelMode(TorchFunctionMode):
+    """Below the audit's own modes, on fake CUDA: ``F.scaled_dot_product_attention`` runs the
+    fused kernel a Hopper GPU picks (``ATTENTION_SOURCE``), through its operator, so that its
+    output, its backward and their layouts are the kernel's; elsewhere the call goes on to the
+    math path, as fake tensors take it. ``applied`` counts the calls given a fused kernel."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.applied: Counter[str] = Counter()
+
+    def applied_overrides(self) -> tuple[AppliedOverride, ...]:
+        return tuple(
+            AppliedOverride(op, count, ATTENTION_SOURCE) for op, count in self.applied.items()
+        )
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if func is F.scaled_dot_product_attention:
+            output = self._fused(*args, **kwargs)
+            if output is not None:
+                return output
+        return func(*args, **kwargs)
+
+    def _fused(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attn_mask: torch.Tensor | None = None,
+        dropout_p: float = 0.0,
+        is_causal: bool = False,
+        scale: float | None = None,
+        enable_gqa: bool = False,
+    ) -> torch.Tensor | None:
+        """The fused kernel's output, or None where the math path runs."""
+        tensors = (query, key, value)
+        if not all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in tensors):
+            return None
+        if dropout_p or enable_gqa or query.device.type != "cuda":
+            return None
+        if not query.size(1) == key.size(1) == value.size(1):
+            return None  # grouped-query attention: not measured
+        if not query.size(-1) == key.size(-1) == value.size(-1) or query.size(-1) % 8:
+            return None
+        if query.size(-1) > 256 or any(t.stride(-1) != 1 for t in tensors):
+            return None
+        dtype = query.dtype
+        if torch.is_autocast_enabled("cuda") and dtype.is_floating_point:
+            dtype = torch.get_autocast_dtype("cuda")  # the composite is on autocast's list
+        if dtype not in (torch.float16, torch.bfloat16, torch.float32):
+            return None
+        learned = attn_mask is not None and attn_mask.requires_grad
+        efficient = dtype == torch.float32 or learned
+        query, key, value = (t.to(dtype) for t in tensors)
+        bias = None if attn_mask is None else _attention_bias(attn_mask, query, key, efficient)
+        log_sumexp = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+        output = fused_attention(efficient, query, key, value, bias, log_sumexp, is_causal, scale)
+        if output is not None:
+            self.applied[_EFFICIENT_ATTENTION if efficient else _CUDNN_ATTENTION] += 1
+        return output
+
+
+def _attention_bias(
+    mask: torch.Tensor, query: torch.Tensor, key: torch.Tensor, efficient: bool
+) -> torch.Tensor:
+    """The mask as the composite hands it to the kernel: a boolean one made additive in the
+    query's dtype; for the memory-efficient kernel expanded to (B, H, L, S) and, where S is not
+    a multiple of 16, padded to one and sliced back (aten/src/ATen/native/transformers)."""
+    if mask.dtype == torch.bool:
+        zero = torch.scalar_tensor(0.0, dtype=query.dtype, device=query.device)
+        mask = torch.where(mask, zero, float("-inf"))
+    else:
+        mask = mask.to(query.dtype)
+    if not efficient:
+        return mask
+    length = key.size(2)
+    mask = mask.expand(query.size(0), query.size(1), query.size(2), length)
+    if length % 16:
+        mask = F.pad(mask, (0, 16 - length % 16))[..., :length]
+    return mask

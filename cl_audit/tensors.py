@@ -20,7 +20,7 @@ from cl_audit.compat import fake_tensor, new_fake_mode
 from cl_audit.convert import apply_strategy, input_to_nchw, strategy_input, to_nchw
 from cl_audit.divergences import divergence_table
 from cl_audit.enums import Strategy, TensorMode
-from cl_audit.fake import KernelSourceMode, fake_state
+from cl_audit.fake import AttentionKernelMode, KernelSourceMode, fake_state
 from cl_audit.inputs import Example
 from cl_audit.report import AppliedOverride
 from cl_audit.training import Backward, BoundStep, NodeByNode, Step, StepPlan
@@ -169,6 +169,7 @@ class _FakeRun(TensorRun):
         self._trainable: dict[str, torch.Tensor] = {}
         self.device = str(device)
         self.kernels = KernelSourceMode.for_device(device)
+        self.attention = AttentionKernelMode() if device.type == "cuda" else None
 
     def trainable(self) -> dict[str, torch.Tensor]:
         """The fake parameters, as leaves that collect gradients when training."""
@@ -185,12 +186,15 @@ class _FakeRun(TensorRun):
 
     @contextlib.contextmanager
     def tensor_mode(self) -> Iterator[None]:
-        """The fake mode, with the CUDA kernel-source overrides above it."""
-        with self._mode, self.kernels:
+        """The fake mode, with the CUDA kernel-source overrides above it and, on CUDA, the
+        attention kernel a GPU picks."""
+        with self._mode, self.kernels, self.attention or contextlib.nullcontext():
             yield
 
     def overrides(self) -> tuple[str | None, tuple[AppliedOverride, ...]]:
-        return divergence_table(self._device.type).name, self.kernels.applied_overrides()
+        attention = self.attention.applied_overrides() if self.attention else ()
+        applied = (*self.kernels.applied_overrides(), *attention)
+        return divergence_table(self._device.type).name, applied
 
     def _forward(self, fmt: torch.memory_format | None, example: Example) -> Forward:
         state = fake_state(self._mode, self.model, self._device, fmt)

@@ -172,8 +172,13 @@ def test_kernel_copy_table_is_the_measured_one_else_the_newest_before_it_said_so
     assert ("aten.bmm", 0, 3, "dense-second") not in measured.copied  # BLAS reads it so
     later = kernel_copy_table("cpu", (2, 16))
     assert later.name.endswith("; torch 2.16 not measured") and "torch 2.15 cpu" in later.name
-    assert kernel_copy_table("cuda", (2, 14)) == KernelCopies(
-        "none: no kernel copies measured on cuda", {}
+    cuda = kernel_copy_table("cuda", (2, 14))  # measured on an H200 with torch 2.11 only
+    assert cuda.name.startswith("torch 2.11 cuda (torch 2.11.0")
+    assert cuda.name.endswith("; torch 2.14 not measured")
+    assert cuda.copied[("aten.cumsum", 0, 3, "dense-second")] == 1.0
+    assert ("aten.cumsum", 0, 3, "dense-second") not in measured.copied
+    assert kernel_copy_table("mps", (2, 14)) == KernelCopies(
+        "none: no kernel copies measured on mps", {}
     )
 
 
@@ -299,7 +304,9 @@ def test_fake_cuda_convolution_gradients_are_laid_out_as_cudnn_lays_them():
         assert [g.is_contiguous(memory_format=cl) for g in grads] == [expected, expected]
 
 
-def _batch_norm_backward(data: torch.Tensor, grad: torch.Tensor, weight: torch.Tensor | None):
+def _batch_norm_backward(
+    data: torch.Tensor, grad: torch.Tensor, weight: torch.Tensor | None, train: bool = True
+):
     mode = KernelSourceMode.for_device(torch.device("cuda"))
     fake = compat.new_fake_mode()
     cpu = torch.device("cpu")
@@ -308,24 +315,31 @@ def _batch_norm_backward(data: torch.Tensor, grad: torch.Tensor, weight: torch.T
     stats = [compat.fake_tensor(fake, torch.ones(data.shape[1]), cpu)] * 2
     with fake, mode:  # the kernel source above the fake mode, as in a fake run
         grad_input = torch.ops.aten.native_batch_norm_backward.default(
-            grad, data, weight, *stats, *stats, True, 1e-5, [True, weight is not None, False]
+            grad, data, weight, *stats, *stats, train, 1e-5, [True, weight is not None, False]
         )[0]
     return grad_input, mode.applied_overrides()
 
 
-def test_a_cuda_training_batch_norm_backward_lays_its_gradient_out_as_cudnn_does():
-    """The trace records the CPU's native batch norm, whose backward follows the incoming
-    gradient; on CUDA cuDNN runs it and lays the input gradient out as the input (the
-    incoming gradient converted first); a forward traced under CUDA's autocast has cuDNN's
-    batch norm itself, the same. Controls: NCHW input, no affine weight (native CUDA path),
-    bfloat16 (not cuDNN's), and a channels_last gradient (nothing to change)."""
+def test_a_cuda_batch_norm_backward_lays_its_gradient_out_as_cudas_kernels_do():
+    """The trace records the CPU's native batch norm, whose fake backward follows the incoming
+    gradient. On CUDA, in training, cuDNN and the native kernel alike (no affine weight,
+    bfloat16: measured on an H200) lay the input gradient out as the input; outside training
+    the native kernel's is contiguous. A forward traced under CUDA's autocast has cuDNN's
+    batch norm itself, the same. Controls: gradients already laid out so."""
     cl = torch.channels_last
     data = torch.randn(2, 4, 5, 5).to(memory_format=cl)
-    nchw_grad = torch.randn(2, 4, 5, 5)
-    grad_input, (applied,) = _batch_norm_backward(data, nchw_grad, torch.ones(4))
-    assert grad_input.is_contiguous(memory_format=cl)
-    assert (applied.op, applied.applied) == ("aten.native_batch_norm_backward", 1)
-    assert "cudnn_batch_norm_backward" in applied.source
+    nchw_grad, cl_grad = torch.randn(2, 4, 5, 5), torch.randn(2, 4, 5, 5).to(memory_format=cl)
+    for case, train, expected in (
+        ((data, nchw_grad, torch.ones(4)), True, cl),  # cuDNN's
+        ((data, nchw_grad, None), True, cl),  # the native kernel's
+        ((data.bfloat16(), nchw_grad.bfloat16(), torch.ones(4)), True, cl),
+        ((data.contiguous(), cl_grad, torch.ones(4)), True, torch.contiguous_format),
+        ((data, cl_grad, torch.ones(4)), False, torch.contiguous_format),
+    ):
+        grad_input, (applied,) = _batch_norm_backward(*case, train=train)
+        assert grad_input.is_contiguous(memory_format=expected)
+        assert (applied.op, applied.applied) == ("aten.native_batch_norm_backward", 1)
+    assert "cudnn_batch_norm_backward" in applied.source and "Normalization.cu" in applied.source
     # a forward traced under CUDA's autocast runs cuDNN's batch norm itself: the same layout
     fake, cpu = compat.new_fake_mode(), torch.device("cpu")
     data_f, grad_f, w = (compat.fake_tensor(fake, t, cpu) for t in (data, nchw_grad, torch.ones(4)))
@@ -340,9 +354,8 @@ def test_a_cuda_training_batch_norm_backward_lays_its_gradient_out_as_cudnn_does
     assert [a.op for a in mode.applied_overrides()] == ["aten.cudnn_batch_norm_backward"]
     for controls in (
         (data.contiguous(), nchw_grad, torch.ones(4)),
-        (data, nchw_grad, None),
-        (data.bfloat16(), nchw_grad.bfloat16(), torch.ones(4)),
-        (data, nchw_grad.to(memory_format=cl), torch.ones(4)),
+        (data, cl_grad, torch.ones(4)),
+        (data, cl_grad, None),
     ):
         assert _batch_norm_backward(*controls)[1] == ()
 

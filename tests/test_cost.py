@@ -11,7 +11,7 @@ import json
 import cost_models as cm
 import pytest
 import torch
-from torch_checks import needs_node_by_node
+from torch_checks import needs_fake_cuda, needs_node_by_node
 from typer.testing import CliRunner
 
 from cl_audit import audit_model
@@ -294,12 +294,14 @@ def test_fake_mode_predicts_the_same_sites_from_strides():
     assert report.verdict is Verdict.OFFENDING
 
 
-def _fake(model: torch.nn.Module, train: bool = False) -> ModelReport:
+def _fake(model: torch.nn.Module, train: bool = False, device: str = "cpu") -> ModelReport:
     from cl_audit.run import audit_module
     from cl_audit.settings import AuditSettings, TensorMode
 
     torch.manual_seed(0)
-    settings = AuditSettings(tensor_mode=TensorMode.FAKE, gate=Gate(0, 0), train=train)
+    settings = AuditSettings(
+        tensor_mode=TensorMode.FAKE, gate=Gate(0, 0), train=train, device=device
+    )
     return audit_module(model, (_input(),), settings)
 
 
@@ -330,6 +332,20 @@ def test_fake_mode_predicts_the_saving_where_only_the_nchw_run_hands_a_kernel_st
     saves = [[(s.kind, s.aten_op, s.saved) for s in r.cost.sites] for r in (eager, fake)]
     assert saves[0] == saves[1]
     assert (CostKind.KERNEL, "aten.native_layer_norm", MAP) in saves[1]
+
+
+@needs_fake_cuda
+def test_fake_cuda_predicts_the_copies_cuda_kernels_were_measured_to_make():
+    """``kernel_copies.json``'s CUDA table (an H200, torch 2.11): the CUDA ``cumsum`` copies
+    strided tokens first, so a fake CUDA run charges channels_last that copy at its line; the
+    CPU's reads them as it lies (its table has no ``cumsum``), so a fake CPU run charges
+    nothing there. Before the table, fake CUDA runs predicted no kernel copy at all."""
+    cuda = _fake(cm.TokenCumsum(), device="cuda")
+    assert cuda.cost.kernel_copies is Evidence.PREDICTED
+    (site,) = _extra_sites(cuda)
+    assert (site.kind, site.aten_op, site.extra) == (CostKind.KERNEL, "aten.cumsum", MAP)
+    assert site.call_site is not None and site.call_site.startswith("cost_models.py:")
+    assert _extra_sites(_fake(cm.TokenCumsum())) == []
 
 
 def test_an_operation_reading_only_metadata_of_a_channels_last_map_is_no_predicted_copy():

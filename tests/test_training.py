@@ -184,6 +184,62 @@ def test_a_fake_cuda_step_finds_cudnn_batch_norm_converting_its_gradient():
     assert control.offenders == ()
 
 
+@needs_fake_cuda
+@needs_node_by_node
+def test_a_fake_cuda_step_lays_batch_norm_gradients_out_as_cuda_kernels_do():
+    """CUDA's batch norm backward lays the input gradient out as its input in training, the
+    native kernel (no affine weight; bfloat16, measured on an H200) as cuDNN's: a channels_last
+    input given an NCHW gradient regains the format at the norm, an NCHW input given a
+    channels_last gradient loses it there; a frozen (eval-mode) norm's backward is contiguous
+    whatever it is given, a loss. Torch's fake decomposition followed the gradient in each.
+    Control: cuDNN's (affine, float32), which converts the incoming gradient first, as before."""
+
+    def at_norm(model: torch.nn.Module) -> list[tuple[str, str]]:
+        report = train(model, tensor_mode=TensorMode.FAKE, device="cuda")
+        return [
+            (kind, f.aten_op)
+            for kind, found in (("loss", report.offenders), ("regain", report.regains))
+            for f in found
+            if f.phase is Phase.BACKWARD and f.module_path == "bn"
+        ]
+
+    native = "aten.native_batch_norm_backward"
+    assert at_norm(tm.NormBeforeLostFormat(affine=False)) == [("regain", native)]
+    assert at_norm(tm.NormAfterLostFormat(affine=False)) == [("loss", native)]
+    assert at_norm(tm.NormAfterLostFormat(lost=False, frozen=True)) == [("loss", native)]
+    assert at_norm(tm.NormBeforeLostFormat()) == [("regain", "aten.clone")]  # cuDNN converts
+
+
+@needs_fake_cuda
+@needs_node_by_node
+def test_a_fake_cuda_step_runs_the_attention_kernel_a_gpu_picks():
+    """Fake tensors without a GPU take attention's math path. A Hopper GPU runs cuDNN's kernel
+    for float16 attention and the memory-efficient one where the mask learns (an H200 measured
+    both): the fake step runs those kernels' operators, so their backward, not the math path's
+    copies, is what it finds at the attention's line (CoAtNet's blocks, which the math path
+    predicted offending and the H200 measured minor or clean). Control: transposed queries,
+    dense in their last dimension only where the map is channels_last: the NCHW run keeps the
+    math path (no fused kernel takes them), the channels_last run gets the kernel."""
+    lines, first = inspect.getsourcelines(tm.MapAttention.forward)
+    line = first + next(i for i, t in enumerate(lines) if "scaled_dot_product_attention(" in t)
+
+    def at_attention(model: torch.nn.Module) -> tuple[set[str], dict[str, int]]:
+        report = train(model, tensor_mode=TensorMode.FAKE, device="cuda", amp=Amp.FP16)
+        found = {
+            f.aten_op
+            for f in report.offenders
+            if f.phase is Phase.BACKWARD and f.call_site.endswith(f"training_models.py:{line}")
+        }
+        return found, {o.op: o.applied for o in report.environment.kernel_overrides}
+
+    efficient, cudnn = "aten._scaled_dot_product_efficient_attention", (
+        "aten._scaled_dot_product_cudnn_attention"
+    )  # fmt: skip
+    assert at_attention(tm.MapAttention()) == ({f"{efficient}_backward"}, {efficient: 2})
+    assert at_attention(tm.MapAttention(learned=False)) == ({f"{cudnn}_backward"}, {cudnn: 2})
+    assert at_attention(tm.MapAttention(dense=False))[1] == {efficient: 1}
+
+
 @needs_node_by_node
 @needs_fake_cuda
 @pytest.mark.parametrize(("amp", "dtype"), [(Amp.FP16, "float16"), (Amp.BF16, "bfloat16")])

@@ -83,19 +83,75 @@ class NormAfterLostFormat(nn.Module):
     channels_last convolutions: on CUDA cuDNN's backward lays the input gradient out as its
     NCHW input, converting the channels_last gradient that the second convolution's backward
     returns (torch's fake decomposition followed that gradient). ``lost=False`` is the control:
-    channels_last input, nothing converted."""
+    channels_last input, nothing converted. ``affine=False`` takes CUDA's native kernel, which
+    lays the gradient out as the input too; ``frozen`` puts the norm in eval mode, whose CUDA
+    backward is contiguous whatever it is given."""
 
-    def __init__(self, lost: bool = True) -> None:
+    def __init__(self, lost: bool = True, affine: bool = True, frozen: bool = False) -> None:
         super().__init__()
         self.lost = lost
+        self.frozen = frozen
         self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
-        self.bn = nn.BatchNorm2d(8)
+        self.bn = nn.BatchNorm2d(8, affine=affine)
         self.conv2 = nn.Conv2d(8, 8, 3, padding=1)
+
+    def train(self, mode: bool = True) -> NormAfterLostFormat:
+        super().train(mode)
+        self.bn.train(mode and not self.frozen)
+        return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.conv1(x)
         y = y.contiguous() if self.lost else y
         return self.conv2(self.bn(y)).sum(dim=(2, 3))
+
+
+class NormBeforeLostFormat(nn.Module):
+    """A batch norm given channels_last input whose output the forward makes contiguous: its
+    backward receives an NCHW gradient. CUDA's kernels (cuDNN's, and the native one bfloat16
+    takes) lay the input gradient out as the channels_last input, a regain at the norm
+    (measured on an H200 with bfloat16 autocast); torch's fake decomposition followed the
+    gradient, a loss there. ``affine=False`` takes CUDA's native kernel in float32."""
+
+    def __init__(self, affine: bool = True) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8, affine=affine)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.bn(self.conv1(x)).contiguous().square().sum(dim=(2, 3))
+
+
+class MapAttention(nn.Module):
+    """Attention over a channels_last map's positions, as CoAtNet's blocks make it (timm's
+    ``maxxvit.Attention2d``): a 1x1 convolution gives q, k and v, the attention's output is
+    transposed back and reshaped to the map. Where the memory-efficient kernel runs (a GPU takes
+    it for a mask that learns), the output is sequence-major and the reshape a view that is
+    channels_last; where cuDNN's or the math path runs (a fixed mask under float16), the output
+    is contiguous and the reshape copies it, whose backward copies the channels_last gradient
+    NCHW. ``dense=False`` hands the attention transposed views (not dense in their last
+    dimension), which no fused kernel takes: the math path runs."""
+
+    def __init__(self, learned: bool = True, dense: bool = True) -> None:
+        super().__init__()
+        self.dense = dense
+        self.stem = nn.Conv2d(3, 16, 3, padding=1)
+        self.qkv = nn.Conv2d(16, 48, 1)
+        bias = torch.zeros(2, 256, 256)  # heads, positions, positions (16x16 maps)
+        self.bias = nn.Parameter(bias) if learned else None
+        self.register_buffer("fixed", None if learned else bias)
+        self.proj = nn.Conv2d(16, 16, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        b, _, h, w = x.shape
+        q, k, v = self.qkv(x).view(b, 2, 24, -1).chunk(3, dim=2)
+        mask = self.bias if self.bias is not None else self.fixed
+        q, k, v = (t.transpose(-1, -2) for t in (q, k, v))
+        if self.dense:
+            q, k, v = (t.contiguous() for t in (q, k, v))
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return self.proj(out.transpose(-1, -2).reshape(b, -1, h, w)).sum(dim=(2, 3))
 
 
 class ActivationAfterLostFormat(nn.Module):

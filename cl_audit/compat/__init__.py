@@ -43,6 +43,7 @@ __all__ = [
     "fake_like",
     "fake_tensor",
     "flatten",
+    "fused_attention",
     "is_data_dependent_error",
     "is_device_runtime_error",
     "is_fake",
@@ -403,6 +404,36 @@ def is_device_runtime_error(error: BaseException) -> bool:
     return isinstance(error, RuntimeError) and str(error).startswith(
         ("CUDA error", "Found no NVIDIA driver")
     )
+
+
+def fused_attention(
+    efficient: bool,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    bias: torch.Tensor | None,
+    log_sumexp: bool,
+    is_causal: bool,
+    scale: float | None,
+) -> torch.Tensor | None:
+    """The output of CUDA's fused attention kernel, called as ``F.scaled_dot_product_attention``
+    calls it: the memory-efficient one or cuDNN's. None where this torch's operator takes no
+    attention bias (cuDNN's before torch 2.5) and one is given."""
+    name = "_scaled_dot_product_efficient_attention" if efficient else (
+        "_scaled_dot_product_cudnn_attention"
+    )  # fmt: skip
+    packet = getattr(torch.ops.aten, name, None)
+    if packet is None:
+        return None
+    names = {argument.name for argument in packet.default._schema.arguments}
+    if bias is not None and "attn_bias" not in names:
+        return None
+    given = {
+        "query": query, "key": key, "value": value, "attn_bias": bias,
+        "compute_log_sumexp": log_sumexp, "dropout_p": 0.0, "is_causal": is_causal,
+        "return_debug_mask": False, "scale": scale,
+    }  # fmt: skip
+    return packet.default(**{k: v for k, v in given.items() if k in names})[0]
 
 
 def cuda_present() -> bool:
