@@ -417,8 +417,9 @@ def fused_attention(
     scale: float | None,
 ) -> torch.Tensor | None:
     """The output of CUDA's fused attention kernel, called as ``F.scaled_dot_product_attention``
-    calls it: the memory-efficient one or cuDNN's. None where this torch's operator takes no
-    attention bias (cuDNN's before torch 2.5) and one is given."""
+    calls it: the memory-efficient one or cuDNN's, given the arguments this torch's operator
+    takes (read from its schema). None where one is given a mask its operator takes none of
+    (torch 2.4's cuDNN operator)."""
     name = "_scaled_dot_product_efficient_attention" if efficient else (
         "_scaled_dot_product_cudnn_attention"
     )  # fmt: skip
