@@ -533,3 +533,45 @@ def test_a_backward_output_whose_storage_a_parameter_derived_one_reused_is_not_f
         ledger.observe(record)
     gradient = 8 * 8 * 2 + 8 * 8 * 4  # the gradient and its half form
     assert ledger.written_fixed == gradient + 64 * 4  # and the parameter-derived output
+
+
+def test_a_gradient_copied_to_its_parameters_strides_settles_the_chain_behind_it():
+    """``AccumulateGrad`` lays a gradient out as its parameter by a ``copy_`` into a
+    ``new_empty_strided`` made at the module, a storage the recorder calls parameter-derived:
+    the copy is still a backward output, so the optimizer reading it settles the weight-shaped
+    chain behind it (the convolution's weight gradient and its cast) as paid once a step; a
+    weight-standardised net's fixed bytes fell short of a two-batch fit by those (nf_resnet26:
+    88 MB). Control: a parameter-derived output the backward makes from parameters alone is
+    fixed as it is written."""
+    from cl_audit.intercept.ledger import Ledger
+
+    aten = torch.ops.aten
+    grad_out, act = torch.zeros(2, 8, 4, 4), torch.zeros(2, 8, 4, 4)
+    half, full = torch.zeros(8, 8, dtype=torch.half), torch.zeros(8, 8)  # a weight's gradient
+    laid_out, weight, derived = torch.zeros(8, 8), torch.zeros(64), torch.zeros(64)
+    ledger = Ledger()
+    back, optimizer = Phase.BACKWARD, Phase.OPTIMIZER
+    for record in (
+        _record(
+            1, back, aten.convolution_backward.default, [grad_out], [act, half], [10], [11, 12]
+        ),
+        _record(2, back, aten._to_copy.default, [half], [full], [12], [13]),
+        _record(
+            3, back, aten.new_empty_strided.default, [full], [laid_out], [13], [30], parameters={30}
+        ),
+        _record(
+            4,
+            back,
+            aten.copy_.default,
+            [laid_out, full],
+            [laid_out],
+            [30, 13],
+            [30],
+            parameters={30},
+        ),
+        _record(5, back, aten.mul.Tensor, [weight], [derived], [20], [21], parameters={20, 21}),
+        _record(6, optimizer, aten._foreach_add_.List, [laid_out], [], [30], []),
+    ):
+        ledger.observe(record)
+    chain = 8 * 8 * 2 + 8 * 8 * 4 + 8 * 8 * 4  # the half gradient, its cast, the copy
+    assert ledger.written_fixed == 8 * 8 * 4 + chain + 64 * 4  # the empty, the chain, derived

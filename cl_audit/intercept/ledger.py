@@ -180,7 +180,10 @@ class Ledger:
         )
         self.written += written
         if written:
-            if phase is Phase.OPTIMIZER or all(key in record.parameters for key in out_keys):
+            if phase is Phase.OPTIMIZER or (
+                all(key in record.parameters for key in out_keys)
+                and not self._writes_backward_output(in_place, in_keys, out_keys)
+            ):
                 self.written_fixed += written
                 for key in out_keys:  # settled: a backward output's storage no longer
                     self._latest.pop(key, None)
@@ -264,6 +267,18 @@ class Ledger:
                 self._cause(place, record.cause)
             else:
                 self._add(self.copies, place, converted, record.cause)
+
+    def _writes_backward_output(
+        self, in_place: bool, in_keys: list[int], out_keys: list[int]
+    ) -> bool:
+        """Whether an in-place write copies a backward output into its storage (a storage the
+        recorder calls parameter-derived: ``AccumulateGrad`` laying a gradient out as its
+        parameter, in a ``new_empty_strided`` made at the module): it is followed as a backward
+        output then, so that the optimizer reading it settles the chain behind it."""
+        if not in_place:
+            return False
+        latest = self._latest
+        return any(key in latest for key in in_keys if key not in out_keys)
 
     def _backward_outputs(
         self, outputs: list[torch.Tensor], out_keys: list[int], in_keys: list[int], in_place: bool
