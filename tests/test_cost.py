@@ -481,6 +481,21 @@ def _record(call, phase, op, inputs, outputs, in_keys, out_keys, parameters=()):
     )  # fmt: skip
 
 
+def _weight_gradient() -> tuple[torch.Tensor, torch.Tensor, list]:
+    """A convolution's backward (call 1: its activation gradient, key 11, and a half-precision
+    weight gradient, key 12) and the weight gradient cast to float32 (call 2, key 13): the
+    activation gradient, the float32 gradient and the two records."""
+    aten, back = torch.ops.aten, Phase.BACKWARD
+    grad_out, act = torch.zeros(2, 8, 4, 4), torch.zeros(2, 8, 4, 4)  # per sample
+    half, full = torch.zeros(8, 8, dtype=torch.half), torch.zeros(8, 8)  # a weight's gradient
+    conv_backward = aten.convolution_backward.default
+    records = [
+        _record(1, back, conv_backward, [grad_out], [act, half], [10], [11, 12]),
+        _record(2, back, aten._to_copy.default, [half], [full], [12], [13]),
+    ]
+    return act, full, records
+
+
 def test_gradients_are_fixed_through_their_casts_and_a_reused_storage_is_not_one():
     """What the optimizer reads back from the backward (a gradient, and the half-precision
     gradient it was cast from) is paid once a step; an activation gradient is not, nor is the
@@ -488,15 +503,12 @@ def test_gradients_are_fixed_through_their_casts_and_a_reused_storage_is_not_one
     from cl_audit.intercept.ledger import Ledger
 
     aten = torch.ops.aten
-    grad_out, act = torch.zeros(2, 8, 4, 4), torch.zeros(2, 8, 4, 4)  # per sample
-    half, full = torch.zeros(8, 8, dtype=torch.half), torch.zeros(8, 8)  # a weight's gradient
+    _, full, gradient = _weight_gradient()
     stale, scratch = torch.zeros(64), torch.zeros(64)
     ledger = Ledger()
     back, optimizer = Phase.BACKWARD, Phase.OPTIMIZER
-    conv_backward = aten.convolution_backward.default
     for record in (
-        _record(1, back, conv_backward, [grad_out], [act, half], [10], [11, 12]),
-        _record(2, back, aten._to_copy.default, [half], [full], [12], [13]),
+        *gradient,
         _record(3, back, aten.neg.default, [full], [stale], [13], [14]),  # freed, id reused below
         _record(4, optimizer, aten.mul.Tensor, [full], [scratch], [13], [14]),
         _record(5, optimizer, aten._foreach_add_.List, [full, scratch], [], [13, 14], []),
@@ -516,16 +528,12 @@ def test_a_backward_output_whose_storage_a_parameter_derived_one_reused_is_not_f
     from cl_audit.intercept.ledger import Ledger
 
     aten = torch.ops.aten
-    grad_out, act = torch.zeros(2, 8, 4, 4), torch.zeros(2, 8, 4, 4)
-    half, full = torch.zeros(8, 8, dtype=torch.half), torch.zeros(8, 8)  # a weight's gradient
+    act, full, gradient = _weight_gradient()
     freed, derived, weight = torch.zeros(64), torch.zeros(64), torch.zeros(64)
     ledger = Ledger()
     back, optimizer = Phase.BACKWARD, Phase.OPTIMIZER
     for record in (
-        _record(
-            1, back, aten.convolution_backward.default, [grad_out], [act, half], [10], [11, 12]
-        ),
-        _record(2, back, aten._to_copy.default, [half], [full], [12], [13]),
+        *gradient,
         _record(3, back, aten.neg.default, [act], [freed], [11], [14]),  # freed: 14 reused below
         _record(4, back, aten.mul.Tensor, [weight], [derived], [20], [14], parameters={20, 14}),
         _record(5, optimizer, aten._foreach_add_.List, [full, derived], [], [13, 14], []),
@@ -546,16 +554,12 @@ def test_a_gradient_copied_to_its_parameters_strides_settles_the_chain_behind_it
     from cl_audit.intercept.ledger import Ledger
 
     aten = torch.ops.aten
-    grad_out, act = torch.zeros(2, 8, 4, 4), torch.zeros(2, 8, 4, 4)
-    half, full = torch.zeros(8, 8, dtype=torch.half), torch.zeros(8, 8)  # a weight's gradient
+    _, full, gradient = _weight_gradient()
     laid_out, weight, derived = torch.zeros(8, 8), torch.zeros(64), torch.zeros(64)
     ledger = Ledger()
     back, optimizer = Phase.BACKWARD, Phase.OPTIMIZER
     for record in (
-        _record(
-            1, back, aten.convolution_backward.default, [grad_out], [act, half], [10], [11, 12]
-        ),
-        _record(2, back, aten._to_copy.default, [half], [full], [12], [13]),
+        *gradient,
         _record(
             3, back, aten.new_empty_strided.default, [full], [laid_out], [13], [30], parameters={30}
         ),
