@@ -179,6 +179,7 @@ _CUDNN_BATCH_NORM_BACKWARD = "aten.cudnn_batch_norm_backward"
 _CUDNN_OUTPUTS = (_CUDNN_BATCH_NORM, _CUDNN_BATCH_NORM_BACKWARD)
 
 
+_ATTENTION = F.scaled_dot_product_attention
 _CUDNN_ATTENTION = "aten._scaled_dot_product_cudnn_attention"
 _EFFICIENT_ATTENTION = "aten._scaled_dot_product_efficient_attention"
 
@@ -199,12 +200,11 @@ class AttentionKernelMode(TorchFunctionMode):
         )
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        kwargs = kwargs or {}
-        if func is F.scaled_dot_product_attention:
-            output = self._fused(*args, **kwargs)
-            if output is not None:
-                return output
-        return func(*args, **kwargs)
+        # every torch call of a fake CUDA run passes here: anything but attention goes on at once
+        if func is not _ATTENTION:
+            return func(*args, **(kwargs or {}))
+        output = self._fused(*args, **(kwargs or {}))
+        return output if output is not None else func(*args, **(kwargs or {}))
 
     def _fused(
         self,
