@@ -531,6 +531,39 @@ def test_a_dense_cast_is_faked_with_its_inputs_strides_as_its_kernel_allocates_i
         assert (out.stride(), out.dtype) == (real.stride(), real.dtype)
 
 
+def test_a_fake_view_gives_size_one_dimensions_the_strides_the_kernels_give_them():
+    """Torch fakes ``view`` and ``_unsafe_view`` by ``_reshape_view_helper``, whose stride for a
+    size-1 dimension differs from the kernels' (``computeStride``): a (1, 24, 64) map viewed as
+    (1, 24, 8, 8) was channels_last to torch's fake mode and is NCHW to CPU and meta kernels,
+    which decides the layout of what a kernel makes of it. cl-audit's fake mode gives the
+    kernels' strides, on the same storage. Controls: a view without a size-1 dimension and size-1
+    views that torch's fake mode gets right."""
+    ops = torch.ops.aten
+    tokens = torch.randn(1, 64, 24).transpose(1, 2)  # (1, 24, 64), strides (1536, 1, 24)
+    cases = (
+        (tokens, lambda t: t.view(1, 24, 8, 8)),
+        (tokens, lambda t: t.reshape(1, 24, 8, 8)),
+        (tokens, lambda t: ops._unsafe_view.default(t, [1, 24, 8, 8])),
+    )
+    controls = (
+        (torch.randn(2, 64, 24).transpose(1, 2), lambda t: t.view(2, 24, 8, 8)),
+        (torch.randn(2, 1, 6), lambda t: t.view(2, 6, 1)),
+        (torch.randn(4, 6), lambda t: t.view(1, 24)),
+    )
+    for number, (base, view) in enumerate(cases + controls):
+        kernel = view(base).stride()
+        assert view(base.to("meta")).stride() == kernel
+        mode = compat.new_fake_mode()
+        fake = compat.fake_tensor(mode, base, torch.device("cpu"))
+        with mode:
+            out = view(fake)
+        assert out.stride() == kernel
+        assert compat.storage_key(out) == compat.storage_key(fake)
+        with compat.FakeTensorMode() as torch_mode:
+            torchs = view(torch_mode.from_tensor(base)).stride()
+        assert (torchs == kernel) == (number >= len(cases))
+
+
 def test_the_modes_answer_a_fake_tensors_device_query_from_the_tensor():
     """C++ asks the device of every fake tensor an operation touches (``prim.device``): each
     cl-audit mode answers it from the fake tensor, as torch's own handler does; any other

@@ -212,6 +212,27 @@ def test_a_fake_cuda_step_lays_batch_norm_gradients_out_as_cuda_kernels_do():
 
 @needs_fake_cuda
 @needs_node_by_node
+def test_a_resized_position_table_copies_its_gradient_in_both_layouts_as_kernels_do():
+    """A (1, H, W, C) position table resized to the tokens' grid (timm's naflexvit): its
+    gradient comes back through a view whose size-1 batch stride the kernels make NCHW, so the
+    table's gradient is NCHW in either run and AccumulateGrad copies it in both: no loss, as the
+    eager CPU step and an H200 (naflexvit's radio models, clean) measure. The fake steps, CPU
+    and CUDA, found a channels_last-only AccumulateGrad copy of the whole table while torch's
+    fake view gave that stride otherwise. Control: the table added unresized, reshaped, whose
+    gradient AccumulateGrad copies into the channels_last table only: found by all three."""
+
+    def accumulated(resized: bool, **settings: object) -> list[str]:
+        report = train(tm.ResizedPositions(resized), **settings)
+        return [s.op for s in report.cost.sites if s.op == "torch::autograd::AccumulateGrad"]
+
+    fake = TensorMode.FAKE
+    for settings in ({}, {"tensor_mode": fake}, {"tensor_mode": fake, "device": "cuda"}):
+        assert accumulated(True, **settings) == []
+        assert accumulated(False, **settings) == ["torch::autograd::AccumulateGrad"]
+
+
+@needs_fake_cuda
+@needs_node_by_node
 def test_a_fake_cuda_step_runs_the_attention_kernel_a_gpu_picks():
     """Fake tensors without a GPU take attention's math path. A Hopper GPU runs cuDNN's kernel
     for float16 attention and the memory-efficient one where the mask learns (an H200 measured

@@ -249,3 +249,31 @@ class MisViewed(ViewedLogits):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.conv(x).view(-1, 7)
+
+
+class ResizedPositions(nn.Module):
+    """Tokens from a patch convolution plus a learned position table kept as a (1, H, W, C)
+    grid and resized to the tokens' grid, as timm's naflexvit does
+    (``_apply_learned_pos_embed``): permuted to (1, C, H, W), interpolated, flattened to tokens.
+    A model made channels_last converts the 4-D table too, and the table's gradient comes back
+    through the flatten's view as a (1, C, h, w) map whose batch stride every kernel's view
+    makes NCHW: the interpolation's backward writes it NCHW in both runs, and AccumulateGrad
+    copies it into the table's layout in both (no loss). ``resized=False`` adds the table as it
+    is (the grid already the tokens'): its reshape copies the channels_last table forward and
+    AccumulateGrad copies the contiguous gradient back into it, in channels_last only."""
+
+    def __init__(self, resized: bool = True) -> None:
+        super().__init__()
+        self.resized = resized
+        self.patch = nn.Conv2d(3, 24, 2, stride=2)  # 16x16 -> 8x8 tokens
+        grid = 32 if resized else 8
+        self.table = nn.Parameter(torch.zeros(1, grid, grid, 24))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        tokens = self.patch(x).flatten(2).transpose(1, 2)
+        if self.resized:
+            grid = F.interpolate(self.table.permute(0, 3, 1, 2), size=(8, 8), mode="bilinear")
+            table = grid.flatten(2).transpose(1, 2)
+        else:
+            table = self.table.reshape(1, 64, 24)
+        return (tokens + table).square().sum(dim=(1, 2))

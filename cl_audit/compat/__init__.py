@@ -211,7 +211,29 @@ class _FakeMode(FakeTensorMode):
             return super().dispatch(
                 _EMPTY_STRIDED, types, strided, {"dtype": dtype, "device": data.device}
             )
+        if func in _VIEWS and not kwargs:
+            return self._view(func, types, args)
         return super().dispatch(func, types, args, kwargs)
+
+    def _view(self, func: Any, types: Any, args: Any) -> Any:
+        """A ``view`` (or ``_unsafe_view``) with the strides every device's kernel gives it.
+        Torch fakes them by ``torch._refs._reshape_view_helper``, which gives a size-1 dimension
+        another stride than the kernels' ``computeStride`` (TensorUtils.cpp): a (1, 24, 64)
+        gradient viewed as (1, 24, 8, 8) is channels_last to the fake mode, its batch stride
+        1536, and NCHW to the kernels (24), so a kernel handed it lays out its output otherwise.
+        Where the view has a size-1 dimension its strides are the meta kernel's."""
+        result = super().dispatch(func, types, args, {})
+        data, shape = args[0], result.shape
+        if 1 not in shape or not is_fake(data) or result.storage_offset() != data.storage_offset():
+            return result
+        with torch.utils._mode_utils.no_dispatch():
+            meta = torch.empty_strided(data.shape, data.stride(), dtype=data.dtype, device="meta")
+            strides = meta.view(shape).stride()
+        if strides == result.stride():
+            return result
+        return super().dispatch(
+            _AS_STRIDED, types, (data, shape, strides, data.storage_offset()), {}
+        )
 
 
 _MEMO = True  # OutputMemo answers the operations it can (off: torch's cache alone)
@@ -239,6 +261,8 @@ _BINARY_BACKWARDS = {
 
 
 _TO_COPY = _aten._to_copy.default
+_VIEWS = frozenset({_aten.view.default, _aten._unsafe_view.default})
+_AS_STRIDED = _aten.as_strided.default
 _EMPTY_STRIDED = _aten.empty_strided.default
 _CAST_KEYWORDS = {"dtype", "memory_format", "layout", "device", "pin_memory", "non_blocking"}
 
