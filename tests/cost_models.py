@@ -348,3 +348,33 @@ class ChannelSlice(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.after(self.conv(x)[:, :8])
+
+
+class TokensBackToMap(nn.Module):
+    """Tokens with a class token, the class token sliced off and the rest folded back into a
+    map for the next convolution, as timm's CoaT does (``remove_cls``, then reshape, permute,
+    ``contiguous``). In the backward the slice's gradient is contiguous where the map is
+    channels_last and strided where it is NCHW; ``slice_backward`` copies it into a zero
+    tensor either way (on the CPU a ``copy_`` into a slice of it). ``softmax=True`` adds a
+    softmax over the channels of the channels_last map's permuted tokens (strided in the
+    channels_last run only), which the CPU kernel makes contiguous first: a copy in one run."""
+
+    def __init__(self, softmax: bool = False) -> None:
+        super().__init__()
+        self.softmax = softmax
+        self.embed = nn.Conv2d(3, 16, 2, stride=2)
+        self.cls = nn.Parameter(torch.zeros(1, 1, 16))
+        self.mix = nn.Linear(16, 16)
+        self.conv = nn.Conv2d(16, 8, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b = x.shape[0]
+        grid = self.embed(x)
+        h, w = grid.shape[2:]
+        tokens = grid.flatten(2).transpose(1, 2)
+        tokens = self.mix(torch.cat((self.cls.expand(b, -1, -1), tokens), dim=1))
+        grid = tokens[:, 1:, :].reshape(b, h, w, -1).permute(0, 3, 1, 2).contiguous()
+        out = self.conv(grid)
+        if self.softmax:
+            out = out.flatten(2).softmax(dim=1)
+        return out.sum(dim=-1)

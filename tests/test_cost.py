@@ -120,6 +120,21 @@ def test_a_kernel_copy_of_a_strided_token_map_is_placed_at_its_call_site():
     assert unlocated.where == "unlocated: measured inside aten._softmax, not placed"
 
 
+def test_a_copy_inside_a_kernel_lands_at_one_place_in_both_runs_whatever_the_strides():
+    """``slice_backward`` copies its gradient into a zero tensor, contiguous or not (CoaT's
+    class token sliced off before the tokens are folded back into a map: the gradient is
+    contiguous in the channels_last run, strided in the NCHW one). An eager run placed a
+    measured kernel only when an input was a map or strided, so the same copy was unlocated in
+    one run and placed in the other: a channels_last-only cost and an NCHW-only one of the same
+    bytes (coat_lite_tiny offending on the CPU and on an H200 by 2.8 MB). Control: the softmax
+    over the channels_last map's tokens, copied inside the CPU kernel in that run only."""
+    for softmax in (False, True):
+        report = _audit(cm.TokensBackToMap(softmax), train=True)
+        ops = {s.aten_op for s in report.cost.sites}
+        assert "aten.slice_backward" not in ops and report.cost.unlocated_bytes < 64
+        assert ("aten._softmax" in ops) is softmax
+
+
 def test_a_broadcast_fill_inside_a_kernel_is_no_conversion():
     """``addmm`` copies its bias into its output before accumulating (the profiler shows a
     copy after an ``expand``): bytes written, not converted; the NCHW run's ``bmm`` and ``add``

@@ -227,12 +227,12 @@ class Ledger:
         strided = None if measured else self._strided_copies(record.aten_op)
         converted = 0
         parameter = True
-        spatial_in = strided_in = False
+        floating_in = False
         for index, (tensor, key) in enumerate(zip(inputs, in_keys, strict=True)):
             if not tensor.is_floating_point():
                 continue
+            floating_in = True
             if tensor.dim() in SPATIAL_RANKS:
-                spatial_in = True
                 layout = layout_of(tensor)
                 if (
                     layout in _ORDERED and layout is not spatial_out
@@ -247,17 +247,16 @@ class Ledger:
             elif strided:
                 copied = _strided_copy(strided, index, tensor)
             else:
-                if measured and not strided_in:  # only a measured run places by it
-                    strided_in = not tensor.is_contiguous()
                 continue
             if copied:
                 converted += copied
                 parameter = parameter and key in parameters
-        # Measured, every such kernel with a 4D/5D input, or a strided input of another rank,
-        # is placed whatever its strides, in both runs alike, so that their places align
-        # (convolution_backward copies inside on the CPU with every input channels_last; the
-        # CPU softmax makes a strided 3-D input contiguous first).
-        if converted or (measured and (spatial_in or strided_in)):
+        # Measured, every kernel with a floating-point input is placed whatever its strides, in
+        # both runs alike, so that the copies the profiler finds inside it land at one place in
+        # both (convolution_backward copies inside on the CPU with every input channels_last;
+        # the CPU softmax makes a strided 3-D input contiguous first; slice_backward copies its
+        # gradient into zeros, contiguous or not).
+        if converted or (measured and floating_in):
             place = self._place(record, parameter and bool(converted), True)
             if measured:
                 self._calls[call] = place
