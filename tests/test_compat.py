@@ -564,6 +564,29 @@ def test_a_fake_view_gives_size_one_dimensions_the_strides_the_kernels_give_them
         assert compat.storage_key(out) == compat.storage_key(fake)
 
 
+def test_a_fake_layer_norm_backward_writes_its_input_gradient_contiguous_as_its_kernels_do():
+    """CPU's and CUDA's layer norm backward allocate the input gradient like the contiguous
+    input (``LEGACY_CONTIGUOUS_MEMORY_FORMAT``): contiguous whatever the incoming gradient's
+    strides. Torch 2.14's and 2.15's fake gradient follows the incoming one (2.4.1's does not);
+    cl-audit's fake mode gives the kernel's. Controls: a contiguous gradient, and the weight's
+    and bias's gradients, as torch fakes them."""
+    ops = torch.ops.aten
+    weight, bias = torch.randn(16), torch.randn(16)
+    tokens = torch.randn(2, 16, 5, 5).to(memory_format=torch.channels_last).permute(0, 2, 3, 1)
+    _, mean, rstd = ops.native_layer_norm(tokens, [16], weight, bias, 1e-5)
+    mask = [True, True, True]
+    for grad in (torch.randn(2, 16, 5, 5).permute(0, 2, 3, 1), torch.randn(2, 5, 5, 16)):
+        args = (grad, tokens, [16], mean, rstd, weight, bias, mask)
+        kernel = [t.stride() for t in ops.native_layer_norm_backward(*args)]
+        assert kernel[0] == (400, 80, 16, 1)
+        mode = compat.new_fake_mode()
+        fakes = [compat.fake_tensor(mode, t, torch.device("cpu")) for t in args[:2]]
+        fakes += [compat.fake_tensor(mode, t, torch.device("cpu")) for t in args[3:7]]
+        with mode:
+            ours = ops.native_layer_norm_backward(*fakes[:2], [16], *fakes[2:], mask)
+        assert [t.stride() for t in ours] == kernel
+
+
 def test_the_modes_answer_a_fake_tensors_device_query_from_the_tensor():
     """C++ asks the device of every fake tensor an operation touches (``prim.device``): each
     cl-audit mode answers it from the fake tensor, as torch's own handler does; any other

@@ -233,6 +233,27 @@ def test_a_resized_position_table_copies_its_gradient_in_both_layouts_as_kernels
 
 @needs_fake_cuda
 @needs_node_by_node
+def test_a_layer_norms_input_gradient_is_contiguous_in_fake_steps_as_its_kernels_write_it():
+    """A layer norm over a channels_last map's permuted tokens given a strided gradient (a
+    global pool's, permuted): the CPU and CUDA kernels write the input gradient contiguous, so
+    the map's gradient is channels_last once permuted back and the stem's convolution keeps it.
+    Torch 2.14's fake gradient followed the strided one: the fake steps found the convolution
+    regaining the format where eager does not (CoAtNet's ``LayerNorm2d``: a backward ``add`` of
+    two layouts in 16 models). Control: tokens scaled by a vector, whose backward keeps the
+    strided gradient: a regain at the convolution in every run."""
+
+    def regains(norm: bool, **settings: object) -> list[str]:
+        report = train(tm.NormedTokensPooled(norm), **settings)
+        return [f.module_path for f in report.regains if f.phase is Phase.BACKWARD]
+
+    fake = TensorMode.FAKE
+    for settings in ({}, {"tensor_mode": fake}, {"tensor_mode": fake, "device": "cuda"}):
+        assert regains(True, **settings) == []
+        assert regains(False, **settings) == ["stem"]
+
+
+@needs_fake_cuda
+@needs_node_by_node
 def test_a_fake_cuda_step_runs_the_attention_kernel_a_gpu_picks():
     """Fake tensors without a GPU take attention's math path. A Hopper GPU runs cuDNN's kernel
     for float16 attention and the memory-efficient one where the mask learns (an H200 measured

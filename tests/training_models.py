@@ -277,3 +277,25 @@ class ResizedPositions(nn.Module):
         else:
             table = self.table.reshape(1, 64, 24)
         return (tokens + table).square().sum(dim=(1, 2))
+
+
+class NormedTokensPooled(nn.Module):
+    """A layer norm over a channels_last map's channels, by permuting it to tokens and back
+    (timm's ``LayerNorm2d``, CoAtNet's and ConvNeXt's), before a global average pool. The
+    pool's backward hands an NCHW gradient, strided once permuted to tokens; the layer norm's
+    backward kernels (CPU and CUDA) write their input gradient contiguous whatever they are
+    given, so the map's gradient is channels_last again once permuted back, and the stem's
+    convolution gets it so. ``norm=False`` scales the tokens by a learned vector instead, whose
+    backward (an elementwise product) keeps the strided gradient: the convolution gets it NCHW
+    and regains the format."""
+
+    def __init__(self, norm: bool = True) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 16, 3, padding=1)
+        self.norm = nn.LayerNorm(16) if norm else None
+        self.scale = nn.Parameter(torch.ones(16))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        tokens = self.stem(x).permute(0, 2, 3, 1)
+        tokens = self.norm(tokens) if self.norm is not None else tokens * self.scale
+        return tokens.permute(0, 3, 1, 2).mean(dim=(2, 3))

@@ -213,7 +213,26 @@ class _FakeMode(FakeTensorMode):
             )
         if func in _VIEWS and not kwargs:
             return self._view(func, types, args)
+        if func is _LAYER_NORM_BACKWARD:
+            return self._layer_norm_backward(types, args, kwargs)
         return super().dispatch(func, types, args, kwargs)
+
+    def _layer_norm_backward(self, types: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+        """``native_layer_norm_backward`` with its input gradient contiguous, as the CPU and
+        CUDA kernels allocate it (``empty_like`` of the contiguous input with
+        ``LEGACY_CONTIGUOUS_MEMORY_FORMAT``: layer_norm.cpp, cuda/layer_norm_kernel.cu).
+        Torch 2.14's and 2.15's fake gradient follows the incoming gradient's strides (2.4.1's
+        is contiguous): a layer norm over a channels_last map's permuted tokens (CoAtNet's
+        ``LayerNorm2d``) then handed the map back in the other order."""
+        result = super().dispatch(_LAYER_NORM_BACKWARD, types, args, kwargs)
+        grad_input = result[0]
+        if grad_input is None or grad_input.is_contiguous():
+            return result
+        shape = grad_input.shape
+        strided = (shape, _contiguous_strides(shape))
+        options = {"dtype": grad_input.dtype, "device": grad_input.device}
+        contiguous = super().dispatch(_EMPTY_STRIDED, types, strided, options)
+        return (contiguous, *result[1:])
 
     def _view(self, func: Any, types: Any, args: Any) -> Any:
         """A ``view`` (or ``_unsafe_view``) with the strides every device's kernel gives it.
@@ -262,9 +281,18 @@ _BINARY_BACKWARDS = {
 
 _TO_COPY = _aten._to_copy.default
 _VIEWS = frozenset({_aten.view.default, _aten._unsafe_view.default})
+_LAYER_NORM_BACKWARD = _aten.native_layer_norm_backward.default
 _AS_STRIDED = _aten.as_strided.default
 _EMPTY_STRIDED = _aten.empty_strided.default
 _CAST_KEYWORDS = {"dtype", "memory_format", "layout", "device", "pin_memory", "non_blocking"}
+
+
+def _contiguous_strides(shape: torch.Size) -> tuple[int, ...]:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(strides))
 
 
 def _dense_cast(args: Any, kwargs: dict[str, Any]) -> bool:
