@@ -24,6 +24,12 @@ from cl_audit.settings import Amp, AuditSettings, Engine, Optimizer, Strategy, T
 
 SPEC = f"{Path(__file__).with_name('training_models.py')}:activation_before_pool"
 ANY_COST = ("--fail-share", "0", "--fail-bytes", "0")  # these models' costs are KiB
+# the runs a fake rule is checked in: eager CPU (the reference), fake CPU, fake CUDA
+EAGER_AND_FAKE = (
+    {},
+    {"tensor_mode": TensorMode.FAKE},
+    {"tensor_mode": TensorMode.FAKE, "device": "cuda"},
+)
 
 
 def train(model: torch.nn.Module, **settings: object):
@@ -225,8 +231,7 @@ def test_a_resized_position_table_copies_its_gradient_in_both_layouts_as_kernels
         report = train(tm.ResizedPositions(resized), **settings)
         return [s.op for s in report.cost.sites if s.op == "torch::autograd::AccumulateGrad"]
 
-    fake = TensorMode.FAKE
-    for settings in ({}, {"tensor_mode": fake}, {"tensor_mode": fake, "device": "cuda"}):
+    for settings in EAGER_AND_FAKE:
         assert accumulated(True, **settings) == []
         assert accumulated(False, **settings) == ["torch::autograd::AccumulateGrad"]
 
@@ -246,8 +251,7 @@ def test_a_layer_norms_input_gradient_is_contiguous_in_fake_steps_as_its_kernels
         report = train(tm.NormedTokensPooled(norm), **settings)
         return [f.module_path for f in report.regains if f.phase is Phase.BACKWARD]
 
-    fake = TensorMode.FAKE
-    for settings in ({}, {"tensor_mode": fake}, {"tensor_mode": fake, "device": "cuda"}):
+    for settings in EAGER_AND_FAKE:
         assert regains(True, **settings) == []
         assert regains(False, **settings) == ["stem"]
 
