@@ -33,8 +33,11 @@ from cl_audit.compat import TORCH_VERSION, torch_version
 __all__ = [
     "ATTENTION_SOURCE",
     "BATCH_NORM_BACKWARD_SOURCE",
+    "CPU_BATCH_NORM_GRADIENT",
+    "CUDA_BATCH_NORM_GRADIENT",
     "CUDA_KERNEL_OVERRIDES",
     "HIDDEN_TRAINING_COPIES",
+    "BatchNormGradient",
     "DivergenceTable",
     "KernelCopies",
     "KernelOverride",
@@ -214,3 +217,27 @@ BATCH_NORM_BACKWARD_SOURCE = (
     "suggest_memory_format since PR 107270, torch 2.1; its fused path, for an input not "
     "channels_last, contiguous; batch_norm_elementwise_backward_eval contiguous)"
 )
+
+# The CPU's batch norm backward (``batch_norm_backward_cpu_template`` in
+# aten/src/ATen/native/Normalization.cpp) allocates the input gradient in the input's
+# ``suggest_memory_format``, in training and outside it; torch's fake decomposition follows
+# the incoming gradient. Measured on the CPU of torch 2.4.1, 2.14.1 and 2.15.0, float32 and
+# bfloat16, with and without affine weights (``tests/test_compat.py``).
+CPU_BATCH_NORM_BACKWARD_SOURCE = (
+    "aten/src/ATen/native/Normalization.cpp (batch_norm_backward_cpu_template: grad_input "
+    "allocated in the input's suggest_memory_format, in training and outside it; measured on "
+    "the CPU of torch 2.4.1, 2.14.1 and 2.15.0)"
+)
+
+
+@dataclass(frozen=True)
+class BatchNormGradient:
+    """Where a device's batch norm backward writes the input gradient: in the input's memory
+    format in training, and outside training too unless ``eval_contiguous``."""
+
+    source: str
+    eval_contiguous: bool
+
+
+CUDA_BATCH_NORM_GRADIENT = BatchNormGradient(BATCH_NORM_BACKWARD_SOURCE, eval_contiguous=True)
+CPU_BATCH_NORM_GRADIENT = BatchNormGradient(CPU_BATCH_NORM_BACKWARD_SOURCE, eval_contiguous=False)

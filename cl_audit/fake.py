@@ -29,7 +29,10 @@ from cl_audit.compat import (
 from cl_audit.divergences import (
     ATTENTION_SOURCE,
     BATCH_NORM_BACKWARD_SOURCE,
+    CPU_BATCH_NORM_GRADIENT,
+    CUDA_BATCH_NORM_GRADIENT,
     CUDA_KERNEL_OVERRIDES,
+    BatchNormGradient,
     KernelOverride,
 )
 from cl_audit.intercept.naming import aten_op_name
@@ -62,35 +65,39 @@ def fake_state(
 class KernelSourceMode(TorchDispatchMode):
     """Below the audit, above the fake mode: gives an overridden operation's output the layout
     its kernel's source says, so the audit and the rest of the model see what the real kernel
-    would return: contiguous for a ``KernelOverride`` whose first input is channels_last; as
-    CUDA lays out a batch norm's input gradient. With ``cudnn_batch_norm``, cuDNN's
-    batch norm and its backward allocate their outputs as their kernels do
-    (``_cudnn_outputs``) instead of running torch's fake decomposition (tens of fake operations
-    each). ``applied`` counts the outputs laid out otherwise than the fake implementation
-    would: for a batch norm's backward, each whose input gradient CUDA lays out otherwise than
-    the decomposition (which follows the incoming gradient)."""
+    would return: contiguous for a ``KernelOverride`` whose first input is channels_last; a
+    batch norm's input gradient as the device's kernels lay it out (``batch_norm``). With
+    ``cudnn_batch_norm``, cuDNN's batch norm and its backward allocate their outputs as their
+    kernels do (``_cudnn_outputs``) instead of running torch's fake decomposition (tens of fake
+    operations each). ``applied`` counts the outputs laid out otherwise than the fake
+    implementation would: for a batch norm's backward, each whose input gradient the kernels
+    lay out otherwise than the decomposition (which follows the incoming gradient)."""
 
     def __init__(
         self,
         overrides: tuple[KernelOverride, ...],
         cudnn_batch_norm: bool = False,
+        batch_norm: BatchNormGradient | None = None,
     ) -> None:
         super().__init__()
         self._overrides = {o.op: o for o in overrides}
         self._sources = {o.op: o.source for o in overrides}
         self._cudnn = cudnn_batch_norm
+        self._batch_norm = batch_norm
+        if batch_norm is not None:
+            self._sources[_BATCH_NORM_BACKWARD] = batch_norm.source
         if cudnn_batch_norm:
-            self._sources[_BATCH_NORM_BACKWARD] = BATCH_NORM_BACKWARD_SOURCE
             self._sources[_CUDNN_BATCH_NORM_BACKWARD] = BATCH_NORM_BACKWARD_SOURCE
         self.applied: Counter[str] = Counter()
 
     @classmethod
     def for_device(cls, device: torch.device) -> KernelSourceMode:
-        """The CUDA overrides that hold for this torch, on a CUDA device; none elsewhere."""
+        """On a CUDA device the CUDA overrides that hold for this torch, cuDNN's batch norm and
+        CUDA's batch norm gradient; on the CPU the CPU's batch norm gradient."""
         if device.type != "cuda":
-            return cls(())
+            return cls((), batch_norm=CPU_BATCH_NORM_GRADIENT)
         holding = tuple(o for o in CUDA_KERNEL_OVERRIDES if o.holds(TORCH_VERSION))
-        return cls(holding, cudnn_batch_norm=True)
+        return cls(holding, cudnn_batch_norm=True, batch_norm=CUDA_BATCH_NORM_GRADIENT)
 
     def applied_overrides(self) -> tuple[AppliedOverride, ...]:
         """The overrides that changed an operation's output, with how many times."""
@@ -112,8 +119,8 @@ class KernelSourceMode(TorchDispatchMode):
                     self.applied[name] += 1
                 return outputs
         result = func(*args, **(kwargs or {}))
-        if name == _BATCH_NORM_BACKWARD and name in self._sources:
-            return self._native_batch_norm_gradient(args, result)
+        if name == _BATCH_NORM_BACKWARD and self._batch_norm is not None:
+            return self._native_batch_norm_gradient(self._batch_norm, args, result)
         override = self._overrides.get(name)
         if override is None or not args or not isinstance(args[0], torch.Tensor):
             return result
@@ -126,17 +133,20 @@ class KernelSourceMode(TorchDispatchMode):
         outputs[override.output] = outputs[override.output].contiguous()
         return type(result)(outputs)
 
-    def _native_batch_norm_gradient(self, args: Any, result: Any) -> Any:
-        """The input gradient of a batch norm's backward, laid out as CUDA's kernels lay it out
-        (``BATCH_NORM_BACKWARD_SOURCE``): in training as the input, cuDNN's and the native
-        kernel's alike (whatever the dtype or affine weight); outside training contiguous.
-        Torch's fake decomposition follows the incoming gradient instead. An input in either
-        layout (NC11) is left as it is."""
+    def _native_batch_norm_gradient(
+        self, kernels: BatchNormGradient, args: Any, result: Any
+    ) -> Any:
+        """The input gradient of a batch norm's backward, laid out as the device's kernels lay
+        it out: as the input in training (on CUDA cuDNN's and the native kernel's alike,
+        whatever the dtype or affine weight), and outside training as the input on the CPU,
+        contiguous on CUDA. Torch's fake decomposition follows the incoming gradient instead.
+        An input in either layout (NC11) is left as it is."""
         data, train = args[1], len(args) > 7 and bool(args[7])
         grad_input = result[0]
         if grad_input is None or data.dim() not in (4, 5):
             return result
-        fmt = suggest_memory_format(data) if train else torch.contiguous_format
+        as_input = train or not kernels.eval_contiguous
+        fmt = suggest_memory_format(data) if as_input else torch.contiguous_format
         if data.is_contiguous() and data.is_contiguous(memory_format=_CHANNELS_LAST[data.dim()]):
             return result
         if grad_input.is_contiguous(memory_format=fmt):

@@ -4,6 +4,7 @@ tables by torch version and device, and the CUDA kernel-source overrides."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import re
 import subprocess
@@ -305,9 +306,13 @@ def test_fake_cuda_convolution_gradients_are_laid_out_as_cudnn_lays_them():
 
 
 def _batch_norm_backward(
-    data: torch.Tensor, grad: torch.Tensor, weight: torch.Tensor | None, train: bool = True
+    data: torch.Tensor,
+    grad: torch.Tensor,
+    weight: torch.Tensor | None,
+    train: bool = True,
+    device: str = "cuda",
 ):
-    mode = KernelSourceMode.for_device(torch.device("cuda"))
+    mode = KernelSourceMode.for_device(torch.device(device))
     fake = compat.new_fake_mode()
     cpu = torch.device("cpu")
     data, grad = (compat.fake_tensor(fake, t, cpu) for t in (data, grad))
@@ -358,6 +363,32 @@ def test_a_cuda_batch_norm_backward_lays_its_gradient_out_as_cudas_kernels_do():
         (data, cl_grad, None),
     ):
         assert _batch_norm_backward(*controls)[1] == ()
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_a_fake_cpu_batch_norm_backward_lays_its_gradient_out_as_the_cpu_kernel_does(train):
+    """The CPU's batch norm backward (``batch_norm_backward_cpu_template``) writes the input
+    gradient in the input's memory format, in training and outside it, whatever the incoming
+    gradient's; torch's fake decomposition follows the incoming gradient (the fake step's
+    disagreement with eager CPU training in 9 models of the self-check). Fake CPU runs give
+    the kernel's layout: checked against the kernel itself in each pair of layouts, with and
+    without affine weights, an override reported exactly where the layouts differ (the
+    controls: the pairs already alike)."""
+    cl = torch.channels_last
+    for data_cl, grad_cl, affine in itertools.product((True, False), repeat=3):
+        data, grad = torch.randn(2, 4, 5, 5), torch.randn(2, 4, 5, 5)
+        data = data.to(memory_format=cl) if data_cl else data
+        grad = grad.to(memory_format=cl) if grad_cl else grad
+        weight, stats = (torch.ones(4) if affine else None), torch.ones(4)
+        kernel = torch.ops.aten.native_batch_norm_backward.default(
+            grad, data, weight, stats, stats, stats, stats, train, 1e-5, [True, affine, False]
+        )[0]
+        ours, applied = _batch_norm_backward(data, grad, weight, train=train, device="cpu")
+        assert ours.stride() == kernel.stride() == data.stride()
+        assert [a.op for a in applied] == (
+            ["aten.native_batch_norm_backward"] * (data_cl != grad_cl)
+        )
+        assert all("Normalization.cpp" in a.source for a in applied)
 
 
 def _cudnn_batch_norm(kernels: bool, data: torch.Tensor, grad: torch.Tensor, training: bool):
