@@ -211,10 +211,11 @@ class _FakeMode(FakeTensorMode):
             return super().dispatch(
                 _EMPTY_STRIDED, types, strided, {"dtype": dtype, "device": data.device}
             )
-        if func in _VIEWS and not kwargs:
-            return self._view(func, types, args)
-        if func is _LAYER_NORM_BACKWARD:
-            return self._layer_norm_backward(types, args, kwargs)
+        if self.shape_env is None:  # the kernels' layouts, where shapes are plain numbers
+            if func in _VIEWS and not kwargs:
+                return self._view(func, types, args)
+            if func is _LAYER_NORM_BACKWARD:
+                return self._layer_norm_backward(types, args, kwargs)
         return super().dispatch(func, types, args, kwargs)
 
     def _layer_norm_backward(self, types: Any, args: Any, kwargs: dict[str, Any]) -> Any:
