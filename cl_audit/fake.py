@@ -213,8 +213,9 @@ class AttentionKernelMode(TorchFunctionMode):
         # every torch call of a fake CUDA run passes here: anything but attention goes on at once
         if func is not _ATTENTION:
             return func(*args, **(kwargs or {}))
-        output = self._fused(*args, **(kwargs or {}))
-        return output if output is not None else func(*args, **(kwargs or {}))
+        kwargs = kwargs or {}
+        output = self._fused(*args, **kwargs)
+        return output if output is not None else func(*args, **kwargs)
 
     def _fused(
         self,

@@ -229,10 +229,8 @@ class _FakeMode(FakeTensorMode):
         grad_input = result[0]
         if grad_input is None or grad_input.is_contiguous():
             return result
-        shape = grad_input.shape
-        strided = (shape, _contiguous_strides(shape))
         options = {"dtype": grad_input.dtype, "device": grad_input.device}
-        contiguous = super().dispatch(_EMPTY_STRIDED, types, strided, options)
+        contiguous = super().dispatch(_EMPTY, types, (grad_input.shape,), options)
         return (contiguous, *result[1:])
 
     def _view(self, func: Any, types: Any, args: Any) -> Any:
@@ -284,16 +282,9 @@ _TO_COPY = _aten._to_copy.default
 _VIEWS = frozenset({_aten.view.default, _aten._unsafe_view.default})
 _LAYER_NORM_BACKWARD = _aten.native_layer_norm_backward.default
 _AS_STRIDED = _aten.as_strided.default
+_EMPTY = _aten.empty.memory_format
 _EMPTY_STRIDED = _aten.empty_strided.default
 _CAST_KEYWORDS = {"dtype", "memory_format", "layout", "device", "pin_memory", "non_blocking"}
-
-
-def _contiguous_strides(shape: torch.Size) -> tuple[int, ...]:
-    strides, step = [], 1
-    for size in reversed(shape):
-        strides.append(step)
-        step *= max(size, 1)
-    return tuple(reversed(strides))
 
 
 def _dense_cast(args: Any, kwargs: dict[str, Any]) -> bool:
