@@ -17,7 +17,13 @@ import torch
 import torch.nn.functional as F
 
 from cl_audit.audit import Audit
-from cl_audit.compat import amp_unscale_, amp_update_scale_, fake_like, outside_modes
+from cl_audit.compat import (
+    amp_unscale_,
+    amp_update_scale_,
+    fake_like,
+    outside_modes,
+    without_torch_function,
+)
 from cl_audit.compat.backward import recording_hooks, run_backward
 from cl_audit.enums import Amp, Optimizer, Phase, Stage, Workload
 from cl_audit.report import GradientLayout
@@ -130,7 +136,7 @@ class Step:
         self._gradient_scaler()
         optimizer = self._made_optimizer()
         parameters = list(self.parameters.values())
-        with outside_modes(), torch.no_grad():
+        with outside_modes(), without_torch_function(), torch.no_grad():
             metas = [
                 torch.empty_strided(p.shape, p.stride(), dtype=p.dtype, device="meta")
                 for p in parameters
@@ -169,8 +175,9 @@ class Step:
         scaler = self._gradient_scaler()
         if scaler is not None:
             loss = scaler.scale(loss)
-        for parameter in self.parameters.values():
-            parameter.grad = None
+        with without_torch_function():
+            for parameter in self.parameters.values():
+                parameter.grad = None
         self._backward.run(loss, active)
         self.layouts = gradient_layouts(self.parameters)
         self.stage = Stage.STEP
@@ -259,13 +266,14 @@ class FakeScaler:
         return loss * self._scale.to(dtype=loss.dtype)
 
     def step(self, optimizer: torch.optim.Optimizer) -> None:
-        params = [p for group in optimizer.param_groups for p in group["params"]]
-        grads = [p.grad for p in params if p.grad is not None]
+        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+        with without_torch_function():
+            for group in optimizer.param_groups:
+                for grad in (p.grad for p in group["params"]):
+                    if grad is not None:
+                        by_dtype.setdefault(grad.dtype, []).append(grad)
         with torch.no_grad():
             inverse = self._scale.double().reciprocal().float()
-            by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
-            for grad in grads:
-                by_dtype.setdefault(grad.dtype, []).append(grad)
             for group in by_dtype.values():
                 amp_unscale_(group, self._found_inf, inverse)
         optimizer.step()
@@ -293,11 +301,17 @@ def make_optimizer(
 def training_loss(output: object, seed: int) -> torch.Tensor:
     """Cross-entropy against random labels for a classifier's (batch, classes) logits; else
     the sum of every floating-point output."""
-    if isinstance(output, torch.Tensor) and output.dim() == 2 and output.is_floating_point():
+    with without_torch_function():  # the choice of a loss is no call of the model's
+        if isinstance(output, torch.Tensor) and output.dim() == 2 and output.is_floating_point():
+            (batch, classes), device = output.shape, output.device
+            tensors = None
+        else:
+            tensors = [t for t in _flat_tensors(output) if t.is_floating_point()]
+            tensors = [t for t in tensors if t.requires_grad]
+    if tensors is None:
         generator = torch.Generator().manual_seed(seed)
-        labels = torch.randint(output.shape[1], (output.shape[0],), generator=generator)
-        return F.cross_entropy(output.float(), labels.to(output.device))
-    tensors = [t for t in _flat_tensors(output) if t.is_floating_point() and t.requires_grad]
+        labels = torch.randint(classes, (batch,), generator=generator)
+        return F.cross_entropy(output.float(), labels.to(device))
     if not tensors:
         raise ValueError("the model's output has no floating-point tensor to take a loss of")
     return torch.stack([t.float().sum() for t in tensors]).sum()
@@ -319,15 +333,16 @@ def _flat_tensors(value: object) -> list[torch.Tensor]:
 
 def gradient_layouts(parameters: dict[str, torch.Tensor]) -> tuple[GradientLayout, ...]:
     """Parameters whose gradient has other strides than the parameter (size-1 dims aside)."""
-    found = []
+    with without_torch_function():
+        return tuple(_gradient_layouts(parameters))
+
+
+def _gradient_layouts(parameters: dict[str, torch.Tensor]) -> Iterator[GradientLayout]:
     for name, parameter in parameters.items():
         grad = parameter.grad
         if grad is None or grad.numel() < 2 or _order(grad) == _order(parameter):
             continue
-        found.append(
-            GradientLayout(name, tuple(parameter.shape), parameter.stride(), grad.stride())
-        )
-    return tuple(found)
+        yield GradientLayout(name, tuple(parameter.shape), parameter.stride(), grad.stride())
 
 
 def _order(tensor: torch.Tensor) -> tuple[int, ...]:

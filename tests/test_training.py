@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import inspect
 import json
+import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
 import torch
 import training_models as tm
+from torch.overrides import TorchFunctionMode
 from torch_checks import BACKWARD_PROBLEM, needs_fake_cuda, needs_node_by_node
 from typer.testing import CliRunner
 
@@ -214,6 +217,47 @@ def test_a_fake_cuda_step_lays_batch_norm_gradients_out_as_cuda_kernels_do():
     assert at_norm(tm.NormAfterLostFormat(affine=False)) == [("loss", native)]
     assert at_norm(tm.NormAfterLostFormat(lost=False, frozen=True)) == [("loss", native)]
     assert at_norm(tm.NormBeforeLostFormat()) == [("regain", "aten.clone")]  # cuDNN converts
+
+
+class _CallsSeen(TorchFunctionMode):
+    """A model's own torch function mode: what it is handed, by the file that called it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: Counter[tuple[str, str]] = Counter()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        frame = sys._getframe(1)
+        while frame.f_code.co_name == "__torch_function__" or frame.f_code.co_filename.endswith(
+            ("torch/overrides.py", "torch/_compile.py", "torch/_dynamo/eval_frame.py")
+        ):
+            frame = frame.f_back  # modes' handlers and torch's handing out: not the caller
+        operator = isinstance(func, torch._ops.OpOverload)
+        name = f"{func.namespace}.{func.__name__}" if operator else func.__name__
+        self.seen[(name, frame.f_code.co_filename)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+_OWN = [Path(compat.__file__).parents[1] / p for p in ("intercept", "layout.py", "training.py")]
+_OWN.append(Path(compat.__file__).with_name("backward.py"))
+_READS = {"stride", "dim", "numel", "element_size", "untyped_storage", "__get__", "__set__"}
+
+
+@pytest.mark.parametrize("settings", EAGER_AND_FAKE, ids=["eager", "fake-cpu", "fake-cuda"])
+def test_a_models_torch_function_mode_sees_its_calls_and_none_of_the_audits_bookkeeping(settings):
+    """The checker's reads of every operation's tensors, the operators its dispatch observer
+    passes on and the node-by-node backward's bookkeeping are no calls of the model: a torch
+    function mode (the model's, or cl-audit's own, each of which costs a call about 1 µs) is
+    handed none of them. The control: the model's own calls reach it."""
+    if settings.get("device") == "cuda" and (fake_cuda_problem() or BACKWARD_PROBLEM):
+        pytest.skip("this torch cannot run a fake CUDA step")
+    mode = _CallsSeen()
+    with mode:
+        train(tm.ActivationBeforePool(), **settings)
+    assert {"conv2d", "hardtanh", "linear"} <= {n for n, _ in mode.seen}
+    assert not [(n, f) for n, f in mode.seen if n.startswith("aten.")]
+    own = [(n, f) for n, f in mode.seen if n in _READS and any(f.startswith(str(p)) for p in _OWN)]
+    assert own == []
 
 
 @needs_fake_cuda

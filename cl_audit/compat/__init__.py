@@ -60,6 +60,7 @@ __all__ = [
     "torch_version",
     "unflatten",
     "view_base",
+    "without_torch_function",
 ]
 
 FakeTensorMode = _fake.FakeTensorMode
@@ -92,6 +93,15 @@ if not hasattr(torch.UntypedStorage, "_cdata"):  # pragma: no cover - no tested 
 def storage_key(tensor: torch.Tensor) -> int:
     """Identity of the storage (its StorageImpl address); also works for fake tensors."""
     return tensor.untyped_storage()._cdata
+
+
+def without_torch_function() -> contextlib.AbstractContextManager[None]:
+    """Torch function modes and subclasses off (``torch._C.DisableTorchFunction``) for what
+    cl-audit does that is no call of the model's: its reads of tensors' metadata, the operator
+    a dispatch handler passes on, the node-by-node backward's bookkeeping. Each would pass
+    every function mode active (cl-audit's own too: about 1-2 µs a mode, 43,000 calls in a
+    vit_small training audit)."""
+    return torch._C.DisableTorchFunction()
 
 
 def view_base(tensor: torch.Tensor) -> torch.Tensor | None:

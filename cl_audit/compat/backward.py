@@ -40,6 +40,7 @@ from torch.autograd.function import BackwardCFunction
 from torch.autograd.graph import get_gradient_edge
 from torch.overrides import TorchFunctionMode
 
+from cl_audit.compat import without_torch_function
 from cl_audit.errors import UsageError
 from cl_audit.layout import is_dense
 
@@ -90,9 +91,10 @@ def run_backward(
     """``root.backward(gradient)`` (ones for a scalar ``root``), node by node (module
     docstring); ``running`` hears each node before it runs (its call, the fitting and adding of
     what it returns) and None after; ``hooks`` are those ``recording_hooks`` found."""
-    if not root.requires_grad:
-        raise RuntimeError("the tensor differentiated does not require grad")
-    first, slot = get_gradient_edge(root)[:2]  # a leaf's: its AccumulateGrad
+    with without_torch_function():
+        if not root.requires_grad:
+            raise RuntimeError("the tensor differentiated does not require grad")
+        first, slot = get_gradient_edge(root)[:2]  # a leaf's: its AccumulateGrad
     waiting = _dependencies(first)
     start = torch.ones_like(root) if gradient is None else gradient
     buffers: dict[Node, list[torch.Tensor | None]] = {first: [None] * len(first._input_metadata)}
@@ -160,11 +162,13 @@ def _add(
 def _fitted(grad: torch.Tensor, metadata: Any) -> torch.Tensor:
     """``validate_outputs``: the gradient summed to the input's shape, in its dtype and on
     its device."""
-    if tuple(grad.shape) != tuple(metadata.shape):
+    with without_torch_function():
+        shape, dtype, device = tuple(grad.shape), grad.dtype, grad.device
+    if shape != tuple(metadata.shape):
         grad = grad.sum_to_size(metadata.shape)
-    if grad.dtype != metadata.dtype:
+    if dtype != metadata.dtype:
         grad = grad.to(metadata.dtype)
-    if grad.device != metadata.device:
+    if device != metadata.device:
         grad = grad.to(metadata.device)
     return grad
 
@@ -187,7 +191,9 @@ def _call(node: Node, grads: list[torch.Tensor | None], holders: dict[int, int])
         )
     variable = getattr(node, "variable", None)
     if variable is not None:  # AccumulateGrad
-        _accumulate(variable, _hooked(grads[0], variable._backward_hooks), holders)
+        with without_torch_function():
+            hooks = variable._backward_hooks
+        _accumulate(variable, _hooked(grads[0], hooks), holders)
         return ()
     if isinstance(node, BackwardCFunction):
         return _custom(node, grads)
@@ -199,17 +205,19 @@ def _accumulate(variable: torch.Tensor, grad: torch.Tensor | None, holders: dict
     """AccumulateGrad's first-order path (``accumulateGrad`` in accumulate_grad.h)."""
     if grad is None:
         return
-    if variable.grad is None:
-        if not holders.get(id(grad)) and _obeys_layout_contract(grad, variable):
-            variable.grad = grad.detach()
-        elif is_dense(variable.shape, variable.stride()):
-            copy = variable.new_empty_strided(variable.shape, variable.stride())
-            variable.grad = copy.copy_(grad)
+    with without_torch_function():  # torch's own bookkeeping: no function mode sees it
+        if variable.grad is None:
+            if not holders.get(id(grad)) and _obeys_layout_contract(grad, variable):
+                variable.grad = grad.detach()
+            elif is_dense(variable.shape, variable.stride()):
+                copy = variable.new_empty_strided(variable.shape, variable.stride())
+                variable.grad = copy.copy_(grad)
+            else:
+                variable.grad = grad.clone(memory_format=torch.contiguous_format)
         else:
-            variable.grad = grad.clone(memory_format=torch.contiguous_format)
-    else:
-        variable.grad += grad
-    for hook in list((getattr(variable, "_post_accumulate_grad_hooks", None) or {}).values()):
+            variable.grad += grad
+        hooks = getattr(variable, "_post_accumulate_grad_hooks", None) or {}
+    for hook in list(hooks.values()):
         hook(variable)
 
 

@@ -15,7 +15,7 @@ from typing import Any
 from torch.autograd.profiler import record_function
 from torch.overrides import TorchFunctionMode
 
-from cl_audit.compat import TorchDispatchMode, device_query
+from cl_audit.compat import TorchDispatchMode, device_query, without_torch_function
 from cl_audit.errors import mark_failure
 from cl_audit.intercept.naming import aten_op_name, python_op_name
 from cl_audit.intercept.observer import Observer
@@ -52,7 +52,8 @@ class _PythonCalls(TorchFunctionMode):
         finally:
             self.current = outer
         if self._on_result is not None:
-            self._on_result(result)
+            with without_torch_function():
+                self._on_result(result)
         return result
 
 
@@ -65,12 +66,15 @@ class _AtenObserver(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         if func.namespace == _METADATA:
             return _metadata(func, args, kwargs)
-        try:
-            result = func(*args, **(kwargs or {}))
-        except Exception as e:
-            mark_failure(e, aten_op_name(func))
-            raise
-        self._observer.observe(func, self._python_calls.current, args, kwargs, result)
+        # Neither the operator passed on nor the observer's reads are calls of the model: no
+        # torch function mode (the model's, or cl-audit's own) is handed them.
+        with without_torch_function():
+            try:
+                result = func(*args, **(kwargs or {}))
+            except Exception as e:
+                mark_failure(e, aten_op_name(func))
+                raise
+            self._observer.observe(func, self._python_calls.current, args, kwargs, result)
         return result
 
 
@@ -86,9 +90,10 @@ class _LabellingObserver(_AtenObserver):
         if func.namespace == _METADATA:
             return _metadata(func, args, kwargs)
         self._calls += 1
-        with record_function(f"{CALL_LABEL}{self._calls}"):
-            result = func(*args, **(kwargs or {}))
-        self._observer.observe(func, self._python_calls.current, args, kwargs, result)
+        with without_torch_function():  # as the parent's
+            with record_function(f"{CALL_LABEL}{self._calls}"):
+                result = func(*args, **(kwargs or {}))
+            self._observer.observe(func, self._python_calls.current, args, kwargs, result)
         return result
 
 
