@@ -756,6 +756,27 @@ def test_the_memo_answers_in_place_and_storage_sharing_operations_as_torch_does(
     assert mode.memo.key(ops.nonzero.default, (y,), {}) is None  # a data-dependent output
 
 
+def test_an_operation_the_memo_keeps_leaves_no_entry_in_torchs_fake_cache(monkeypatch):
+    """The memo answers an operation it keeps from its second call on, so the fake mode does
+    not build torch's cache key and entry for it (as costly as the dispatch, never read); the
+    control: with the memo off, torch's cache holds the same call's entry and answers it."""
+    ops = torch.ops.aten
+    shape = (3, 17, 5)  # a shape no other test in this process fakes a multiplication of
+    cache = compat.FakeTensorMode.cache
+    for memo in (True, False):
+        monkeypatch.setattr(compat, "_MEMO", memo)
+        mode = compat.new_fake_mode()
+        x = compat.fake_tensor(mode, torch.empty(shape, device="meta"), torch.device("cpu"))
+        cache.clear()
+        with mode:
+            first = ops.mul.Tensor(x, x)
+            entries = len(cache)
+            second = ops.mul.Tensor(x, x)
+        assert _metadata(first) == _metadata(second)
+        assert entries == (0 if memo else 1)
+        assert mode.memo.hits == (1 if memo else 0)
+
+
 _CUDA_SWEEP = """
 import sys, torch
 torch.cuda._device_count_nvml = lambda: 1  # NVML answers: one GPU

@@ -193,6 +193,15 @@ class _FakeMode(FakeTensorMode):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.memo = OutputMemo(self)
+        self._remembering = False  # the next cache lookup is for an operation the memo keeps
+
+    def _cached_dispatch_impl(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
+        """Torch's cache, but for an operation the memo keeps: its key and entry would cost
+        as much as the dispatch and never be read (the memo answers the call next time)."""
+        if self._remembering:
+            self._remembering = False
+            return self._dispatch_impl(func, types, args, kwargs)
+        return super()._cached_dispatch_impl(func, types, args, kwargs)
 
     def dispatch(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
@@ -205,7 +214,11 @@ class _FakeMode(FakeTensorMode):
             outputs = memo.lookup(key, func, args, kwargs)
             if outputs is not MISSING:
                 return outputs
-        result = self._fake_dispatch(func, types, args, kwargs)
+        self._remembering = key is not None
+        try:
+            result = self._fake_dispatch(func, types, args, kwargs)
+        finally:
+            self._remembering = False
         if key is not None:
             memo.remember(key, func, args, kwargs, result, tensor_leaves((args, kwargs)))
         return result
