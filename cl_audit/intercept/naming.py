@@ -40,8 +40,10 @@ def python_op_name(func: object) -> str:
     return getattr(func, "__qualname__", None) or repr(func)
 
 
+@functools.cache
 def aten_op_name(op: object) -> str:
-    """``aten.clone`` for the OpOverload ``aten.clone.default``."""
+    """``aten.clone`` for the OpOverload ``aten.clone.default`` (once per operator: a packet's
+    name is built anew at each ``str``, and every fake operation asks it)."""
     packet = getattr(op, "overloadpacket", None)
     return str(packet if packet is not None else op)
 
