@@ -558,6 +558,36 @@ def test_a_backward_output_whose_storage_a_parameter_derived_one_reused_is_not_f
     assert ledger.written_fixed == gradient + 64 * 4  # and the parameter-derived output
 
 
+def test_a_backward_output_whose_storage_an_empty_tensor_reused_is_not_fixed():
+    """An empty tensor made in the backward (cuDNN batch norm's reserve space, cloned when the
+    node runs outside torch's engine) writes no byte but may take the storage of a backward
+    output freed before it; an operation that reads it beside what the optimizer later reads
+    does not make the freed output one of the step's gradients (cspresnet50's fixed bytes moved
+    by 0.5-3 MB between runs, as the allocator reused addresses). The control: the gradient,
+    its half-precision form and the weight gradient read beside the empty tensor are fixed."""
+    from cl_audit.intercept.ledger import Ledger
+
+    aten = torch.ops.aten
+    act, full, gradient = _weight_gradient()
+    freed, weight_grad, empty, reserve = (
+        torch.zeros(64),
+        torch.zeros(64),
+        torch.zeros(0),
+        torch.zeros(0),
+    )
+    ledger = Ledger()
+    back, optimizer = Phase.BACKWARD, Phase.OPTIMIZER
+    for record in (
+        *gradient,
+        _record(3, back, aten.neg.default, [act], [freed], [11], [14]),  # freed: 14 reused below
+        _record(4, back, aten.clone.default, [reserve], [empty], [30], [14]),
+        _record(5, back, aten.mul.Tensor, [act, empty], [weight_grad], [11, 14], [15]),
+        _record(6, optimizer, aten._foreach_add_.List, [full, weight_grad], [], [13, 15], []),
+    ):
+        ledger.observe(record)
+    assert ledger.written_fixed == 8 * 8 * 2 + 8 * 8 * 4 + 64 * 4
+
+
 def test_a_gradient_copied_to_its_parameters_strides_settles_the_chain_behind_it():
     """``AccumulateGrad`` lays a gradient out as its parameter by a ``copy_`` into a
     ``new_empty_strided`` made at the module, a storage the recorder calls parameter-derived:

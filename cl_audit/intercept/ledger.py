@@ -189,6 +189,10 @@ class Ledger:
                     self._latest.pop(key, None)
             elif phase is Phase.BACKWARD:
                 self._backward_outputs(outputs, out_keys, in_keys, in_place)
+        elif self._latest:  # new storages of no bytes (a zero-size clone) hold no output either
+            for key in out_keys:
+                if key not in in_keys:
+                    self._latest.pop(key, None)
         if phase is Phase.OPTIMIZER and self._latest:
             self._gradients(in_keys)
             for key in out_keys:  # a storage of the backward's, freed and reused
