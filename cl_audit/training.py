@@ -333,16 +333,15 @@ def _flat_tensors(value: object) -> list[torch.Tensor]:
 
 def gradient_layouts(parameters: dict[str, torch.Tensor]) -> tuple[GradientLayout, ...]:
     """Parameters whose gradient has other strides than the parameter (size-1 dims aside)."""
+    found = []
     with without_torch_function():
-        return tuple(_gradient_layouts(parameters))
-
-
-def _gradient_layouts(parameters: dict[str, torch.Tensor]) -> Iterator[GradientLayout]:
-    for name, parameter in parameters.items():
-        grad = parameter.grad
-        if grad is None or grad.numel() < 2 or _order(grad) == _order(parameter):
-            continue
-        yield GradientLayout(name, tuple(parameter.shape), parameter.stride(), grad.stride())
+        for name, parameter in parameters.items():
+            grad = parameter.grad
+            if grad is None or grad.numel() < 2 or _order(grad) == _order(parameter):
+                continue
+            shape, strides = tuple(parameter.shape), parameter.stride()
+            found.append(GradientLayout(name, shape, strides, grad.stride()))
+    return tuple(found)
 
 
 def _order(tensor: torch.Tensor) -> tuple[int, ...]:

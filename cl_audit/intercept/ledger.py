@@ -179,6 +179,10 @@ class Ledger:
             [t for t, key in zip(outputs, out_keys, strict=True) if in_place or key not in in_keys]
         )
         self.written += written
+        if self._latest:  # a new storage: the freed backward output whose identity it took is gone
+            for key in out_keys:
+                if key not in in_keys:
+                    self._latest.pop(key, None)
         if written:
             if phase is Phase.OPTIMIZER or (
                 all(key in record.parameters for key in out_keys)
@@ -189,14 +193,8 @@ class Ledger:
                     self._latest.pop(key, None)
             elif phase is Phase.BACKWARD:
                 self._backward_outputs(outputs, out_keys, in_keys, in_place)
-        elif self._latest:  # new storages of no bytes (a zero-size clone) hold no output either
-            for key in out_keys:
-                if key not in in_keys:
-                    self._latest.pop(key, None)
         if phase is Phase.OPTIMIZER and self._latest:
             self._gradients(in_keys)
-            for key in out_keys:  # a storage of the backward's, freed and reused
-                self._latest.pop(key, None)
         if kind == _OTHER or not outputs:  # no output (``_foreach_add_``): nothing converted
             return
         if kind == _COPY:
