@@ -26,6 +26,24 @@ class ActivationBeforePool(nn.Module):
         return self.fc(torch.flatten(self.pool(self.act(self.conv(x))), 1))
 
 
+class ResidualScaled(nn.Module):
+    """A convolution's output used twice (its gradients add up) and scaled by a (C, 1, 1)
+    parameter (its gradient summed to that shape): the autograd engine's own operations."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.act = nn.Hardtanh()
+        self.scale = nn.Parameter(torch.ones(8, 1, 1))
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv(x)
+        y = y + self.act(y) * self.scale
+        return self.fc(torch.flatten(self.pool(y), 1))
+
+
 class NonDenseWeight(nn.Module):
     """A parameter made from a strided view: autograd cannot give its gradient the same strides
     (the layout contract holds for dense parameters only), as DDP then reports."""

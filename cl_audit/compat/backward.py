@@ -18,7 +18,11 @@ them as torch's engine does for ``loss.backward()`` (``Engine::execute``, no ``c
 - a custom autograd Function runs its ``backward`` (``apply``), with missing gradients made
   zeros, and the gradients it returns for tensor inputs kept;
 - an intermediate tensor's hooks (``Tensor.register_hook`` under ``recording_hooks``) run on its
-  gradient before its node.
+  gradient before its node;
+- the engine's own operations (the first gradient, the fitting, the adding, a custom Function's
+  zeros) run in C++ in torch's engine, where no torch function mode sees them: here too they
+  run without one (a dispatch mode sees them in both); hooks and a custom Function's backward
+  are the model's code, and see them.
 
 Not run: hooks registered on autograd nodes themselves; a module's backward hooks (their
 node, ``BackwardHookFunctionBackward``, is refused by name) and a reentrant backward inside a
@@ -95,8 +99,8 @@ def run_backward(
         if not root.requires_grad:
             raise RuntimeError("the tensor differentiated does not require grad")
         first, slot = get_gradient_edge(root)[:2]  # a leaf's: its AccumulateGrad
+        start = torch.ones_like(root) if gradient is None else gradient
     waiting = _dependencies(first)
-    start = torch.ones_like(root) if gradient is None else gradient
     buffers: dict[Node, list[torch.Tensor | None]] = {first: [None] * len(first._input_metadata)}
     buffers[first][slot] = start
     holders: dict[int, int] = {id(start): 1}
@@ -154,7 +158,8 @@ def _add(
     held = buffer[slot]
     if held is not None:
         holders[id(held)] -= 1
-        grad = held + grad
+        with without_torch_function():
+            grad = held + grad
     buffer[slot] = grad
     holders[id(grad)] = holders.get(id(grad), 0) + 1
 
@@ -163,14 +168,13 @@ def _fitted(grad: torch.Tensor, metadata: Any) -> torch.Tensor:
     """``validate_outputs``: the gradient summed to the input's shape, in its dtype and on
     its device."""
     with without_torch_function():
-        shape, dtype, device = tuple(grad.shape), grad.dtype, grad.device
-    if shape != tuple(metadata.shape):
-        grad = grad.sum_to_size(metadata.shape)
-    if dtype != metadata.dtype:
-        grad = grad.to(metadata.dtype)
-    if device != metadata.device:
-        grad = grad.to(metadata.device)
-    return grad
+        if tuple(grad.shape) != tuple(metadata.shape):
+            grad = grad.sum_to_size(metadata.shape)
+        if grad.dtype != metadata.dtype:
+            grad = grad.to(metadata.dtype)
+        if grad.device != metadata.device:
+            grad = grad.to(metadata.device)
+        return grad
 
 
 def _hooked(grad: torch.Tensor | None, hooks: dict[Any, Callable[..., Any]] | None) -> Any:
@@ -237,10 +241,11 @@ def _custom(node: BackwardCFunction, grads: list[torch.Tensor | None]) -> tuple:
     ``materialize_grads`` cannot be read back: a Function that turned it off gets zeros too),
     one gradient returned per forward argument, those of tensors that require grad passed on
     in the order of their edges."""
-    grads = [
-        torch.zeros(m.shape, dtype=m.dtype, device=m.device) if g is None else g
-        for g, m in zip(grads, node._input_metadata, strict=True)
-    ]
+    with without_torch_function():
+        grads = [
+            torch.zeros(m.shape, dtype=m.dtype, device=m.device) if g is None else g
+            for g, m in zip(grads, node._input_metadata, strict=True)
+        ]
     results = node.apply(*grads)
     results = results if isinstance(results, tuple) else (results,)
     kept = iter(r for r, needed in zip(results, node.needs_input_grad, strict=False) if needed)
