@@ -600,22 +600,30 @@ def test_a_fake_layer_norm_backward_writes_its_input_gradient_contiguous_as_its_
     input (``LEGACY_CONTIGUOUS_MEMORY_FORMAT``): contiguous whatever the incoming gradient's
     strides. Torch 2.14's and 2.15's fake gradient follows the incoming one (2.4.1's does not);
     cl-audit's fake mode gives the kernel's. Controls: a contiguous gradient, and the weight's
-    and bias's gradients, as torch fakes them."""
+    and bias's gradients (or none, where the mask or a missing weight says so) as the kernel
+    gives them."""
     ops = torch.ops.aten
-    weight, bias = torch.randn(16), torch.randn(16)
     tokens = torch.randn(2, 16, 5, 5).to(memory_format=torch.channels_last).permute(0, 2, 3, 1)
-    _, mean, rstd = ops.native_layer_norm(tokens, [16], weight, bias, 1e-5)
-    mask = [True, True, True]
-    for grad in (torch.randn(2, 16, 5, 5).permute(0, 2, 3, 1), torch.randn(2, 5, 5, 16)):
+    grads = (torch.randn(2, 16, 5, 5).permute(0, 2, 3, 1), torch.randn(2, 5, 5, 16))
+    cases = [(torch.randn(16), torch.randn(16), [True] * 3), (None, None, [True, False, False])]
+    cases.append((torch.randn(16), torch.randn(16), [True, False, True]))
+    cases.append((torch.randn(16), torch.randn(16), [False, True, False]))
+
+    def described(outputs: tuple) -> list:
+        return [None if t is None else (t.shape, t.stride(), t.dtype) for t in outputs]
+
+    for (weight, bias, mask), grad in itertools.product(cases, grads):
+        _, mean, rstd = ops.native_layer_norm(tokens, [16], weight, bias, 1e-5)
         args = (grad, tokens, [16], mean, rstd, weight, bias, mask)
-        kernel = [t.stride() for t in ops.native_layer_norm_backward(*args)]
-        assert kernel[0] == (400, 80, 16, 1)
-        mode = compat.new_fake_mode()
-        fakes = [compat.fake_tensor(mode, t, torch.device("cpu")) for t in args[:2]]
-        fakes += [compat.fake_tensor(mode, t, torch.device("cpu")) for t in args[3:7]]
+        kernel = described(ops.native_layer_norm_backward(*args))
+        assert kernel[0] is None or kernel[0][1] == (400, 80, 16, 1)
+        mode, cpu = compat.new_fake_mode(), torch.device("cpu")
+        fakes = [
+            t if not isinstance(t, torch.Tensor) else compat.fake_tensor(mode, t, cpu) for t in args
+        ]
         with mode:
-            ours = ops.native_layer_norm_backward(*fakes[:2], [16], *fakes[2:], mask)
-        assert [t.stride() for t in ours] == kernel
+            ours = ops.native_layer_norm_backward(*fakes[:2], [16], *fakes[3:7], mask)
+        assert described(ours) == kernel
 
 
 def test_the_modes_answer_a_fake_tensors_device_query_from_the_tensor():
@@ -740,12 +748,13 @@ def test_the_memo_answers_in_place_and_storage_sharing_operations_as_torch_does(
     mode = compat.new_fake_mode()
     x = compat.fake_tensor(mode, torch.empty(2, 6, device="meta"), torch.device("cpu"))
     y = compat.fake_tensor(mode, torch.empty(2, 6, device="meta"), torch.device("cpu"))
+    row = compat.fake_tensor(mode, torch.empty(6, device="meta"), torch.device("cpu"))
     with mode:
         for round in range(2):
             hits = mode.memo.hits
             assert ops.add_.Tensor(x, y) is x
             assert ops.mul.out(x, y, out=y) is y
-            assert ops._foreach_add_.List([x, y], [y, x]) in (None, ())
+            assert ops._foreach_add_.List([x, y], [row, row]) in (None, ())  # broadcast
             viewed = ops._unsafe_view.default(x, [3, 4])
             assert compat.storage_key(viewed) == compat.storage_key(x) and viewed is not x
             assert (viewed.shape, viewed.stride()) == ((3, 4), (4, 1))
@@ -805,3 +814,41 @@ def test_an_eager_cuda_sweep_leaves_its_forked_workers_free_to_use_cuda(parent, 
     poisoned = ["re-initialize CUDA in forked subprocess" in (r["message"] or "") for r in rows]
     assert len(rows) == 2
     assert poisoned == [parent == "ask-the-runtime-first"] * 2, [r["message"] for r in rows]
+
+
+@needs_fake_cuda
+def test_an_optimizers_foreach_step_on_fake_tensors_reaches_no_fake_kernel(monkeypatch):
+    """SGD's and AMP's foreach operations write lists of tensors in place and return nothing:
+    where the lists agree index by index (shape, dtype, device) the fake mode answers them
+    from their arguments, without torch's fake kernel (a broadcast check per tensor in
+    Python), and every tensor keeps its metadata. Control: lists whose shapes differ index by
+    index go to torch's kernel, which refuses them as a device's would."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    mode, cuda = compat.new_fake_mode(), torch.device("cuda")
+    shapes = [(8, 3, 3, 3), (8,)]
+
+    def fakes() -> list[torch.Tensor]:
+        metas = [torch.empty(s, device="meta") for s in shapes]
+        metas[0] = metas[0].to(memory_format=torch.channels_last)
+        return [compat.fake_tensor(mode, m, cuda) for m in metas]
+
+    buffers, grads, found = fakes(), fakes(), compat.fake_tensor(mode, torch.empty(()), cuda)
+    scale = compat.fake_tensor(mode, torch.empty(()), cuda)
+    reached: list[str] = []
+    kernel = FakeTensorMode._dispatch_impl
+
+    def counted(self, func, *args):
+        reached.append(str(func))
+        return kernel(self, func, *args)
+
+    monkeypatch.setattr(FakeTensorMode, "_dispatch_impl", counted)
+    with mode:
+        torch._amp_foreach_non_finite_check_and_unscale_(grads, found, scale)
+        torch._foreach_mul_(buffers, 0.9)
+        torch._foreach_add_(buffers, grads, alpha=0.1)
+    assert reached == []
+    assert [(b.shape, b.stride()) for b in buffers] == [((8, 3, 3, 3), (27, 1, 9, 3)), ((8,), (1,))]
+    with mode, pytest.raises(RuntimeError):
+        torch._foreach_add_(buffers, grads[::-1])
+    assert "aten._foreach_add_.List" in reached

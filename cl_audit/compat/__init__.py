@@ -204,6 +204,8 @@ class _FakeMode(FakeTensorMode):
 
     def dispatch(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
+        if _writes_lists(func) and _valid_as_laid_out(args, kwargs):
+            return None  # nothing to fake: it writes its lists in place (``_valid_as_laid_out``)
         if _real_only(func, args, kwargs):
             with torch.utils._mode_utils.no_dispatch():
                 return func(*args, **kwargs)
@@ -241,19 +243,25 @@ class _FakeMode(FakeTensorMode):
         return super().dispatch(func, types, args, kwargs)
 
     def _layer_norm_backward(self, types: Any, args: Any, kwargs: dict[str, Any]) -> Any:
-        """``native_layer_norm_backward`` with its input gradient contiguous, as the CPU and
-        CUDA kernels allocate it (``empty_like`` of the contiguous input with
-        ``LEGACY_CONTIGUOUS_MEMORY_FORMAT``: layer_norm.cpp, cuda/layer_norm_kernel.cu).
-        Torch 2.14's and 2.15's fake gradient follows the incoming gradient's strides (2.4.1's
-        is contiguous): a layer norm over a channels_last map's permuted tokens (CoAtNet's
-        ``LayerNorm2d``) then handed the map back in the other order."""
-        result = super().dispatch(_LAYER_NORM_BACKWARD, types, args, kwargs)
-        grad_input = result[0]
-        if grad_input is None or grad_input.is_contiguous():
-            return result
-        options = {"dtype": grad_input.dtype, "device": grad_input.device}
-        contiguous = super().dispatch(_EMPTY, types, (grad_input.shape,), options)
-        return (contiguous, *result[1:])
+        """``native_layer_norm_backward``'s gradients as the CPU and CUDA kernels allocate them
+        (layer_norm.cpp, cuda/layer_norm_kernel.cu): ``empty_like`` of the contiguous input,
+        weight and bias with ``LEGACY_CONTIGUOUS_MEMORY_FORMAT``, each where ``output_mask``
+        asks for it and its tensor exists. Torch fakes it by a Python decomposition of some
+        forty operations (15 ms a shape), whose input gradient in torch 2.14 and 2.15 follows
+        the incoming gradient's strides (2.4.1's is contiguous): a layer norm over a
+        channels_last map's permuted tokens (CoAtNet's ``LayerNorm2d``) then handed the map
+        back in the other order."""
+        if kwargs or len(args) != 8:
+            return super().dispatch(_LAYER_NORM_BACKWARD, types, args, kwargs)
+        data, weight, bias, mask = args[1], args[5], args[6], args[7]
+
+        def like(tensor: torch.Tensor | None, wanted: bool) -> torch.Tensor | None:
+            if tensor is None or not wanted:
+                return None
+            options = {"dtype": tensor.dtype, "device": tensor.device}
+            return super(_FakeMode, self).dispatch(_EMPTY, types, (tensor.shape,), options)
+
+        return like(data, mask[0]), like(weight, mask[1]), like(bias, mask[2])
 
     def _view(self, func: Any, types: Any, args: Any) -> Any:
         """A ``view`` (or ``_unsafe_view``) with the strides every device's kernel gives it.
@@ -338,6 +346,66 @@ def _binary_operands(func: Any, args: Any) -> tuple[torch.Tensor, torch.Tensor] 
     if a.shape != b.shape or a.dtype != b.dtype:
         return None
     return a, b
+
+
+@functools.cache
+def _writes_lists(func: Any) -> bool:
+    """An operation that returns nothing and writes the list of tensors it is first given:
+    the optimizers' ``_foreach_*_``, AMP's unscale, the fused optimizers."""
+    schema = getattr(func, "_schema", None)
+    if schema is None or schema.returns or not schema.arguments:
+        return False
+    first = schema.arguments[0]
+    info = first.alias_info
+    return str(first.type) == "List[Tensor]" and info is not None and info.is_write
+
+
+_NUMBERS = (int, float, bool)
+
+
+def _valid_as_laid_out(args: Any, kwargs: dict[str, Any]) -> bool:
+    """Whether a ``_writes_lists`` operation is valid on any device's kernel, seen from its
+    arguments alone: its tensor lists as long as the first, and index by index fake tensors of
+    one shape, dtype and device, floating point, without a constant; its other lists numbers,
+    as many; each other tensor one floating-point element on the first list's device; the rest
+    numbers or None. Such an operation changes no tensor's metadata and returns nothing, so
+    its fake kernel (per tensor: a broadcast check in Python, 8 ms an SGD step of ResNet-50's
+    161 parameters) has nothing to tell; anything else goes to torch's."""
+    first = args[0] if args else None
+    if not first or not isinstance(first, (list, tuple)):
+        return False
+    lists, lone = [], []
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, (list, tuple)):
+            if len(value) != len(first):
+                return False
+            if isinstance(value[0], torch.Tensor):
+                lists.append(value)
+            elif not all(type(v) in _NUMBERS for v in value):
+                return False
+        elif isinstance(value, torch.Tensor):
+            lone.append(value)
+        elif value is not None and type(value) not in _NUMBERS:
+            return False
+    for group in zip(*lists, strict=True):
+        head = group[0]
+        if type(head) is not _fake.FakeTensor or not head.dtype.is_floating_point:
+            return False
+        shape, dtype, device = head.shape, head.dtype, head.fake_device
+        for tensor in group:
+            if type(tensor) is not _fake.FakeTensor or tensor.constant is not None:
+                return False
+            if tensor.shape != shape or tensor.dtype != dtype or tensor.fake_device != device:
+                return False
+    device = first[0].fake_device
+    return all(
+        type(t) is _fake.FakeTensor
+        and t.constant is None
+        and t.numel() == 1
+        and t.dtype.is_floating_point
+        and t.fake_device == device
+        for t in lone
+    )
 
 
 _LIFTS = (torch.ops.aten.lift_fresh.default, torch.ops.aten.lift_fresh_copy.default)
