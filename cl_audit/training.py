@@ -132,7 +132,9 @@ class Step:
         the fake mode (a step's state is decided by the parameters' shapes, strides and dtypes;
         meta tensors run it without fake dispatch), and each state tensor becomes a fake one
         (``fake_like``): on its parameter's device, or on the CPU where the step made it there
-        (AdamW's step count). The scaler is made here, under the fake mode."""
+        (AdamW's step count). The scaler is made here, under the fake mode. The meta step is
+        torch's foreach implementation (its for-loop makes the same state, one Python call per
+        parameter slower); a gradient's values are never read, so it is made empty."""
         self._gradient_scaler()
         optimizer = self._made_optimizer()
         parameters = list(self.parameters.values())
@@ -142,8 +144,8 @@ class Step:
                 for p in parameters
             ]
             for meta in metas:
-                meta.grad = torch.zeros_like(meta)
-            first = make_optimizer(self.plan.settings.optimizer, metas)
+                meta.grad = torch.empty_like(meta)
+            first = make_optimizer(self.plan.settings.optimizer, metas, foreach=True)
             first.step()
             for parameter, meta in zip(parameters, metas, strict=True):
                 optimizer.state[parameter] = {
