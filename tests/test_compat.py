@@ -4,6 +4,7 @@ tables by torch version and device, and the CUDA kernel-source overrides."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import json
 import re
@@ -852,3 +853,37 @@ def test_an_optimizers_foreach_step_on_fake_tensors_reaches_no_fake_kernel(monke
     with mode, pytest.raises(RuntimeError):
         torch._foreach_add_(buffers, grads[::-1])
     assert "aten._foreach_add_.List" in reached
+
+
+def test_a_remembered_output_is_made_as_torchs_fake_tensor_constructor_makes_it(monkeypatch):
+    """A memo hit makes its outputs by ``fake_maker``'s faster path: each is what
+    ``FakeTensor(mode, meta, device)`` makes (type, attributes, device, dispatch keys, strides,
+    a refused data pointer), fresh or a view on its argument's storage. Control: where the
+    constructor's attributes are not all plain values, the maker is the constructor."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    from cl_audit.compat import memo
+
+    mode, cuda = compat.new_fake_mode(), torch.device("cuda:0")
+    x = compat.fake_tensor(mode, torch.empty(4, 6, device="meta"), cuda)
+    with mode:
+        made = [torch.ops.aten.mul.Tensor(x, x), torch.ops.aten.t.default(x)]
+        hits = mode.memo.hits
+        made += [torch.ops.aten.mul.Tensor(x, x), torch.ops.aten.t.default(x)]
+    assert mode.memo.hits == hits + 2
+    for first, again in (made[::2], made[1::2]):
+        meta = torch.empty_strided(again.shape, again.stride(), device="meta")
+        constructed = FakeTensor(mode, meta, cuda)
+        assert memo._described(again) == memo._described(first)
+        assert type(again) is FakeTensor and vars(again) == vars(constructed)
+        assert again.device == cuda and again.stride() == first.stride()
+    assert compat.storage_key(made[3]) == compat.storage_key(x)
+    assert memo.fake_maker(mode, cuda).__name__ == "made"
+    strict = compat.new_fake_mode()
+    strict._allow_unsafe_data_ptr_access = False  # torch's default: a data pointer refused
+    for make in (memo.fake_maker(strict, cuda), functools.partial(FakeTensor, strict, device=cuda)):
+        with pytest.raises(RuntimeError, match="data pointer"):
+            make(torch.empty(2, device="meta")).data_ptr()
+    monkeypatch.setattr(memo, "_PLAIN_STATE", ())
+    maker = memo.fake_maker(mode, cuda)
+    assert maker.func is FakeTensor and maker.args == (mode,)
