@@ -204,7 +204,7 @@ class _FakeMode(FakeTensorMode):
 
     def dispatch(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        if _writes_lists(func) and _valid_as_laid_out(args, kwargs):
+        if _writes_lists(func) and self.shape_env is None and _valid_as_laid_out(args, kwargs):
             return None  # nothing to fake: it writes its lists in place (``_valid_as_laid_out``)
         if _real_only(func, args, kwargs):
             with torch.utils._mode_utils.no_dispatch():
@@ -370,7 +370,8 @@ def _valid_as_laid_out(args: Any, kwargs: dict[str, Any]) -> bool:
     as many; each other tensor one floating-point element on the first list's device; the rest
     numbers or None. Such an operation changes no tensor's metadata and returns nothing, so
     its fake kernel (per tensor: a broadcast check in Python, 8 ms an SGD step of ResNet-50's
-    161 parameters) has nothing to tell; anything else goes to torch's."""
+    161 parameters) has nothing to tell; anything else goes to torch's, as does every call
+    with a shape environment (comparing symbolic shapes would add guards)."""
     first = args[0] if args else None
     if not first or not isinstance(first, (list, tuple)):
         return False
