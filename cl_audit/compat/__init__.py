@@ -204,7 +204,13 @@ class _FakeMode(FakeTensorMode):
 
     def dispatch(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        if _writes_lists(func) and self.shape_env is None and _valid_as_laid_out(args, kwargs):
+        if (
+            args
+            and type(args[0]) is list  # ahead of the schema's lookup, which hashes the operator
+            and self.shape_env is None
+            and _writes_lists(func)
+            and _valid_as_laid_out(args, kwargs)
+        ):
             return None  # nothing to fake: it writes its lists in place (``_valid_as_laid_out``)
         if _real_only(func, args, kwargs):
             with torch.utils._mode_utils.no_dispatch():
@@ -372,8 +378,8 @@ def _valid_as_laid_out(args: Any, kwargs: dict[str, Any]) -> bool:
     its fake kernel (per tensor: a broadcast check in Python, 8 ms an SGD step of ResNet-50's
     161 parameters) has nothing to tell; anything else goes to torch's, as does every call
     with a shape environment (comparing symbolic shapes would add guards)."""
-    first = args[0] if args else None
-    if not first or not isinstance(first, (list, tuple)):
+    first = args[0]
+    if not first:
         return False
     lists, lone = [], []
     for value in (*args, *kwargs.values()):
@@ -390,13 +396,12 @@ def _valid_as_laid_out(args: Any, kwargs: dict[str, Any]) -> bool:
             return False
     for group in zip(*lists, strict=True):
         head = group[0]
-        if type(head) is not _fake.FakeTensor or not head.dtype.is_floating_point:
-            return False
-        shape, dtype, device = head.shape, head.dtype, head.fake_device
         for tensor in group:
             if type(tensor) is not _fake.FakeTensor or tensor.constant is not None:
                 return False
-            if tensor.shape != shape or tensor.dtype != dtype or tensor.fake_device != device:
+            if tensor.shape != head.shape or tensor.dtype != head.dtype:
+                return False
+            if tensor.fake_device != head.fake_device or not tensor.dtype.is_floating_point:
                 return False
     device = first[0].fake_device
     return all(
