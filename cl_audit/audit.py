@@ -79,7 +79,9 @@ class Audit:
     ``label_calls`` runs each operation in a profiler range named by its call number, so that
     ``report(call_times=...)`` can give each finding its profiled time; ``ledger`` (dispatch
     engine) counts the bytes written and copied, for a cost comparison; ``also`` is another
-    observer of every operation (the NCHW run's counterpart watcher).
+    observer of every operation (the NCHW run's counterpart watcher); ``findings=False`` keeps
+    the ledger alone (the NCHW run, which is weighed, never reported): no rule is applied, and
+    ``observed()`` and ``report()`` refuse.
     """
 
     def __init__(
@@ -92,6 +94,7 @@ class Audit:
         label_calls: bool = False,
         ledger: Ledger | None = None,
         also: Observer | None = None,
+        findings: bool = True,
     ) -> None:
         self.engine = parse_engine(engine)
         check_engine(self.engine, train=training, time=label_calls)
@@ -101,6 +104,7 @@ class Audit:
             timeline=timeline,
             training=training,
             ledger=ledger,
+            rule=findings,
         )
         recorder = self._recorder
         self._impl = _ENGINES[self.engine](
@@ -141,6 +145,8 @@ class Audit:
         finding."""
         if not self._entered:
             raise AuditError("nothing audited yet: run the model inside 'with audit:' first")
+        if not self._recorder.rule:
+            raise AuditError("this audit kept its ledger alone (findings=False): no findings")
         device, dtype = self._recorder.first_spatial or (None, None)
         losses, regains = self._recorder.findings(call_times)
         return Observed(
@@ -200,10 +206,11 @@ def audit(
     label_calls: bool = False,
     ledger: Ledger | None = None,
     also: Observer | None = None,
+    findings: bool = True,
 ) -> Audit:
     """``with cl_audit.audit() as a: model(x)`` then ``a.report()``.
 
     Passing ``model`` names modules from it and tells its parameters and buffers apart from
     activations; without it modules are learned from the call stack.
     """
-    return Audit(engine, model, parameters, timeline, training, label_calls, ledger, also)
+    return Audit(engine, model, parameters, timeline, training, label_calls, ledger, also, findings)

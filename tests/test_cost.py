@@ -296,6 +296,41 @@ def test_a_timed_cost_offends_on_its_time_share_alone():
     assert Gate().verdict(10, 100 << 20, time_share=0.005) is Verdict.MINOR
 
 
+@pytest.mark.parametrize("train", [False, True], ids=["forward", "training"])
+@pytest.mark.parametrize(
+    "model", [cm.TransposeCopy, cm.ContiguousCopy, cm.PermutedCopy, cm.Shuffle]
+)
+def test_the_nchw_run_kept_for_its_ledger_alone_weighs_as_a_full_audit_of_it(
+    monkeypatch, model, train
+):
+    """The NCHW run applies no rule (``findings=False``: its findings are never read): the
+    cost weighed against it, site by site, equals the cost against a full audit of the same run
+    (copies both formats make, only one makes, and the conversions after them); the
+    channels_last run's findings are its own either way. A ledger-only audit refuses its
+    findings."""
+    import cl_audit.phases.compare as compare_phase
+    from cl_audit.audit import Audit
+    from cl_audit.errors import AuditError
+
+    reports = []
+    for full in (False, True):
+        if full:
+            instrumented = compare_phase.instrumented
+            monkeypatch.setattr(
+                compare_phase,
+                "instrumented",
+                lambda *args, findings, run=instrumented, **kwargs: run(*args, **kwargs),
+            )
+        reports.append(_fake(model(), train=train))
+    ledger_alone, audited = reports
+    assert ledger_alone.cost == audited.cost and ledger_alone.offenders == audited.offenders
+    assert ledger_alone.cost.sites or model is cm.TransposeCopy
+    with Audit(findings=False) as active:
+        torch.ones(2, 3, 4, 4).contiguous(memory_format=torch.channels_last).sum()
+    with pytest.raises(AuditError, match="ledger alone"):
+        active.observed()
+
+
 def test_fake_mode_predicts_the_same_sites_from_strides():
     torch.manual_seed(0)
     model = cm.ContiguousCopy()

@@ -73,6 +73,7 @@ class Recorder:
 
     ``parameters``: the model's parameters and buffers (real or fake tensors), the seed of
     parameter provenance; those of every root module ``names`` learns are added as it learns them.
+    ``rule=False``: the ledger alone is fed (provenance kept, nothing tracked for findings).
     """
 
     def __init__(
@@ -82,6 +83,7 @@ class Recorder:
         timeline: bool = False,
         training: bool = False,
         ledger: Ledger | None = None,
+        rule: bool = True,
     ) -> None:
         self._names = names
         self.ledger = ledger  # the cost ledger of this run, fed every operation
@@ -94,8 +96,11 @@ class Recorder:
         self.phase = Phase.FORWARD
         self.training = training
         self._node: object | None = None  # the node a node-by-node backward runs
-        if timeline or training:
+        if not rule:
+            self.observe = self._observe_ledger  # type: ignore[method-assign]
+        elif timeline or training:
             self.observe = self._observe_more  # type: ignore[method-assign]
+        self.rule = rule
         self.calls_checked = 0
         self.first_spatial: tuple[str, str] | None = None  # (device, dtype), first 4D/5D input
         self._ops_seen: set[object] = set()
@@ -180,6 +185,38 @@ class Recorder:
             self._carry_origins(aten_op, python_op, inputs, contiguous, found, new)
         elif not contiguous:  # else derived from data from outside the audit: untracked (OUTSIDE)
             self._start_tracking(aten_op, python_op, outputs, out_keys, new, sources)
+
+    def _observe_ledger(
+        self, aten_op: object, python_op: object, args: Any, kwargs: Any, result: Any
+    ) -> None:
+        """``observe`` for a run whose ledger alone is read (``rule=False``): provenance and
+        the bytes, no rule, nothing tracked for findings."""
+        self.calls_checked += 1
+        ledger = self.ledger
+        if ledger is None or aten_op is None:
+            return
+        if self.training:
+            python_op = self.python_op(python_op)
+        inputs = tensor_arguments(args)
+        if kwargs:
+            inputs.extend(tensor_arguments(kwargs.values()))
+        if isinstance(result, _Tensor):
+            outputs = [result]
+        elif type(result) in _SEQUENCES:
+            outputs = tensor_arguments(result)
+        elif result is None and inputs:
+            outputs = []
+        else:
+            return
+        out_keys = [_storage_key(t) for t in outputs]
+        from_parameters = self._outputs_from_parameters(inputs, outputs)
+        in_keys = self._forget_reused_storages(inputs, out_keys, from_parameters)
+        if in_keys is None:
+            in_keys = [_storage_key(t) for t in inputs]
+        ledger.observe(
+            OpRecord(self.calls_checked, self.phase, aten_op, python_op, inputs, outputs,
+                     in_keys, out_keys, self._parameters, self.locate, None)
+        )  # fmt: skip
 
     def _outputs_from_parameters(
         self, inputs: list[torch.Tensor], outputs: list[torch.Tensor]

@@ -135,6 +135,7 @@ def instrumented(
     run: TensorRun,
     ledger: Ledger | None,
     also: Observer | None = None,
+    findings: bool = True,
 ) -> Iterator[tuple[Audit, Any]]:
     """An audit of one run, under the profiler when it times (``--time``) or measures the
     copies inside kernels (an eager ledger); the measured copies enter the ledger on exit."""
@@ -156,6 +157,7 @@ def instrumented(
             label_calls=label_calls,
             ledger=ledger,
             also=also,
+            findings=findings,
         ) as active,
         profiler,
     ):

@@ -58,7 +58,8 @@ def compare(
             step = run.stepper(quiet, forward, loss)
             with run.tensor_mode():
                 step.warm_up()  # warmed up as the audited run was
-            with run.tensor_mode(), instrumented(quiet, model, run, nchw, watcher) as (active, _):
+            weighed = instrumented(quiet, model, run, nchw, watcher, findings=False)
+            with run.tensor_mode(), weighed as (active, _):
                 step.run(active)
     except Exception as e:
         message = f"the NCHW run failed ({type(e).__name__}: {e}"[:300] + "); no cost weighed"
