@@ -130,27 +130,32 @@ class Step:
         as a step's gradients do (autograd's layout contract for accumulated gradients). For
         fake parameters (the only ones primed): the step runs on meta copies of them, outside
         the fake mode (a step's state is decided by the parameters' shapes, strides and dtypes;
-        meta tensors run it without fake dispatch), and each state tensor becomes a fake one
-        (``fake_like``): on its parameter's device, or on the CPU where the step made it there
-        (AdamW's step count). The scaler is made here, under the fake mode. The meta step is
-        torch's foreach implementation (its for-loop makes the same state, one Python call per
-        parameter slower); a gradient's values are never read, so it is made empty."""
+        meta tensors run it without fake dispatch), one meta parameter for each such signature
+        (torch's optimizers make each parameter's state from that parameter alone), and each
+        parameter gets fake tensors of its signature's state (``fake_like``, a storage of its
+        own each): on its device, or on the CPU where the step made it there (AdamW's step
+        count). The scaler is made here, under the fake mode. The meta step is torch's foreach
+        implementation (its for-loop makes the same state, one Python call per parameter
+        slower); a gradient's values are never read, so it is made empty."""
         self._gradient_scaler()
         optimizer = self._made_optimizer()
         parameters = list(self.parameters.values())
         with outside_modes(), without_torch_function(), torch.no_grad():
-            metas = [
-                torch.empty_strided(p.shape, p.stride(), dtype=p.dtype, device="meta")
-                for p in parameters
-            ]
-            for meta in metas:
-                meta.grad = torch.empty_like(meta)
-            first = make_optimizer(self.plan.settings.optimizer, metas, foreach=True)
+            signatures = [(p.shape, p.stride(), p.dtype) for p in parameters]
+            metas: dict[tuple[Any, ...], torch.Tensor] = {}
+            for shape, strides, dtype in signatures:
+                if (shape, strides, dtype) not in metas:
+                    meta = torch.empty_strided(shape, strides, dtype=dtype, device="meta")
+                    meta.grad = torch.empty_like(meta)
+                    metas[shape, strides, dtype] = meta
+            first = make_optimizer(self.plan.settings.optimizer, metas.values(), foreach=True)
             first.step()
-            for parameter, meta in zip(parameters, metas, strict=True):
+            for parameter, signature in zip(parameters, signatures, strict=True):
                 optimizer.state[parameter] = {
-                    key: fake_like(value, parameter) if isinstance(value, torch.Tensor) else value
-                    for key, value in first.state[meta].items()
+                    key: fake_like(_fresh(value), parameter)
+                    if isinstance(value, torch.Tensor)
+                    else value
+                    for key, value in first.state[metas[signature]].items()
                 }
 
     def timed(self, forward: _Forward, device: torch.device) -> tuple[float, ...]:
@@ -317,6 +322,14 @@ def training_loss(output: object, seed: int) -> torch.Tensor:
     if not tensors:
         raise ValueError("the model's output has no floating-point tensor to take a loss of")
     return torch.stack([t.float().sum() for t in tensors]).sum()
+
+
+def _fresh(tensor: torch.Tensor) -> torch.Tensor:
+    """A meta tensor's shape, strides and dtype on a storage of its own (a real tensor as it
+    is: its fake copy gets one)."""
+    if not tensor.is_meta:
+        return tensor
+    return torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device="meta")
 
 
 def _flat_tensors(value: object) -> list[torch.Tensor]:

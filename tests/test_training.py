@@ -418,14 +418,18 @@ def test_priming_a_step_makes_the_optimizer_state_in_each_parameters_layout(opti
     """A fake step warms up without running a first step: ``Step.prime`` makes the optimizer's
     state (momentum, Adam's moments) as fake tensors laid out as their channels_last parameter,
     on its device, as a real first step does (the control: the same state tensors, the same
-    strides, on the CPU), and leaves no gradient behind."""
-    from cl_audit.compat import fake_tensor, is_fake, new_fake_mode
+    strides, on the CPU), and leaves no gradient behind. Parameters alike (two convolutions of
+    one shape) share one meta step, yet each gets state on a storage of its own."""
+    from cl_audit.compat import fake_tensor, is_fake, new_fake_mode, storage_key
     from cl_audit.plan import plan_run
     from cl_audit.training import Step
 
-    conv = torch.nn.Conv2d(3, 8, 3).to(memory_format=torch.channels_last)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3), torch.nn.Conv2d(8, 8, 3), torch.nn.Conv2d(8, 8, 3)
+    ).to(memory_format=torch.channels_last)
+    weight = model[1].weight
     mode, cpu = new_fake_mode(), torch.device("cpu")
-    fakes = {n: fake_tensor(mode, p.detach(), cpu) for n, p in conv.named_parameters()}
+    fakes = {n: fake_tensor(mode, p.detach(), cpu) for n, p in model.named_parameters()}
     fake_plan = plan_run(
         AuditSettings(train=True, optimizer=optimizer, tensor_mode=TensorMode.FAKE)
     )
@@ -434,19 +438,20 @@ def test_priming_a_step_makes_the_optimizer_state_in_each_parameters_layout(opti
         primed.prime()
     assert all(t.grad is None for t in fakes.values())
     stepped = Step(
-        plan_run(AuditSettings(train=True, optimizer=optimizer)), dict(conv.named_parameters())
+        plan_run(AuditSettings(train=True, optimizer=optimizer)), dict(model.named_parameters())
     )
-    stepped.run(lambda: conv(torch.randn(2, 3, 8, 8)), None)  # a real first step: the control
-    assert conv.weight.grad is not None
+    stepped.run(lambda: model(torch.randn(2, 3, 12, 12)), None)  # a real first step: the control
+    assert weight.grad is not None
     for step in (primed, stepped):
         state = step.state_tensors()
-        weights = [t for t in state if t.shape == conv.weight.shape]
-        assert weights and all(t.stride() == conv.weight.stride() for t in weights)
+        weights = [t for t in state if t.shape == weight.shape]
+        assert len(weights) >= 2 and all(t.stride() == weight.stride() for t in weights)
     made, real = primed.state_tensors(), stepped.state_tensors()
     assert [(t.shape, t.stride(), t.dtype) for t in made] == [
         (t.shape, t.stride(), t.dtype) for t in real
     ]
     assert all(is_fake(t) and t.device == cpu for t in made)
+    assert len({storage_key(t) for t in made}) == len(made)
 
 
 def test_fake_scaler_does_what_grad_scaler_does_when_no_gradient_overflows():
