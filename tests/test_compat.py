@@ -522,14 +522,20 @@ _DECOMPOSED_FROM_THE_INPUT = {  # torch 2.14.1's decompositions whose output fol
 }
 
 
-def test_a_dense_cast_is_faked_with_its_inputs_strides_as_its_kernel_allocates_it():
+def test_a_dense_cast_is_faked_with_its_inputs_strides_as_its_kernel_allocates_it(monkeypatch):
     """``_to_copy`` that only changes the dtype of a dense tensor allocates the same strides
-    (TensorConversions.cpp): cl-audit's fake mode gives them directly instead of torch's
-    Python decomposition, equal to the real kernel and to torch's fake mode for channels_last,
-    NCHW, transposed and size-1 shapes. Controls, left to torch: a non-dense view (expanded,
-    sliced) and a memory format asked for."""
+    (TensorConversions.cpp): cl-audit's fake mode makes that fake tensor directly, without
+    torch's fake dispatch (counted), equal to the real kernel and to torch's fake mode for
+    channels_last, NCHW, transposed and size-1 shapes. Controls, left to torch: a non-dense
+    view (expanded, sliced) and a memory format asked for."""
     cpu, cl = torch.device("cpu"), torch.channels_last
     ops = torch.ops.aten
+    reached: list[object] = []
+    dispatch = compat.FakeTensorMode.dispatch
+
+    def counted(self, func, types, args=(), kwargs=None):
+        reached.append(func)
+        return dispatch(self, func, types, args, kwargs)
 
     def fake_cast(mode: compat.FakeTensorMode, x: torch.Tensor, **kwargs: object):
         fx = compat.fake_tensor(mode, x, cpu)
@@ -544,9 +550,12 @@ def test_a_dense_cast_is_faked_with_its_inputs_strides_as_its_kernel_allocates_i
         assert compat._dense_cast((compat.fake_tensor(compat.new_fake_mode(), x, cpu),), {})
         for kwargs in ({"dtype": torch.float16}, {"memory_format": torch.preserve_format}, {}):
             real = ops._to_copy.default(x, **kwargs)
+            monkeypatch.setattr(compat.FakeTensorMode, "dispatch", counted)
             ours = fake_cast(compat.new_fake_mode(), x, **kwargs)
+            monkeypatch.undo()
             assert ours == (real.stride(), real.dtype) == (x.stride(), real.dtype)
             assert ours == fake_cast(compat.FakeTensorMode(), x, **kwargs)
+    assert reached == []
     views = (
         (torch.randn(1, 8, 1, 1), lambda t: t.expand(2, 8, 5, 5), {"dtype": torch.float16}),
         (torch.randn(4, 6), lambda t: t[::2], {"dtype": torch.float16}),
@@ -558,7 +567,11 @@ def test_a_dense_cast_is_faked_with_its_inputs_strides_as_its_kernel_allocates_i
         with mode:
             fx = view(fake)
             assert not compat._dense_cast((fx,), kwargs)
+            monkeypatch.setattr(compat.FakeTensorMode, "dispatch", counted)
+            reached.clear()
             out = ops._to_copy.default(fx, **kwargs)
+            monkeypatch.undo()
+            assert ops._to_copy.default in reached  # the controls: torch's path
         real = ops._to_copy.default(view(base), **kwargs)
         assert (out.stride(), out.dtype) == (real.stride(), real.dtype)
 
@@ -594,6 +607,66 @@ def test_a_fake_view_gives_size_one_dimensions_the_strides_the_kernels_give_them
             out = view(fake)
         assert out.stride() == kernel
         assert compat.storage_key(out) == compat.storage_key(fake)
+
+
+def test_a_fake_view_is_made_by_its_meta_kernel_on_its_arguments_storage(monkeypatch):
+    """A view (and ``_unsafe_view``) on a fake tensor is made by the operator's own meta kernel
+    on a meta tensor laid out as its argument: shape, strides, offset and dtype as the CPU
+    kernel gives them, on the fake argument's storage, without torch's general fake path
+    (counted). The control, left to torch: a view of a complex tensor."""
+    ops = torch.ops.aten
+    reached: list[object] = []
+    dispatch = compat.FakeTensorMode.dispatch
+
+    def counted(self, func, types, args=(), kwargs=None):
+        reached.append(func)
+        return dispatch(self, func, types, args, kwargs)
+
+    monkeypatch.setattr(compat.FakeTensorMode, "dispatch", counted)
+    full = torch.randn(2, 6, 4, 5).to(memory_format=torch.channels_last)
+    base = full[:, 1:]
+    same = lambda t: t  # noqa: E731
+    views = (  # (the argument made of the base, the view of it)
+        (same, lambda t: ops.detach.default(t)),
+        (lambda t: t[0, 0], lambda t: ops.t.default(t)),
+        (same, lambda t: ops.transpose.int(t, 1, 3)),
+        (same, lambda t: ops.permute.default(t, [0, 2, 3, 1])),
+        (same, lambda t: ops.slice.Tensor(t, 3, 1, 4, 2)),
+        (same, lambda t: ops.select.int(t, 1, 2)),
+        (lambda t: t[:, :, :1], lambda t: ops.expand.default(t, [2, 5, 3, 5])),
+        (same, lambda t: ops.unsqueeze.default(t, 2)),
+        (lambda t: t[:, :, :1], lambda t: ops.squeeze.dim(t, 2)),
+        (same, lambda t: ops.diagonal.default(t, 0, 2, 3)),
+        (same, lambda t: ops.as_strided.default(t, [2, 3], [1, 7], 3)),
+        (lambda t: t[0].contiguous(), lambda t: ops.view.default(t, [5, 20])),
+        (lambda t: t[0].contiguous(), lambda t: ops._unsafe_view.default(t, [20, 5])),
+        (same, lambda t: ops.unfold.default(t, 3, 2, 1)),
+        (same, lambda t: ops.alias.default(t)),
+        (same, lambda t: ops.view.dtype(t, torch.int32)),
+    )
+    mode, cpu = compat.new_fake_mode(), torch.device("cpu")
+    whole = compat.fake_tensor(mode, full, cpu)
+    with mode:
+        fake = whole[:, 1:]
+    for argument, view in views:
+        with mode:
+            viewed = argument(fake)
+            reached.clear()
+            out = view(viewed)
+        real = view(argument(base))
+        assert reached == []
+        assert (out.shape, out.stride(), out.dtype, out.storage_offset()) == (
+            real.shape,
+            real.stride(),
+            real.dtype,
+            real.storage_offset(),
+        )
+        assert compat.is_fake(out) and compat.storage_key(out) == compat.storage_key(viewed)
+    complex_fake = compat.fake_tensor(mode, torch.randn(3, 4, dtype=torch.cfloat), cpu)
+    with mode:
+        reached.clear()
+        ops.view_as_real.default(complex_fake)
+        assert reached == [ops.view_as_real.default]  # the control: torch's path
 
 
 def test_a_fake_layer_norm_backward_writes_its_input_gradient_contiguous_as_its_kernels_do():

@@ -237,13 +237,17 @@ class _FakeMode(FakeTensorMode):
         if func is _TO_COPY and _dense_cast(args, kwargs):
             data = args[0]
             dtype = kwargs.get("dtype") or data.dtype
+            if self.shape_env is None:  # as the memo makes a fresh output: no general path
+                meta = torch.empty_strided(data.shape, data.stride(), dtype=dtype, device="meta")
+                return self.memo.wrap(meta, data.fake_device)
             strided = (data.shape, data.stride())
             return super().dispatch(
                 _EMPTY_STRIDED, types, strided, {"dtype": dtype, "device": data.device}
             )
         if self.shape_env is None:  # the kernels' layouts, where shapes are plain numbers
-            if func in _VIEWS and not kwargs:
-                return self._view(func, types, args)
+            aliased = 0 if func is _UNSAFE_VIEW else self.memo.aliased(func)
+            if aliased is not None:
+                return self._view(func, types, args, kwargs, aliased)
             if func is _LAYER_NORM_BACKWARD:
                 return self._layer_norm_backward(types, args, kwargs)
         return super().dispatch(func, types, args, kwargs)
@@ -264,30 +268,39 @@ class _FakeMode(FakeTensorMode):
         def like(tensor: torch.Tensor | None, wanted: bool) -> torch.Tensor | None:
             if tensor is None or not wanted:
                 return None
-            options = {"dtype": tensor.dtype, "device": tensor.device}
-            return super(_FakeMode, self).dispatch(_EMPTY, types, (tensor.shape,), options)
+            meta = torch.empty(tensor.shape, dtype=tensor.dtype, device="meta")
+            return self.memo.wrap(meta, tensor.device)
 
         return like(data, mask[0]), like(weight, mask[1]), like(bias, mask[2])
 
-    def _view(self, func: Any, types: Any, args: Any) -> Any:
-        """A ``view`` (or ``_unsafe_view``) with the strides every device's kernel gives it.
-        Torch fakes them by ``torch._refs._reshape_view_helper``, which gives a size-1 dimension
-        another stride than the kernels' ``computeStride`` (TensorUtils.cpp): a (1, 24, 64)
-        gradient viewed as (1, 24, 8, 8) is channels_last to the fake mode, its batch stride
-        1536, and NCHW to the kernels (24), so a kernel handed it lays out its output otherwise.
-        Where the view has a size-1 dimension its strides are the meta kernel's."""
-        result = super().dispatch(func, types, args, {})
-        data, shape = args[0], result.shape
-        if 1 not in shape or not is_fake(data) or result.storage_offset() != data.storage_offset():
-            return result
+    def _view(self, func: Any, types: Any, args: Any, kwargs: dict[str, Any], aliased: int) -> Any:
+        """A view of the argument at ``aliased`` (or ``_unsafe_view``, on its argument's
+        storage), as every device's kernel makes it: the operator's own meta kernel (C++, the
+        code the CPU and CUDA kernels of a view run) on a meta tensor laid out as the argument,
+        on its storage, made a fake tensor. Torch's fake mode runs a view through its general
+        path (a fifth of a millisecond each), and fakes ``view`` and ``_unsafe_view`` by
+        ``torch._refs._reshape_view_helper``, which gives a size-1 dimension another stride
+        than the kernels' ``computeStride`` (TensorUtils.cpp): a (1, 24, 64) gradient viewed as
+        (1, 24, 8, 8) is channels_last to torch's fake mode and NCHW to the kernels (batch
+        stride 1536 against 24), so a kernel handed it lays out its output otherwise. Any
+        other tensor argument, a fake constant or a complex or sparse argument goes to torch's
+        path."""
+        base = args[aliased] if aliased < len(args) else None
+        if (
+            type(base) is not _fake.FakeTensor
+            or base.constant is not None
+            or base.layout is not torch.strided
+            or base.dtype.is_complex
+        ):
+            return super().dispatch(func, types, args, kwargs)
+        rest = (*args[:aliased], *args[aliased + 1 :], *kwargs.values())
+        if any(isinstance(a, torch.Tensor) for a in rest):
+            return super().dispatch(func, types, args, kwargs)
         with torch.utils._mode_utils.no_dispatch():
-            meta = torch.empty_strided(data.shape, data.stride(), dtype=data.dtype, device="meta")
-            strides = meta.view(shape).stride()
-        if strides == result.stride():
-            return result
-        return super().dispatch(
-            _AS_STRIDED, types, (data, shape, strides, data.storage_offset()), {}
-        )
+            meta = torch.empty(0, dtype=base.dtype, device="meta")
+            meta.set_(base.untyped_storage(), base.storage_offset(), base.shape, base.stride())
+            viewed = func(*args[:aliased], meta, *args[aliased + 1 :], **kwargs)
+        return self.memo.wrap(viewed, base.fake_device)
 
 
 _MEMO = True  # OutputMemo answers the operations it can (off: torch's cache alone)
@@ -315,10 +328,9 @@ _BINARY_BACKWARDS = {
 
 
 _TO_COPY = _aten._to_copy.default
-_VIEWS = frozenset({_aten.view.default, _aten._unsafe_view.default})
+_UNSAFE_VIEW = _aten._unsafe_view.default
 _LAYER_NORM_BACKWARD = _aten.native_layer_norm_backward.default
 _AS_STRIDED = _aten.as_strided.default
-_EMPTY = _aten.empty.memory_format
 _EMPTY_STRIDED = _aten.empty_strided.default
 _CAST_KEYWORDS = {"dtype", "memory_format", "layout", "device", "pin_memory", "non_blocking"}
 

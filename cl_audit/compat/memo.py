@@ -219,6 +219,13 @@ class OutputMemo:
         except _Unkeyable:
             return None
 
+    def aliased(self, func: Any) -> int | None:
+        """For a view the memo keeps, the position of the argument it aliases; else None."""
+        kind = self._funcs.get(func)
+        if kind is None:
+            kind = self._funcs[func] = _remembered(func)
+        return kind if type(kind) is int else None
+
     def lookup(self, key: Any, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
         """The outputs remembered for ``key``, made anew (fresh fake tensors, or a view on the
         aliased argument's storage) or the arguments written, or ``MISSING``."""
@@ -296,15 +303,15 @@ class OutputMemo:
         meta = torch.empty_strided(
             shape, stride, dtype=dtype, device="meta", requires_grad=requires_grad
         )
-        return self._wrap(meta, device)
+        return self.wrap(meta, device)
 
     def _viewed(self, spec: tuple[Any, ...], base: torch.Tensor) -> torch.Tensor:
         shape, stride, dtype, device, offset = spec
         meta = torch.empty(0, dtype=dtype, device="meta")
         meta.set_(base.untyped_storage(), offset, shape, stride)
-        return self._wrap(meta, device)
+        return self.wrap(meta, device)
 
-    def _wrap(self, meta: torch.Tensor, device: torch.device) -> torch.Tensor:
+    def wrap(self, meta: torch.Tensor, device: torch.device) -> torch.Tensor:
         """``FakeTensor(mode, meta, device)``, by ``fake_maker``'s faster path."""
         maker = self._makers.get(device)
         if maker is None:
