@@ -24,6 +24,9 @@ __all__ = [
 _SKIPPED_DIRS = tuple(
     os.path.dirname(os.path.abspath(path)) + os.sep for path in (torch.__file__, __file__) if path
 )
+# cl_audit's own frames (the engine's, the recorder's): none is a module's (no class of
+# cl_audit is one), so their locals are never read for a ``self``
+_OWN_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
 @dataclass(frozen=True)
@@ -94,8 +97,12 @@ def locate(names: ModuleNames, frame: FrameType | None = None) -> Location:
     module: nn.Module | None = None
     outermost: nn.Module | None = None
     while frame is not None:
-        if call_site is None and not frame.f_code.co_filename.startswith(_SKIPPED_DIRS):
-            call_site = f"{short_path(frame.f_code.co_filename)}:{frame.f_lineno}"
+        filename = frame.f_code.co_filename
+        if filename.startswith(_OWN_DIR):
+            frame = frame.f_back
+            continue
+        if call_site is None and not filename.startswith(_SKIPPED_DIRS):
+            call_site = f"{short_path(filename)}:{frame.f_lineno}"
         found = _frame_module(frame)
         if found is not None:
             module = module or found
