@@ -669,6 +669,59 @@ def test_a_fake_view_is_made_by_its_meta_kernel_on_its_arguments_storage(monkeyp
         assert reached == [ops.view_as_real.default]  # the control: torch's path
 
 
+def test_the_training_loss_operations_are_faked_by_their_meta_kernels_as_the_cpu_makes_them(
+    monkeypatch,
+):
+    """Cross-entropy's operations (log-softmax and the negative log-likelihood, forward and
+    backward: every training audit's own loss) are faked by their meta kernels on meta
+    tensors, without torch's fake dispatch (counted; it runs their Python decompositions):
+    outputs as the CPU kernels make them, for each reduction, with and without class weights,
+    and a log-softmax over either dimension. The control, left to torch: a real target among
+    fake tensors."""
+    ops = torch.ops.aten
+    reached: list[object] = []
+    dispatch = compat.FakeTensorMode.dispatch
+
+    def counted(self, func, types, args=(), kwargs=None):
+        reached.append(func)
+        return dispatch(self, func, types, args, kwargs)
+
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(4, 7, generator=generator)
+    target = torch.randint(7, (4,), generator=generator)
+    weight = torch.rand(7, generator=generator)
+    cases = []
+    for dim in (0, 1):
+        output = ops._log_softmax.default(logits, dim, False)
+        cases.append((ops._log_softmax.default, (logits, dim, False)))
+        cases.append((ops._log_softmax_backward_data.default, (output, output, dim, torch.float32)))
+    for reduction, w in itertools.product((0, 1, 2), (None, weight)):
+        loss, total = ops.nll_loss_forward.default(logits, target, w, reduction, -100)
+        cases.append((ops.nll_loss_forward.default, (logits, target, w, reduction, -100)))
+        grad = torch.ones_like(loss)
+        arguments = (grad, logits, target, w, reduction, -100, total)
+        cases.append((ops.nll_loss_backward.default, arguments))
+    mode, cpu = compat.new_fake_mode(), torch.device("cpu")
+    for func, arguments in cases:
+        fakes = tuple(
+            compat.fake_tensor(mode, a, cpu) if isinstance(a, torch.Tensor) else a
+            for a in arguments
+        )
+        monkeypatch.setattr(compat.FakeTensorMode, "dispatch", counted)
+        reached.clear()
+        with mode:
+            ours = func(*fakes)
+        monkeypatch.undo()
+        assert reached == [] and _metadata(ours) == _metadata(func(*arguments))
+    fake_logits = compat.fake_tensor(mode, logits, cpu)
+    monkeypatch.setattr(compat.FakeTensorMode, "dispatch", counted)
+    reached.clear()
+    with mode, contextlib.suppress(Exception):  # torch's own answer to a real tensor among fakes
+        ops.nll_loss_forward.default(fake_logits, target, None, 1, -100)
+    monkeypatch.undo()
+    assert reached[:1] == [ops.nll_loss_forward.default]
+
+
 def test_a_fake_layer_norm_backward_writes_its_input_gradient_contiguous_as_its_kernels_do():
     """CPU's and CUDA's layer norm backward allocate the input gradient like the contiguous
     input (``LEGACY_CONTIGUOUS_MEMORY_FORMAT``): contiguous whatever the incoming gradient's

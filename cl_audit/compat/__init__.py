@@ -250,7 +250,40 @@ class _FakeMode(FakeTensorMode):
                 return self._view(func, types, args, kwargs, aliased)
             if func is _LAYER_NORM_BACKWARD:
                 return self._layer_norm_backward(types, args, kwargs)
+            if func in _LOSS:
+                return self._on_meta(func, types, args, kwargs)
         return super().dispatch(func, types, args, kwargs)
+
+    def _on_meta(self, func: Any, types: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+        """The training loss's operations (``_LOSS``) by the operator's meta kernel on meta
+        tensors laid out as its arguments, the outputs made fake tensors: torch's fake mode
+        runs each through its Python decomposition instead, tens of fake operations (2-5 ms a
+        call, once or twice a model). Every tensor argument fake, strided, real-valued and on
+        one device, else torch's path."""
+        tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+        device = tensors[0].device if tensors else None
+        for tensor in tensors:
+            if (
+                type(tensor) is not _fake.FakeTensor
+                or tensor.constant is not None
+                or tensor.layout is not torch.strided
+                or tensor.dtype.is_complex
+                or tensor.device != device
+            ):
+                return super().dispatch(func, types, args, kwargs)
+
+        def meta(value: Any) -> Any:
+            if not isinstance(value, torch.Tensor):
+                return value
+            return torch.empty_strided(
+                value.shape, value.stride(), dtype=value.dtype, device="meta"
+            )
+
+        with torch.utils._mode_utils.no_dispatch():
+            result = func(*map(meta, args), **{k: meta(v) for k, v in kwargs.items()})
+        if isinstance(result, tuple):
+            return tuple(self.memo.wrap(t, device) for t in result)
+        return self.memo.wrap(result, device)
 
     def _layer_norm_backward(self, types: Any, args: Any, kwargs: dict[str, Any]) -> Any:
         """``native_layer_norm_backward``'s gradients as the CPU and CUDA kernels allocate them
@@ -330,6 +363,15 @@ _BINARY_BACKWARDS = {
 _TO_COPY = _aten._to_copy.default
 _UNSAFE_VIEW = _aten._unsafe_view.default
 _LAYER_NORM_BACKWARD = _aten.native_layer_norm_backward.default
+# cross-entropy's operations, which a training audit's own loss runs on every classifier
+_LOSS = frozenset(
+    {
+        _aten._log_softmax.default,
+        _aten._log_softmax_backward_data.default,
+        _aten.nll_loss_forward.default,
+        _aten.nll_loss_backward.default,
+    }
+)
 _AS_STRIDED = _aten.as_strided.default
 _EMPTY_STRIDED = _aten.empty_strided.default
 _CAST_KEYWORDS = {"dtype", "memory_format", "layout", "device", "pin_memory", "non_blocking"}
@@ -483,7 +525,8 @@ def fake_tensor(mode: FakeTensorMode, tensor: torch.Tensor, device: torch.device
     """A fake copy of ``tensor`` (real or meta) on ``device``, with the same strides; the
     device need not exist on this machine."""
     meta = tensor if tensor.is_meta else tensor.to("meta")
-    return _fake.FakeTensor(mode, meta, device)
+    memo = getattr(mode, "memo", None)  # cl-audit's fake mode makes it faster (``fake_maker``)
+    return _fake.FakeTensor(mode, meta, device) if memo is None else memo.wrap(meta, device)
 
 
 def fake_like(tensor: torch.Tensor, fake: torch.Tensor) -> torch.Tensor:
