@@ -19,7 +19,14 @@ from rich.console import Console
 
 from cl_audit.enums import DType, OpBehaviour, Outcome, TensorMode, Verdict
 from cl_audit.errors import UsageError
-from cl_audit.files import check_writable, read_ops, read_report, read_sweep, write_text
+from cl_audit.files import (
+    check_writable,
+    read_ops,
+    read_report,
+    read_sweep,
+    write_json,
+    write_text,
+)
 from cl_audit.plan import RunPlan, plan_run
 from cl_audit.report import SweepReport, compare, merge
 from cl_audit.settings import AuditSettings
@@ -293,7 +300,7 @@ def bench(
         )
     render_bench(report, console)
     if json_path is not None:
-        write_text(json_path, report.to_json() + "\n", "--json")
+        write_json(json_path, report, "--json")
         _wrote((json_path,))
     if dashboard_json is not None:
         records = dashboard_records(report, ref.source.value)
@@ -307,7 +314,7 @@ def merge_reports(
     """Merge sweep reports into ``output``; with ``baseline``, gate the merged report on it."""
     previous = read_sweep(baseline) if baseline is not None else None
     merged = merge([read_sweep(path) for path in paths], force=force)
-    write_text(output, merged.to_json() + "\n", "--output")
+    write_json(output, merged, "--output")
     _wrote((output,))
     s = merged.summary
     console.print(
@@ -372,7 +379,7 @@ def ops(
     else:
         render_ops(index, rows, console)
     if json_path is not None:
-        write_text(json_path, index.to_json() + "\n", "--json")
+        write_json(json_path, index, "--json")
         _wrote((json_path,))
     if outputs.html is not None:
         from cl_audit.render.html_ops import ops_html

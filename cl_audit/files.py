@@ -7,6 +7,7 @@ import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
 from cl_audit.errors import UsageError
 from cl_audit.ops import OpsIndex
@@ -26,6 +27,7 @@ __all__ = [
     "read_ops",
     "read_report",
     "read_sweep",
+    "write_json",
     "write_text",
 ]
 
@@ -84,6 +86,17 @@ def _append_newline(path: Path) -> None:
         os.write(fd, b"\n")
     finally:
         os.close(fd)
+
+
+class _Document(Protocol):
+    def to_json(self, indent: int | None = ...) -> str: ...
+
+
+def write_json(path: Path, document: _Document, option: str) -> None:
+    """``document``'s JSON written as ``write_text`` writes: indented, but for a .gz name
+    (compressed for size, where indenting a whole registry's report takes seconds)."""
+    text = document.to_json(indent=None) if path.suffix == ".gz" else document.to_json()
+    write_text(path, text + "\n", option)
 
 
 def write_text(path: Path, text: str, option: str) -> None:

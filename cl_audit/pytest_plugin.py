@@ -133,7 +133,7 @@ class _Session:
             return
         from cl_audit.assemble import environment_of
         from cl_audit.enums import Engine
-        from cl_audit.files import write_text
+        from cl_audit.files import write_json
         from cl_audit.report import SweepReport
         from cl_audit.report.sections import Conditions
 
@@ -142,7 +142,7 @@ class _Session:
         rows.update(self.rows)
         environment = environment_of(Conditions(engine=Engine.DISPATCH))
         report = SweepReport.build(environment, {"pytest": True}, list(rows.values()))
-        write_text(self.path, report.to_json() + "\n", "--cl-audit-baseline")
+        write_json(self.path, report, "--cl-audit-baseline")
 
 
 class ClAudit:

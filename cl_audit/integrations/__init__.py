@@ -13,7 +13,7 @@ from torch import nn
 from cl_audit.audit import Audit, audit
 from cl_audit.enums import Phase
 from cl_audit.environment import autocast_in_effect
-from cl_audit.files import write_text
+from cl_audit.files import write_json
 from cl_audit.report import ModelReport
 from cl_audit.report.sections import Training
 from cl_audit.training import gradient_layouts
@@ -100,4 +100,4 @@ def show(report: ModelReport, json_path: Path | None, console: Console | None = 
 
     render_report(report, console or Console())
     if json_path is not None:
-        write_text(json_path, report.to_json() + "\n", "json_path")
+        write_json(json_path, report, "json_path")

@@ -20,7 +20,7 @@ from pathlib import Path
 from fastai.callback.core import Callback
 from fastai.callback.fp16 import MixedPrecision
 
-from cl_audit.files import write_text
+from cl_audit.files import write_json
 from cl_audit.integrations import StepAudit, show
 from cl_audit.report import ModelReport
 
@@ -85,7 +85,7 @@ class ChannelsLastAudit(Callback):
         if self.show:
             show(report, self.json_path)
         elif self.json_path is not None:
-            write_text(self.json_path, report.to_json() + "\n", "json_path")
+            write_json(self.json_path, report, "json_path")
 
 
 def _name(learn: object) -> str | None:

@@ -21,7 +21,7 @@ import lightning.pytorch as pl
 import torch
 
 from cl_audit.convert import to_channels_last
-from cl_audit.files import write_text
+from cl_audit.files import write_json
 from cl_audit.integrations import StepAudit, show
 from cl_audit.report import ModelReport
 
@@ -110,7 +110,7 @@ class ChannelsLastAudit(pl.Callback):
         if self.show:
             show(report, self.path)
         else:
-            write_text(self.path, report.to_json() + "\n", "filename")
+            write_json(self.path, report, "filename")
 
     def on_exception(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cl_audit.files import write_text
+from cl_audit.files import write_json, write_text
 from cl_audit.report import ModelReport, SweepReport
 
 if TYPE_CHECKING:
@@ -21,11 +21,12 @@ def write_outputs(
     junit: Path | None = None,
     index: OpsIndex | None = None,
 ) -> tuple[Path, ...]:
-    """Each asked-for file ('-' for JSON on stdout; a .gz name is compressed), a model's HTML
-    linked to ``index``'s rows where one is given; the files written."""
+    """Each asked-for file ('-' for JSON on stdout; a .gz name is compressed, its JSON
+    without indentation: a whole registry's training report takes seconds to indent), a
+    model's HTML linked to ``index``'s rows where one is given; the files written."""
     written = []
     if json_path is not None:
-        write_text(json_path, report.to_json() + "\n", "--json")
+        write_json(json_path, report, "--json")
         written.append(json_path)
     if html is not None:
         from cl_audit.render.html import model_html, sweep_html
