@@ -378,3 +378,25 @@ class TokensBackToMap(nn.Module):
         if self.softmax:
             out = out.flatten(2).softmax(dim=1)
         return out.sum(dim=-1)
+
+
+class ListIndexAfterConstants(nn.Module):
+    """Constants the model makes and drops (``torch.ones``: parameter-derived, made of no data
+    in its code), each followed by an index from a Python list (``x[:, [...]]``): torch makes
+    that index tensor outside any operation an audit sees, and on fake CUDA copies it to the
+    device (``_to_copy``), the same copy in both formats; its storage can take a dropped
+    constant's identity. Positive control: ``torch.arange(...).to(device)``, an index the
+    model's code makes by an operation, is parameter-derived (a constant) in both."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.conv(x)
+        order = [1, 0, *range(2, 8)]
+        for _ in range(16):
+            torch.ones(8, device=x.device)  # a constant, dropped at once
+            x = x[:, order]
+        made = torch.arange(8).flip(0).to(x.device)
+        return x[:, made]

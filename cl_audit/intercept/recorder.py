@@ -108,6 +108,7 @@ class Recorder:
         self._origins: dict[int, Origin] = {}  # storage -> origin of its contiguous data
         self._cl_ordered: set[int] = set()  # new storages of channels_last data in another shape
         self._parameters: set[int] = set()  # parameter-derived storages
+        self._held: list[torch.Tensor] = []  # parameter-derived outputs, kept alive (see below)
         self._roots_seen = 0
         self._add_parameters(parameters)
         self._learn_roots()
@@ -139,7 +140,7 @@ class Recorder:
         # Provenance and storage reuse, on every operation (a storage key costs ~0.2 us).
         out_keys = [_storage_key(t) for t in outputs]
         from_parameters = self._outputs_from_parameters(inputs, outputs)
-        in_keys = self._forget_reused_storages(inputs, out_keys, from_parameters)
+        in_keys = self._forget_reused_storages(inputs, outputs, out_keys, from_parameters)
         sources: list[torch.Tensor] = []  # channels_last-ordered inputs
         reshaped: list[torch.Tensor] = []  # channels_last storage read in another shape
         contiguous: list[torch.Tensor] = []  # contiguous-ordered 4D/5D inputs
@@ -210,7 +211,7 @@ class Recorder:
             return
         out_keys = [_storage_key(t) for t in outputs]
         from_parameters = self._outputs_from_parameters(inputs, outputs)
-        in_keys = self._forget_reused_storages(inputs, out_keys, from_parameters)
+        in_keys = self._forget_reused_storages(inputs, outputs, out_keys, from_parameters)
         if in_keys is None:
             in_keys = [_storage_key(t) for t in inputs]
         ledger.observe(
@@ -234,12 +235,19 @@ class Recorder:
         return True
 
     def _forget_reused_storages(
-        self, inputs: list[torch.Tensor], out_keys: list[int], from_parameters: bool
+        self,
+        inputs: list[torch.Tensor],
+        outputs: list[torch.Tensor],
+        out_keys: list[int],
+        from_parameters: bool,
     ) -> list[int] | None:
         """Forget what is tracked of an output's storage that no input holds (its identity
-        reused by an unrelated tensor), and mark the outputs parameter-derived when they are.
-        Returns the inputs' storage keys where they were needed (always while contiguous data
-        is tracked: it flows on through whatever reads it), else None."""
+        reused by an unrelated tensor), and mark the outputs parameter-derived when they are:
+        those are held until the audit ends, so that no tensor made where no operation is seen
+        (an index torch makes from a Python list) can take a dropped one's identity (memory:
+        the parameter-derived data of one run, casts and standardisations of weights; none in
+        a fake run). Returns the inputs' storage keys where they were needed (always while
+        contiguous data is tracked: it flows on through whatever reads it), else None."""
         origins = self._origins
         cl_ordered = self._cl_ordered
         parameters = self._parameters
@@ -254,6 +262,7 @@ class Recorder:
                     parameters.discard(key)
         if from_parameters:
             parameters.update(out_keys)
+            self._held.extend(outputs)
         return in_keys
 
     def _sort_inputs(
