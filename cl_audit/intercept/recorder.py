@@ -108,7 +108,7 @@ class Recorder:
         self._origins: dict[int, Origin] = {}  # storage -> origin of its contiguous data
         self._cl_ordered: set[int] = set()  # new storages of channels_last data in another shape
         self._parameters: set[int] = set()  # parameter-derived storages
-        self._held: list[torch.Tensor] = []  # fake parameter-derived outputs, kept alive
+        self._held: list[object] = []  # storages of fake parameter-derived outputs, kept
         self._roots_seen = 0
         self._add_parameters(parameters)
         self._learn_roots()
@@ -243,12 +243,13 @@ class Recorder:
     ) -> list[int] | None:
         """Forget what is tracked of an output's storage that no input holds (its identity
         reused by an unrelated tensor), and mark the outputs parameter-derived when they are:
-        fake ones are held until the audit ends, so that no tensor made where no operation is
-        seen (an index torch makes from a Python list) can take a dropped one's identity. Real
-        ones are not: a gradient held would be cloned by torch's engine rather than stolen (an
-        eager step's operations would change), and their memory is real. Returns the inputs'
-        storage keys where they were needed (always while contiguous data is tracked: it flows
-        on through whatever reads it), else None."""
+        a fake one's storage is held until the audit ends, so that no tensor made where no
+        operation is seen (an index torch makes from a Python list) can take a dropped one's
+        identity. Only the storage (holding the fake tensor itself changed which operations
+        torch's fake mode ran for convit's constants), and never a real one's (a gradient held
+        is cloned by torch's engine rather than stolen, and its memory is real). Returns the
+        inputs' storage keys where they were needed (always while contiguous data is tracked:
+        it flows on through whatever reads it), else None."""
         origins = self._origins
         cl_ordered = self._cl_ordered
         parameters = self._parameters
@@ -263,7 +264,7 @@ class Recorder:
                     parameters.discard(key)
         if from_parameters:
             parameters.update(out_keys)
-            self._held.extend(t for t in outputs if is_fake(t))
+            self._held.extend(t.untyped_storage() for t in outputs if is_fake(t))
         return in_keys
 
     def _sort_inputs(
