@@ -10,7 +10,9 @@ import json
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
@@ -522,7 +524,22 @@ _DECOMPOSED_FROM_THE_INPUT = {  # torch 2.14.1's decompositions whose output fol
 }
 
 
-def test_a_dense_cast_is_faked_with_its_inputs_strides_as_its_kernel_allocates_it(monkeypatch):
+@contextlib.contextmanager
+def _torch_fake_dispatches() -> Iterator[list[object]]:
+    """The operators that reach torch's own fake dispatch (``FakeTensorMode.dispatch``)
+    inside, in order."""
+    reached: list[object] = []
+    dispatch = compat.FakeTensorMode.dispatch
+
+    def counted(self, func, types, args=(), kwargs=None):
+        reached.append(func)
+        return dispatch(self, func, types, args, kwargs)
+
+    with mock.patch.object(compat.FakeTensorMode, "dispatch", counted):
+        yield reached
+
+
+def test_a_dense_cast_is_faked_with_its_inputs_strides_as_its_kernel_allocates_it():
     """``_to_copy`` that only changes the dtype of a dense tensor allocates the same strides
     (TensorConversions.cpp): cl-audit's fake mode makes that fake tensor directly, without
     torch's fake dispatch (counted), equal to the real kernel and to torch's fake mode for
@@ -530,12 +547,6 @@ def test_a_dense_cast_is_faked_with_its_inputs_strides_as_its_kernel_allocates_i
     view (expanded, sliced) and a memory format asked for."""
     cpu, cl = torch.device("cpu"), torch.channels_last
     ops = torch.ops.aten
-    reached: list[object] = []
-    dispatch = compat.FakeTensorMode.dispatch
-
-    def counted(self, func, types, args=(), kwargs=None):
-        reached.append(func)
-        return dispatch(self, func, types, args, kwargs)
 
     def fake_cast(mode: compat.FakeTensorMode, x: torch.Tensor, **kwargs: object):
         fx = compat.fake_tensor(mode, x, cpu)
@@ -550,12 +561,11 @@ def test_a_dense_cast_is_faked_with_its_inputs_strides_as_its_kernel_allocates_i
         assert compat._dense_cast((compat.fake_tensor(compat.new_fake_mode(), x, cpu),), {})
         for kwargs in ({"dtype": torch.float16}, {"memory_format": torch.preserve_format}, {}):
             real = ops._to_copy.default(x, **kwargs)
-            monkeypatch.setattr(compat.FakeTensorMode, "dispatch", counted)
-            ours = fake_cast(compat.new_fake_mode(), x, **kwargs)
-            monkeypatch.undo()
+            with _torch_fake_dispatches() as reached:
+                ours = fake_cast(compat.new_fake_mode(), x, **kwargs)
+            assert reached == []
             assert ours == (real.stride(), real.dtype) == (x.stride(), real.dtype)
             assert ours == fake_cast(compat.FakeTensorMode(), x, **kwargs)
-    assert reached == []
     views = (
         (torch.randn(1, 8, 1, 1), lambda t: t.expand(2, 8, 5, 5), {"dtype": torch.float16}),
         (torch.randn(4, 6), lambda t: t[::2], {"dtype": torch.float16}),
@@ -567,10 +577,8 @@ def test_a_dense_cast_is_faked_with_its_inputs_strides_as_its_kernel_allocates_i
         with mode:
             fx = view(fake)
             assert not compat._dense_cast((fx,), kwargs)
-            monkeypatch.setattr(compat.FakeTensorMode, "dispatch", counted)
-            reached.clear()
-            out = ops._to_copy.default(fx, **kwargs)
-            monkeypatch.undo()
+            with _torch_fake_dispatches() as reached:
+                out = ops._to_copy.default(fx, **kwargs)
             assert ops._to_copy.default in reached  # the controls: torch's path
         real = ops._to_copy.default(view(base), **kwargs)
         assert (out.stride(), out.dtype) == (real.stride(), real.dtype)
@@ -609,20 +617,12 @@ def test_a_fake_view_gives_size_one_dimensions_the_strides_the_kernels_give_them
         assert compat.storage_key(out) == compat.storage_key(fake)
 
 
-def test_a_fake_view_is_made_by_its_meta_kernel_on_its_arguments_storage(monkeypatch):
+def test_a_fake_view_is_made_by_its_meta_kernel_on_its_arguments_storage():
     """A view (and ``_unsafe_view``) on a fake tensor is made by the operator's own meta kernel
     on a meta tensor laid out as its argument: shape, strides, offset and dtype as the CPU
     kernel gives them, on the fake argument's storage, without torch's general fake path
     (counted). The control, left to torch: a view of a complex tensor."""
     ops = torch.ops.aten
-    reached: list[object] = []
-    dispatch = compat.FakeTensorMode.dispatch
-
-    def counted(self, func, types, args=(), kwargs=None):
-        reached.append(func)
-        return dispatch(self, func, types, args, kwargs)
-
-    monkeypatch.setattr(compat.FakeTensorMode, "dispatch", counted)
     full = torch.randn(2, 6, 4, 5).to(memory_format=torch.channels_last)
     base = full[:, 1:]
     same = lambda t: t  # noqa: E731
@@ -651,8 +651,8 @@ def test_a_fake_view_is_made_by_its_meta_kernel_on_its_arguments_storage(monkeyp
     for argument, view in views:
         with mode:
             viewed = argument(fake)
-            reached.clear()
-            out = view(viewed)
+            with _torch_fake_dispatches() as reached:
+                out = view(viewed)
         real = view(argument(base))
         assert reached == []
         assert (out.shape, out.stride(), out.dtype, out.storage_offset()) == (
@@ -663,15 +663,12 @@ def test_a_fake_view_is_made_by_its_meta_kernel_on_its_arguments_storage(monkeyp
         )
         assert compat.is_fake(out) and compat.storage_key(out) == compat.storage_key(viewed)
     complex_fake = compat.fake_tensor(mode, torch.randn(3, 4, dtype=torch.cfloat), cpu)
-    with mode:
-        reached.clear()
+    with mode, _torch_fake_dispatches() as reached:
         ops.view_as_real.default(complex_fake)
-        assert reached == [ops.view_as_real.default]  # the control: torch's path
+    assert reached == [ops.view_as_real.default]  # the control: torch's path
 
 
-def test_the_training_loss_operations_are_faked_by_their_meta_kernels_as_the_cpu_makes_them(
-    monkeypatch,
-):
+def test_the_training_loss_operations_are_faked_by_their_meta_kernels_as_the_cpu_makes_them():
     """Cross-entropy's operations (log-softmax and the negative log-likelihood, forward and
     backward: every training audit's own loss) are faked by their meta kernels on meta
     tensors, without torch's fake dispatch (counted; it runs their Python decompositions):
@@ -679,13 +676,6 @@ def test_the_training_loss_operations_are_faked_by_their_meta_kernels_as_the_cpu
     and a log-softmax over either dimension. The control, left to torch: a real target among
     fake tensors."""
     ops = torch.ops.aten
-    reached: list[object] = []
-    dispatch = compat.FakeTensorMode.dispatch
-
-    def counted(self, func, types, args=(), kwargs=None):
-        reached.append(func)
-        return dispatch(self, func, types, args, kwargs)
-
     generator = torch.Generator().manual_seed(0)
     logits = torch.randn(4, 7, generator=generator)
     target = torch.randint(7, (4,), generator=generator)
@@ -707,18 +697,12 @@ def test_the_training_loss_operations_are_faked_by_their_meta_kernels_as_the_cpu
             compat.fake_tensor(mode, a, cpu) if isinstance(a, torch.Tensor) else a
             for a in arguments
         )
-        monkeypatch.setattr(compat.FakeTensorMode, "dispatch", counted)
-        reached.clear()
-        with mode:
+        with mode, _torch_fake_dispatches() as reached:
             ours = func(*fakes)
-        monkeypatch.undo()
         assert reached == [] and _metadata(ours) == _metadata(func(*arguments))
     fake_logits = compat.fake_tensor(mode, logits, cpu)
-    monkeypatch.setattr(compat.FakeTensorMode, "dispatch", counted)
-    reached.clear()
-    with mode, contextlib.suppress(Exception):  # torch's own answer to a real tensor among fakes
-        ops.nll_loss_forward.default(fake_logits, target, None, 1, -100)
-    monkeypatch.undo()
+    with _torch_fake_dispatches() as reached, mode, contextlib.suppress(Exception):
+        ops.nll_loss_forward.default(fake_logits, target, None, 1, -100)  # torch refuses it
     assert reached[:1] == [ops.nll_loss_forward.default]
 
 

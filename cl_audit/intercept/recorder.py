@@ -68,6 +68,23 @@ def _writes_order(
     return not any(t.shape == shape and t.stride() == strides for t in inputs)
 
 
+def _operands(
+    args: Any, kwargs: Any, result: Any
+) -> tuple[list[torch.Tensor], list[torch.Tensor]] | None:
+    """An operation's tensor inputs and outputs; None where it gave no tensor (an operation
+    writing its inputs in place and returning nothing, ``_foreach_add_``, has no outputs)."""
+    inputs = tensor_arguments(args)
+    if kwargs:
+        inputs.extend(tensor_arguments(kwargs.values()))
+    if isinstance(result, _Tensor):
+        return inputs, [result]
+    if type(result) in _SEQUENCES:
+        return inputs, tensor_arguments(result)
+    if result is None and inputs:
+        return inputs, []
+    return None
+
+
 class Recorder:
     """Applies the rule to each operation and accumulates findings.
 
@@ -126,21 +143,11 @@ class Recorder:
         contiguous data appeared, none is tracked) returns before the rule is applied."""
         self.calls_checked += 1
         self._ops_seen.add(aten_op if aten_op is not None else python_op)
-        inputs = tensor_arguments(args)
-        if kwargs:
-            inputs.extend(tensor_arguments(kwargs.values()))
-        if isinstance(result, _Tensor):
-            outputs = [result]
-        elif type(result) in _SEQUENCES:
-            outputs = tensor_arguments(result)
-        elif result is None and inputs:  # in place, returning nothing (``_foreach_add_``)
-            outputs = []
-        else:
+        operands = _operands(args, kwargs, result)
+        if operands is None:
             return
-        # Provenance and storage reuse, on every operation (a storage key costs ~0.2 us).
-        out_keys = [_storage_key(t) for t in outputs]
-        from_parameters = self._outputs_from_parameters(inputs, outputs)
-        in_keys = self._forget_reused_storages(inputs, outputs, out_keys, from_parameters)
+        inputs, outputs = operands
+        out_keys, in_keys = self._provenance(inputs, outputs)
         sources: list[torch.Tensor] = []  # channels_last-ordered inputs
         reshaped: list[torch.Tensor] = []  # channels_last storage read in another shape
         contiguous: list[torch.Tensor] = []  # contiguous-ordered 4D/5D inputs
@@ -198,26 +205,27 @@ class Recorder:
             return
         if self.training:
             python_op = self.python_op(python_op)
-        inputs = tensor_arguments(args)
-        if kwargs:
-            inputs.extend(tensor_arguments(kwargs.values()))
-        if isinstance(result, _Tensor):
-            outputs = [result]
-        elif type(result) in _SEQUENCES:
-            outputs = tensor_arguments(result)
-        elif result is None and inputs:
-            outputs = []
-        else:
+        operands = _operands(args, kwargs, result)
+        if operands is None:
             return
-        out_keys = [_storage_key(t) for t in outputs]
-        from_parameters = self._outputs_from_parameters(inputs, outputs)
-        in_keys = self._forget_reused_storages(inputs, outputs, out_keys, from_parameters)
+        inputs, outputs = operands
+        out_keys, in_keys = self._provenance(inputs, outputs)
         if in_keys is None:
             in_keys = [_storage_key(t) for t in inputs]
         ledger.observe(
             OpRecord(self.calls_checked, self.phase, aten_op, python_op, inputs, outputs,
                      in_keys, out_keys, self._parameters, self.locate, None)
         )  # fmt: skip
+
+    def _provenance(
+        self, inputs: list[torch.Tensor], outputs: list[torch.Tensor]
+    ) -> tuple[list[int], list[int] | None]:
+        """The outputs' storage keys, their provenance and any storage reuse settled (on every
+        operation: a storage key costs ~0.2 us); the inputs' keys where they were needed
+        (``_forget_reused_storages``), else None."""
+        out_keys = [_storage_key(t) for t in outputs]
+        from_parameters = self._outputs_from_parameters(inputs, outputs)
+        return out_keys, self._forget_reused_storages(inputs, outputs, out_keys, from_parameters)
 
     def _outputs_from_parameters(
         self, inputs: list[torch.Tensor], outputs: list[torch.Tensor]
