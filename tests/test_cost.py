@@ -296,7 +296,9 @@ def test_a_timed_cost_offends_on_its_time_share_alone():
     assert Gate().verdict(10, 100 << 20, time_share=0.005) is Verdict.MINOR
 
 
-@pytest.mark.parametrize("train", [False, True], ids=["forward", "training"])
+@pytest.mark.parametrize(
+    "train", [False, pytest.param(True, marks=needs_node_by_node)], ids=["forward", "training"]
+)
 @pytest.mark.parametrize(
     "model", [cm.TransposeCopy, cm.ContiguousCopy, cm.PermutedCopy, cm.Shuffle]
 )

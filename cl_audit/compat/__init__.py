@@ -255,11 +255,12 @@ class _FakeMode(FakeTensorMode):
         return super().dispatch(func, types, args, kwargs)
 
     def _on_meta(self, func: Any, types: Any, args: Any, kwargs: dict[str, Any]) -> Any:
-        """The training loss's operations (``_LOSS``) by the operator's meta kernel on meta
-        tensors laid out as its arguments, the outputs made fake tensors: torch's fake mode
-        runs each through its Python decomposition instead, tens of fake operations (2-5 ms a
-        call, once or twice a model). Every tensor argument fake, strided, real-valued and on
-        one device, else torch's path."""
+        """The training loss's operations (``_LOSS``) by the operator's kernel for the meta
+        device (torch's meta registration) on meta tensors laid out as its arguments, the
+        outputs made fake tensors: torch's fake mode runs each through its Python
+        decomposition instead, each of its tens of operations a fake dispatch (2-5 ms a call,
+        once or twice a model). Every tensor argument fake, strided, real-valued and on one
+        device, else torch's path."""
         tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
         device = tensors[0].device if tensors else None
         for tensor in tensors:
@@ -372,7 +373,6 @@ _LOSS = frozenset(
         _aten.nll_loss_backward.default,
     }
 )
-_AS_STRIDED = _aten.as_strided.default
 _EMPTY_STRIDED = _aten.empty_strided.default
 _CAST_KEYWORDS = {"dtype", "memory_format", "layout", "device", "pin_memory", "non_blocking"}
 
