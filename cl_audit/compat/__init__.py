@@ -309,16 +309,17 @@ class _FakeMode(FakeTensorMode):
 
     def _view(self, func: Any, types: Any, args: Any, kwargs: dict[str, Any], aliased: int) -> Any:
         """A view of the argument at ``aliased`` (or ``_unsafe_view``, on its argument's
-        storage), as every device's kernel makes it: the operator's own meta kernel (C++, the
-        code the CPU and CUDA kernels of a view run) on a meta tensor laid out as the argument,
-        on its storage, made a fake tensor. Torch's fake mode runs a view through its general
-        path (a fifth of a millisecond each), and fakes ``view`` and ``_unsafe_view`` by
-        ``torch._refs._reshape_view_helper``, which gives a size-1 dimension another stride
-        than the kernels' ``computeStride`` (TensorUtils.cpp): a (1, 24, 64) gradient viewed as
-        (1, 24, 8, 8) is channels_last to torch's fake mode and NCHW to the kernels (batch
-        stride 1536 against 24), so a kernel handed it lays out its output otherwise. Any
-        other tensor argument, a fake constant or a complex or sparse argument goes to torch's
-        path."""
+        storage), as every device's kernel makes it: the operator's kernel for the meta device
+        (for a view, the C++ code the CPU and CUDA kernels of a view run; for ``_unsafe_view``,
+        torch's meta registration; both tested against the CPU kernel) on a meta tensor laid
+        out as the argument, on its storage, made a fake tensor. Torch's fake mode runs a view
+        through its general path (a fifth of a millisecond each), and fakes ``view`` and
+        ``_unsafe_view`` by ``torch._refs._reshape_view_helper``, which gives a size-1
+        dimension another stride than the kernels' ``computeStride`` (TensorUtils.cpp): a
+        (1, 24, 64) gradient viewed as (1, 24, 8, 8) is channels_last to torch's fake mode and
+        NCHW to the kernels (batch stride 1536 against 24), so a kernel handed it lays out its
+        output otherwise. Any other tensor argument, a fake constant or a complex or sparse
+        argument goes to torch's path."""
         base = args[aliased] if aliased < len(args) else None
         if (
             type(base) is not _fake.FakeTensor
