@@ -263,15 +263,8 @@ class _FakeMode(FakeTensorMode):
         device, else torch's path."""
         tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
         device = tensors[0].device if tensors else None
-        for tensor in tensors:
-            if (
-                type(tensor) is not _fake.FakeTensor
-                or tensor.constant is not None
-                or tensor.layout is not torch.strided
-                or tensor.dtype.is_complex
-                or tensor.device != device
-            ):
-                return super().dispatch(func, types, args, kwargs)
+        if not all(_plain_fake(t) and t.device == device for t in tensors):
+            return super().dispatch(func, types, args, kwargs)
 
         def meta(value: Any) -> Any:
             if not isinstance(value, torch.Tensor):
@@ -321,12 +314,7 @@ class _FakeMode(FakeTensorMode):
         output otherwise. Any other tensor argument, a fake constant or a complex or sparse
         argument goes to torch's path."""
         base = args[aliased] if aliased < len(args) else None
-        if (
-            type(base) is not _fake.FakeTensor
-            or base.constant is not None
-            or base.layout is not torch.strided
-            or base.dtype.is_complex
-        ):
+        if not _plain_fake(base):
             return super().dispatch(func, types, args, kwargs)
         rest = (*args[:aliased], *args[aliased + 1 :], *kwargs.values())
         if any(isinstance(a, torch.Tensor) for a in rest):
@@ -376,6 +364,17 @@ _LOSS = frozenset(
 )
 _EMPTY_STRIDED = _aten.empty_strided.default
 _CAST_KEYWORDS = {"dtype", "memory_format", "layout", "device", "pin_memory", "non_blocking"}
+
+
+def _plain_fake(value: Any) -> bool:
+    """Whether ``value`` is a fake tensor whose metadata alone decides what a meta kernel
+    makes of it: strided, real-valued, no value tracked (a fake constant)."""
+    return (
+        type(value) is _fake.FakeTensor
+        and value.constant is None
+        and value.layout is torch.strided
+        and not value.dtype.is_complex
+    )
 
 
 def _dense_cast(args: Any, kwargs: dict[str, Any]) -> bool:
