@@ -9,7 +9,9 @@ kernels' source says they differ (``cl_audit.divergences``).
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -20,8 +22,7 @@ from torch.overrides import TorchFunctionMode
 from cl_audit.compat import (
     TORCH_VERSION,
     FakeTensorMode,
-    TorchDispatchMode,
-    device_query,
+    dispatch_layer,
     fake_tensor,
     fused_attention,
     suggest_memory_format,
@@ -62,16 +63,17 @@ def fake_state(
     }
 
 
-class KernelSourceMode(TorchDispatchMode):
-    """Below the audit, above the fake mode: gives an overridden operation's output the layout
-    its kernel's source says, so the audit and the rest of the model see what the real kernel
-    would return: contiguous for a ``KernelOverride`` whose first input is channels_last; a
-    batch norm's input gradient as the device's kernels lay it out (``batch_norm``). With
-    ``cudnn_batch_norm``, cuDNN's batch norm and its backward allocate their outputs as their
-    kernels do (``_cudnn_outputs``) instead of running torch's fake decomposition (tens of fake
-    operations each). ``applied`` counts the outputs laid out otherwise than the fake
-    implementation would: for a batch norm's backward, each whose input gradient the kernels
-    lay out otherwise than the decomposition (which follows the incoming gradient)."""
+class KernelSourceMode:
+    """Below the audit, the fake mode's first look at each operation (``over``): gives an
+    overridden operation's output the layout its kernel's source says, so the audit and the
+    rest of the model see what the real kernel would return: contiguous for a ``KernelOverride``
+    whose first input is channels_last; a batch norm's input gradient as the device's kernels
+    lay it out (``batch_norm``). With ``cudnn_batch_norm``, cuDNN's batch norm and its backward
+    allocate their outputs as their kernels do (``_cudnn_outputs``) instead of running torch's
+    fake decomposition (tens of fake operations each). ``applied`` counts the outputs laid out
+    otherwise than the fake implementation would: for a batch norm's backward, each whose input
+    gradient the kernels lay out otherwise than the decomposition (which follows the incoming
+    gradient)."""
 
     def __init__(
         self,
@@ -79,7 +81,6 @@ class KernelSourceMode(TorchDispatchMode):
         cudnn_batch_norm: bool = False,
         batch_norm: BatchNormGradient | None = None,
     ) -> None:
-        super().__init__()
         self._overrides = {o.op: o for o in overrides}
         self._sources = {o.op: o.source for o in overrides}
         self._cudnn = cudnn_batch_norm
@@ -99,6 +100,11 @@ class KernelSourceMode(TorchDispatchMode):
         holding = tuple(o for o in CUDA_KERNEL_OVERRIDES if o.holds(TORCH_VERSION))
         return cls(holding, cudnn_batch_norm=True, batch_norm=CUDA_BATCH_NORM_GRADIENT)
 
+    def over(self, mode: FakeTensorMode) -> contextlib.AbstractContextManager[None]:
+        """While entered, every operation ``mode`` (from ``new_fake_mode``) fakes passes here
+        first, as under a dispatch mode pushed right above it."""
+        return dispatch_layer(mode, self._dispatch)
+
     def applied_overrides(self) -> tuple[AppliedOverride, ...]:
         """The overrides that changed an operation's output, with how many times."""
         return tuple(
@@ -107,20 +113,17 @@ class KernelSourceMode(TorchDispatchMode):
             if self.applied[op]
         )
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        device = device_query(func, args)
-        if device is not None:
-            return device
+    def _dispatch(self, func: Any, args: Any, kwargs: dict[str, Any], run: _Run) -> Any:
         name = aten_op_name(func)
         if self._cudnn and name in _CUDNN_OUTPUTS and not kwargs:
-            outputs = _cudnn_outputs(name, args)
+            outputs = _cudnn_outputs(name, args, run)
             if outputs is not None:
                 if name == _CUDNN_BATCH_NORM_BACKWARD and _converts_gradient(args):
                     self.applied[name] += 1
                 return outputs
-        result = func(*args, **(kwargs or {}))
+        result = run(func, args, kwargs)
         if name == _BATCH_NORM_BACKWARD and self._batch_norm is not None:
-            return self._native_batch_norm_gradient(self._batch_norm, args, result)
+            return self._native_batch_norm_gradient(self._batch_norm, args, result, run)
         override = self._overrides.get(name)
         if override is None or not args or not isinstance(args[0], torch.Tensor):
             return result
@@ -128,13 +131,14 @@ class KernelSourceMode(TorchDispatchMode):
             return result
         self.applied[override.op] += 1
         if isinstance(result, torch.Tensor):
-            return result.contiguous()
+            return _contiguous(result, torch.contiguous_format, run)
         outputs = list(result)
-        outputs[override.output] = outputs[override.output].contiguous()
+        changed = outputs[override.output]
+        outputs[override.output] = _contiguous(changed, torch.contiguous_format, run)
         return type(result)(outputs)
 
     def _native_batch_norm_gradient(
-        self, kernels: BatchNormGradient, args: Any, result: Any
+        self, kernels: BatchNormGradient, args: Any, result: Any, run: _Run
     ) -> Any:
         """The input gradient of a batch norm's backward, laid out as the device's kernels lay
         it out: as the input in training (on CUDA cuDNN's and the native kernel's alike,
@@ -152,10 +156,22 @@ class KernelSourceMode(TorchDispatchMode):
         if grad_input.is_contiguous(memory_format=fmt):
             return result
         self.applied[_BATCH_NORM_BACKWARD] += 1
-        return (grad_input.contiguous(memory_format=fmt), *result[1:])
+        return (_contiguous(grad_input, fmt, run), *result[1:])
 
 
-def _cudnn_outputs(name: str, args: Any) -> tuple[torch.Tensor, ...] | None:
+# fakes one operation: (operation, args, kwargs) -> its outputs
+_Run = Callable[[Any, Any, dict[str, Any]], Any]
+
+
+def _contiguous(tensor: torch.Tensor, fmt: torch.memory_format, run: _Run) -> torch.Tensor:
+    """``tensor.contiguous(memory_format=fmt)``, faked by ``run`` (``Tensor.contiguous``: the
+    tensor itself where it already is, else a clone in ``fmt``)."""
+    if tensor.is_contiguous(memory_format=fmt):
+        return tensor
+    return run(_CLONE, (tensor,), {"memory_format": fmt})
+
+
+def _cudnn_outputs(name: str, args: Any, run: _Run) -> tuple[torch.Tensor, ...] | None:
     """The outputs cuDNN's batch norm (forward or backward) allocates, as
     aten/src/ATen/native/cudnn/BatchNorm.cpp does: the output or input gradient
     ``empty(input.sizes(), input's dtype, input.suggest_memory_format())``, the saved statistics
@@ -166,14 +182,17 @@ def _cudnn_outputs(name: str, args: Any) -> tuple[torch.Tensor, ...] | None:
     fmt = suggest_memory_format(data)
     if not data.is_contiguous(memory_format=fmt):
         return None
-    output = torch.empty(data.shape, dtype=data.dtype, device=data.device, memory_format=fmt)
+
+    def empty(shape: Any, like: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        options = {"dtype": like.dtype, "device": like.device, **kwargs}
+        return run(_EMPTY, (list(shape),), options)
+
+    output = empty(data.shape, data, memory_format=fmt)
     if name == _CUDNN_BATCH_NORM_BACKWARD:
-        grads = (torch.empty(weight.shape, dtype=weight.dtype, device=weight.device) for _ in "wb")
-        return (output, *grads)
+        return (output, *(empty(weight.shape, weight) for _ in "wb"))
     statistics = (data.shape[1],) if args[5] else (0,)
-    saved = (torch.empty(statistics, dtype=weight.dtype, device=weight.device) for _ in range(2))
-    reserve = torch.empty((0,), dtype=torch.uint8, device=data.device)
-    return (output, *saved, reserve)
+    saved = (empty(statistics, weight) for _ in range(2))
+    return (output, *saved, empty((0,), data, dtype=torch.uint8))
 
 
 def _converts_gradient(args: Any) -> bool:
@@ -183,6 +202,8 @@ def _converts_gradient(args: Any) -> bool:
 
 
 _BATCH_NORM_BACKWARD = "aten.native_batch_norm_backward"
+_CLONE = torch.ops.aten.clone.default
+_EMPTY = torch.ops.aten.empty.memory_format
 _CHANNELS_LAST = {4: torch.channels_last, 5: torch.channels_last_3d}
 _CUDNN_BATCH_NORM = "aten.cudnn_batch_norm"
 _CUDNN_BATCH_NORM_BACKWARD = "aten.cudnn_batch_norm_backward"

@@ -208,7 +208,7 @@ def target_for(device: str) -> Target:
 
     @contextlib.contextmanager
     def fake_cuda() -> Iterator[None]:
-        with mode, kernels:
+        with mode, kernels.over(mode):
             yield
 
     cuda = torch.device("cuda")

@@ -188,7 +188,7 @@ class _FakeRun(TensorRun):
     def tensor_mode(self) -> Iterator[None]:
         """The fake mode, with the CUDA kernel-source overrides above it and, on CUDA, the
         attention kernel a GPU picks."""
-        with self._mode, self.kernels, self.attention or contextlib.nullcontext():
+        with self._mode, self.kernels.over(self._mode), self.attention or contextlib.nullcontext():
             yield
 
     def overrides(self) -> tuple[str | None, tuple[AppliedOverride, ...]]:

@@ -321,7 +321,7 @@ def _batch_norm_backward(
     data, grad = (compat.fake_tensor(fake, t, cpu) for t in (data, grad))
     weight = None if weight is None else compat.fake_tensor(fake, weight, cpu)
     stats = [compat.fake_tensor(fake, torch.ones(data.shape[1]), cpu)] * 2
-    with fake, mode:  # the kernel source above the fake mode, as in a fake run
+    with fake, mode.over(fake):  # the kernel source first, as in a fake run
         grad_input = torch.ops.aten.native_batch_norm_backward.default(
             grad, data, weight, *stats, *stats, train, 1e-5, [True, weight is not None, False]
         )[0]
@@ -354,7 +354,7 @@ def test_a_cuda_batch_norm_backward_lays_its_gradient_out_as_cudas_kernels_do():
     stats = [compat.fake_tensor(fake, torch.ones(4), cpu) for _ in range(4)]
     reserve = compat.fake_tensor(fake, torch.empty(0, dtype=torch.uint8), cpu)
     mode = KernelSourceMode.for_device(torch.device("cuda"))
-    with fake, mode:  # fake tensors made before the mode: torch 2.4.1 cannot make them inside
+    with fake, mode.over(fake):  # fake tensors made before: torch 2.4.1 cannot make them inside
         cudnn = torch.ops.aten.cudnn_batch_norm_backward.default(
             data_f, grad_f, w, *stats, 1e-5, reserve
         )[0]
@@ -398,10 +398,10 @@ def _cudnn_batch_norm(kernels: bool, data: torch.Tensor, grad: torch.Tensor, tra
     """cuDNN's batch norm and its backward on fake CUDA tensors: under ``KernelSourceMode``
     (``kernels``), or torch's own fake decomposition; with the overrides it applied."""
     fake, cuda = compat.new_fake_mode(), torch.device("cuda")
-    mode = KernelSourceMode.for_device(cuda) if kernels else contextlib.nullcontext()
+    mode = KernelSourceMode.for_device(cuda)
     data_f, grad_f = (compat.fake_tensor(fake, t, cuda) for t in (data, grad))
     weight = [compat.fake_tensor(fake, torch.ones(data.shape[1]), cuda) for _ in range(4)]
-    with fake, mode:
+    with fake, mode.over(fake) if kernels else contextlib.nullcontext():
         out = torch.ops.aten.cudnn_batch_norm.default(data_f, *weight, training, 0.1, 1e-5)
         grads = ()
         if training:
@@ -748,9 +748,100 @@ def test_the_modes_answer_a_fake_tensors_device_query_from_the_tensor():
     assert compat.device_query(device_of, (fake,)) == fake.device == torch.device("cuda:0")
     assert compat.device_query(device_of, (torch.empty(2),)) is None
     assert compat.device_query(torch.ops.aten.detach.default, (fake,)) is None
-    with mode, KernelSourceMode.for_device(cuda), audit(training=True):
+    with mode, KernelSourceMode.for_device(cuda).over(mode), audit(training=True):
         assert device_of(fake) == fake.device
         assert (fake * 2).device == fake.device
+
+
+class _Seen(compat.TorchDispatchMode):
+    """A dispatch mode that notes each operation it passes on, as ``_noted`` describes it;
+    metadata queries (``prim``: the fake mode answers a layer's itself) aside."""
+
+    def __init__(self, log: list) -> None:
+        super().__init__()
+        self.log = log
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        result = func(*args, **(kwargs or {}))
+        if func.namespace != "prim":
+            self.log.append(_noted(func, result))
+        return result
+
+
+def _noted(func, result) -> tuple:
+    outputs = result if isinstance(result, (tuple, list)) else (result,)
+    laid = [(tuple(t.shape), t.stride()) for t in outputs if isinstance(t, torch.Tensor)]
+    return str(func), type(result).__name__, laid
+
+
+def _fakes(mode) -> tuple[torch.Tensor, torch.Tensor]:
+    """A channels_last map and a weight, fake CPU tensors of ``mode``."""
+    cpu = torch.device("cpu")
+    data = torch.empty(2, 8, 4, 4, device="meta").to(memory_format=torch.channels_last)
+    weight = torch.empty(8, device="meta")
+    return compat.fake_tensor(mode, data, cpu), compat.fake_tensor(mode, weight, cpu)
+
+
+def _layer_norm_and_lists(x: torch.Tensor, w: torch.Tensor) -> None:
+    """A decomposed operation (layer norm over a channels_last map's tokens), tensor lists
+    (``unbind``, ``split``) and a plain one."""
+    F.layer_norm(x.permute(0, 2, 3, 1), (8,), w, w).unbind(1)
+    torch.ops.aten.split.Tensor(x * 2, 4, 1)
+
+
+def test_a_fake_modes_dispatch_layer_sees_what_a_dispatch_mode_above_it_sees():
+    """cl-audit's fake mode runs its layers (the kernel source, an audit's observer) where a
+    dispatch mode pushed above it would run, a dispatch hop cheaper: a layer sees the same
+    operations with the same outputs as the mode, several outputs as the plain tuple C++ hands
+    a mode where torch's decomposition returns a named tuple (layer norm), a tensor list as a
+    list, and not the operations the fake mode runs inside (layer norm's decomposition)."""
+    by_mode: list = []
+    mode = compat.new_fake_mode()
+    tensors = _fakes(mode)
+    with mode, _Seen(by_mode):
+        _layer_norm_and_lists(*tensors)
+    by_layer: list = []
+
+    def layer(func, args, kwargs, run):
+        result = run(func, args, kwargs)
+        by_layer.append(_noted(func, result))
+        return result
+
+    mode = compat.new_fake_mode()
+    tensors = _fakes(mode)
+    with mode, compat.dispatch_layer(mode, layer):
+        _layer_norm_and_lists(*tensors)
+    assert by_layer == by_mode
+    kinds = {name: kind for name, kind, _ in by_layer}
+    assert kinds["aten.native_layer_norm.default"] == "tuple"
+    assert kinds["aten.unbind.int"] == kinds["aten.split.Tensor"] == "list"
+    assert mode.layers == ()  # taken off on exit
+
+
+def test_a_layer_runs_below_the_layers_pushed_after_it_and_skips_itself_in_what_it_runs():
+    """Layers stack as modes do: the one pushed last sees an operation first; what a layer
+    runs itself (not passed on by ``run``) goes to the layers below it only."""
+    order: list = []
+    mode = compat.new_fake_mode()
+    x = compat.fake_tensor(mode, torch.empty(4, device="meta"), torch.device("cpu"))
+
+    def inner(func, args, kwargs, run):
+        order.append(("inner", str(func)))
+        return run(func, args, kwargs)
+
+    def outer(func, args, kwargs, run):
+        order.append(("outer", str(func)))
+        if func is torch.ops.aten.mul.Tensor:
+            torch.ops.aten.neg.default(args[0])  # run by the layer itself
+        return run(func, args, kwargs)
+
+    with mode, compat.dispatch_layer(mode, inner), compat.dispatch_layer(mode, outer):
+        x * 2
+    assert order == [
+        ("outer", "aten.mul.Tensor"),
+        ("inner", "aten.neg.default"),
+        ("inner", "aten.mul.Tensor"),
+    ]
 
 
 _SHAPES = {"nchw": (2, 8, 5, 5), "channels_last": (2, 8, 5, 5)}

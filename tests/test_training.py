@@ -7,6 +7,7 @@ import json
 import sys
 from collections import Counter
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
@@ -20,6 +21,7 @@ from cl_audit.cli import app
 from cl_audit.compat import fake_cuda_problem
 from cl_audit.compat import memo as compat_memo
 from cl_audit.errors import ModelFailedError, Stage, UsageError
+from cl_audit.intercept import dispatch
 from cl_audit.report import Phase, RegainSource, Verdict
 from cl_audit.report.codec import encode
 from cl_audit.run import audit_module
@@ -370,6 +372,34 @@ def test_a_custom_autograd_functions_backward_runs_under_cuda_autocast():
     assert loss.module_path == "head" and {t.dtype for t in loss.inputs} == {"float16"}
     control = train(tm.KeepsFormat(), tensor_mode=TensorMode.FAKE, device="cuda", amp=Amp.FP16)
     assert control.offenders == ()
+
+
+class _PassedOn(compat.TorchDispatchMode):
+    """Another dispatch mode, passing every operation on."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+@needs_node_by_node
+@needs_fake_cuda
+@pytest.mark.parametrize("model", [tm.BackwardOnlyLoss, tm.KeepsFormat])
+def test_an_audit_in_cl_audits_fake_mode_observes_as_a_layer_of_it_and_reports_as_a_mode(model):
+    """Inside cl-audit's fake mode with no other dispatch mode active, the audit's observer
+    runs as a layer of the fake mode (a dispatch hop less an operation: ~5% of a fake training
+    step); with another mode active, as a dispatch mode above it, as before. A training step
+    predicted for CUDA with AMP reports alike both ways (every field): the backward-only loss
+    at its forward line, the control clean."""
+    settings = {"tensor_mode": TensorMode.FAKE, "device": "cuda", "amp": Amp.FP16}
+    layered = mock.patch.object(dispatch, "dispatch_layer", wraps=compat.dispatch_layer)
+    with layered as as_layer:
+        report = train(model(), **settings)
+    assert as_layer.call_count == 2  # the audited run's observer and the NCHW run's
+    with layered as as_layer, _PassedOn():
+        under_mode = train(model(), **settings)
+    assert as_layer.call_count == 0
+    assert json.dumps(encode(report)) == json.dumps(encode(under_mode))
+    assert len(report.offenders) == (model is tm.BackwardOnlyLoss)
 
 
 def _cli(factory: str, *options: str):

@@ -15,7 +15,13 @@ from typing import Any
 from torch.autograd.profiler import record_function
 from torch.overrides import TorchFunctionMode
 
-from cl_audit.compat import TorchDispatchMode, device_query, without_torch_function
+from cl_audit.compat import (
+    TorchDispatchMode,
+    device_query,
+    dispatch_layer,
+    fake_mode_alone,
+    without_torch_function,
+)
 from cl_audit.errors import mark_failure
 from cl_audit.intercept.naming import aten_op_name, python_op_name
 from cl_audit.intercept.observer import Observer
@@ -24,6 +30,14 @@ __all__ = ["CALL_LABEL", "DispatchEngine"]
 
 CALL_LABEL = "cl_audit#"
 _METADATA = "prim"  # the namespace of operators that read a tensor's metadata: nothing to check
+
+
+# passes an operation on: (operation, args, kwargs) -> its outputs
+_Run = Callable[[Any, Any, dict[str, Any]], Any]
+
+
+def _called(func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+    return func(*args, **kwargs)
 
 
 def _metadata(func: Any, args: Any, kwargs: Any) -> Any:
@@ -64,13 +78,19 @@ class _AtenObserver(TorchDispatchMode):
         self._python_calls = python_calls
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        return self.layer(func, args, kwargs or {}, _called)
+
+    def layer(self, func: Any, args: Any, kwargs: dict[str, Any], run: _Run) -> Any:
+        """The mode's work, with ``run`` passing the operation on: as a mode, calling it; as
+        a layer of cl-audit's fake mode (``dispatch_layer``), to the layers below."""
         if func.namespace == _METADATA:
-            return _metadata(func, args, kwargs)
+            device = device_query(func, args)
+            return device if device is not None else run(func, args, kwargs)
         # Neither the operator passed on nor the observer's reads are calls of the model: no
         # torch function mode (the model's, or cl-audit's own) is handed them.
         with without_torch_function():
             try:
-                result = func(*args, **(kwargs or {}))
+                result = run(func, args, kwargs)
             except Exception as e:
                 mark_failure(e, aten_op_name(func))
                 raise
@@ -116,12 +136,18 @@ class DispatchEngine:
         self._python_calls = _PythonCalls(on_python_result)
         aten = _LabellingObserver if label_calls else _AtenObserver
         self._observer = aten(observer, self._python_calls)
+        self._labelling = label_calls
         self._entered: list[Any] = []
         self.unwrapped: tuple[str, ...] = ()
 
     def install(self) -> None:
+        """The function mode, then the dispatch mode; inside cl-audit's fake mode with no other
+        dispatch mode active, the dispatch mode's work as a layer of the fake mode instead (the
+        same place in the order, a dispatch hop less an operation)."""
+        fake = None if self._labelling else fake_mode_alone()
+        observer = self._observer if fake is None else dispatch_layer(fake, self._observer.layer)
         try:
-            for mode in (self._python_calls, self._observer):
+            for mode in (self._python_calls, observer):
                 mode.__enter__()
                 self._entered.append(mode)
         except BaseException:
