@@ -524,8 +524,8 @@ _LIFTS = (torch.ops.aten.lift_fresh.default, torch.ops.aten.lift_fresh_copy.defa
 def _real_only(func: Any, args: Any, kwargs: dict[str, Any]) -> bool:
     """Whether ``func`` runs for real: every tensor real, on the CPU, none written or moved.
     Runs on every fake operation: the usual answer (a fake first argument) comes first."""
-    if args and is_fake(args[0]):
-        return False
+    if args and (type(args[0]) is _fake.FakeTensor or is_fake(args[0])):
+        return False  # the exact type first: torch's ``is_fake`` checks subclasses at length
     if func in _LIFTS or func._schema.is_mutable or "device" in kwargs:
         return False
     tensors = tensor_leaves((args, kwargs))

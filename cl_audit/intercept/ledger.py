@@ -289,7 +289,8 @@ class Ledger:
         for tensor, key in zip(outputs, out_keys, strict=True):
             if in_place or key not in in_keys:
                 latest[key] = len(backward)
-                backward.append((nbytes([tensor]), tensor.numel(), sources))
+                numel = tensor.numel()
+                backward.append((numel * tensor.element_size(), numel, sources))
 
     def _gradients(self, keys: list[int]) -> None:
         """The backward's outputs that the optimizer reads (the parameters' gradients), and
