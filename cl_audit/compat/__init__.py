@@ -184,7 +184,7 @@ def _as_returned(func: Any, result: Any) -> Any:
     """A fake operation's outputs as C++ hands them to a dispatch mode above: a list for an
     operation returning a tensor list, else a plain tuple of several (a decomposition returns
     a named tuple, or a tuple for a list)."""
-    if type(result) not in (tuple, list) and not isinstance(result, tuple):
+    if not isinstance(result, (tuple, list)):
         return result
     as_list = _LIST_RETURNS.get(func)
     if as_list is None:
