@@ -706,6 +706,67 @@ def test_the_training_loss_operations_are_faked_by_their_meta_kernels_as_the_cpu
     assert reached[:1] == [ops.nll_loss_forward.default]
 
 
+def _group_norm_backward_cases() -> Iterator[tuple[object, ...]]:
+    """Group norm's backward arguments: channels_last and NCHW maps in float32 and float16, an
+    NC11 map, a sequence, a 5D map; with and without a weight; every gradient asked, or some."""
+    generator = torch.Generator().manual_seed(0)
+    for shape, groups in (
+        ((2, 32, 7, 7), 8),
+        ((2, 32, 1, 1), 4),
+        ((2, 16, 5), 4),
+        ((2, 16, 3, 4, 5), 4),
+    ):
+        for channels_last, dtype in itertools.product(
+            (True, False), (torch.float32, torch.float16)
+        ):
+            data, grad = (torch.randn(shape, generator=generator, dtype=dtype) for _ in "xg")
+            if channels_last and len(shape) > 3:
+                fmt = torch.channels_last if len(shape) == 4 else torch.channels_last_3d
+                data, grad = data.to(memory_format=fmt), grad.to(memory_format=fmt)
+            n, c = shape[:2]
+            stats = [torch.rand(n, groups, generator=generator, dtype=dtype) for _ in "mr"]
+            spatial = data.numel() // (n * c)
+            for weight, mask in (
+                (torch.rand(c, dtype=dtype), [True] * 3),
+                (None, [True, False, True]),
+            ):
+                yield (grad, data, *stats, weight, n, c, spatial, groups, mask)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_fake_cuda)])
+def test_group_norm_backward_is_faked_by_its_meta_kernel_as_torchs_fake_mode_fakes_it(device):
+    """Group norm's backward is faked by its kernel for the meta device (the Python
+    decomposition torch's fake mode runs too, each of its operations a meta kernel's call, not
+    a fake dispatch: 2 against 4-13 ms a call): without torch's fake dispatch (counted), the
+    outputs torch's own fake mode gives, in every case. The control, left to torch: a real
+    weight among fake tensors."""
+    op = torch.ops.aten.native_group_norm_backward.default
+    target = torch.device(device)
+    for arguments in _group_norm_backward_cases():
+
+        def faked(mode, arguments=arguments) -> tuple[object, ...]:
+            return tuple(
+                compat.fake_tensor(mode, a, target) if isinstance(a, torch.Tensor) else a
+                for a in arguments
+            )
+
+        torchs = compat.FakeTensorMode(allow_non_fake_inputs=True)
+        fakes = faked(torchs)
+        with torchs:
+            expected = op(*fakes)
+        mode = compat.new_fake_mode()
+        fakes = faked(mode)
+        with mode, _torch_fake_dispatches() as reached:
+            ours = op(*fakes)
+        assert reached == [] and _metadata(ours) == _metadata(expected)
+    grad, data, mean, rstd, weight, *rest = next(_group_norm_backward_cases())
+    mode = compat.new_fake_mode()
+    fakes = [compat.fake_tensor(mode, t, target) for t in (grad, data, mean, rstd)]
+    with _torch_fake_dispatches() as reached, mode, contextlib.suppress(Exception):
+        op(*fakes, weight, *rest)  # on fake CUDA, torch refuses the CPU weight
+    assert reached[:1] == [op]
+
+
 def test_a_fake_layer_norm_backward_writes_its_input_gradient_contiguous_as_its_kernels_do():
     """CPU's and CUDA's layer norm backward allocate the input gradient like the contiguous
     input (``LEGACY_CONTIGUOUS_MEMORY_FORMAT``): contiguous whatever the incoming gradient's

@@ -300,17 +300,19 @@ class _FakeMode(FakeTensorMode):
                 return self._view(func, types, args, kwargs, aliased)
             if func is _LAYER_NORM_BACKWARD:
                 return self._layer_norm_backward(types, args, kwargs)
-            if func in _LOSS:
+            if func in _ON_META:
                 return self._on_meta(func, types, args, kwargs)
         return super().dispatch(func, types, args, kwargs)
 
     def _on_meta(self, func: Any, types: Any, args: Any, kwargs: dict[str, Any]) -> Any:
-        """The training loss's operations (``_LOSS``) by the operator's kernel for the meta
-        device (torch's meta registration) on meta tensors laid out as its arguments, the
-        outputs made fake tensors: torch's fake mode runs each through its Python
-        decomposition instead, each of its tens of operations a fake dispatch (2-5 ms a call,
-        once or twice a model). Every tensor argument fake, strided, real-valued and on one
-        device, else torch's path."""
+        """The training loss's operations and group norm's backward (``_ON_META``) by the
+        operator's kernel for the meta device (torch's meta registration: for group norm's
+        backward, the same Python decomposition torch's fake mode runs, each of its operations
+        a meta kernel's call instead of a fake dispatch) on meta tensors laid out as its
+        arguments, the outputs made fake tensors: torch's fake mode runs each through its
+        Python decomposition, each of its tens of operations a fake dispatch (2-13 ms a call).
+        Every tensor argument fake, strided, real-valued and on one device, else torch's
+        path."""
         tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
         device = tensors[0].device if tensors else None
         if not all(_plain_fake(t) and t.device == device for t in tensors):
@@ -326,7 +328,7 @@ class _FakeMode(FakeTensorMode):
         with torch.utils._mode_utils.no_dispatch():
             result = func(*map(meta, args), **{k: meta(v) for k, v in kwargs.items()})
         if isinstance(result, tuple):
-            return tuple(self.memo.wrap(t, device) for t in result)
+            return tuple(None if t is None else self.memo.wrap(t, device) for t in result)
         return self.memo.wrap(result, device)
 
     def _layer_norm_backward(self, types: Any, args: Any, kwargs: dict[str, Any]) -> Any:
@@ -403,13 +405,15 @@ _BINARY_BACKWARDS = {
 _TO_COPY = _aten._to_copy.default
 _UNSAFE_VIEW = _aten._unsafe_view.default
 _LAYER_NORM_BACKWARD = _aten.native_layer_norm_backward.default
-# cross-entropy's operations, which a training audit's own loss runs on every classifier
-_LOSS = frozenset(
+# cross-entropy's operations, which a training audit's own loss runs on every classifier, and
+# group norm's backward (4-13 ms a call by torch's fake path, 2 ms on meta tensors)
+_ON_META = frozenset(
     {
         _aten._log_softmax.default,
         _aten._log_softmax_backward_data.default,
         _aten.nll_loss_forward.default,
         _aten.nll_loss_backward.default,
+        _aten.native_group_norm_backward.default,
     }
 )
 _EMPTY_STRIDED = _aten.empty_strided.default
