@@ -309,11 +309,11 @@ class _FakeMode(FakeTensorMode):
         operator's kernel for the meta device (torch's meta registration: for a decomposed
         operation, the same Python decomposition torch's fake mode runs, each of its operations
         a meta kernel's call instead of a fake dispatch; else the meta function torch's fake
-        mode calls too) on meta tensors laid out as its arguments, the outputs made fake
-        tensors: torch's fake mode runs a decomposition's tens of operations each as a fake
-        dispatch (2-13 ms a call), and wraps a meta function's outputs by its general path
-        (0.4-0.8 ms). Every tensor argument fake, strided, real-valued and on one device, else
-        torch's path."""
+        mode calls too, where it has no fake implementation of its own) on meta tensors laid
+        out as its arguments, the outputs made fake tensors: torch's fake mode runs a
+        decomposition's tens of operations each as a fake dispatch (2-13 ms a call), and wraps
+        a meta function's outputs by its general path (0.4-0.8 ms). Every tensor argument
+        fake, strided, real-valued and on one device, else torch's path."""
         tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
         device = tensors[0].device if tensors else None
         if not all(_plain_fake(t) and t.device == device for t in tensors):
@@ -407,10 +407,11 @@ _TO_COPY = _aten._to_copy.default
 _UNSAFE_VIEW = _aten._unsafe_view.default
 _LAYER_NORM_BACKWARD = _aten.native_layer_norm_backward.default
 # cross-entropy's operations, which a training audit's own loss runs on every classifier, and
-# backward operations a training step sends many of: group norm's (4-13 ms a call by torch's
-# fake path, 2 ms on meta tensors), convolution's (0.4-0.8 ms against 33 µs), the fused
-# attention kernels' and batch norm's (0.7 against 0.1 ms, measured on 145 calls of nine timm
-# models, the outputs alike in each)
+# backward operations a training step sends many of, which torch fakes by their meta kernels
+# too (no fake implementation of their own, unlike convolution's, whose fake layout follows the
+# device's backend): group norm's (4-13 ms a call by torch's fake path, 2 ms on meta tensors),
+# the fused attention kernels' and batch norm's (0.7 against 0.1 ms, measured on 145 calls of
+# nine timm models, the outputs alike in each)
 _ON_META = frozenset(
     {
         _aten._log_softmax.default,
@@ -418,7 +419,6 @@ _ON_META = frozenset(
         _aten.nll_loss_forward.default,
         _aten.nll_loss_backward.default,
         _aten.native_group_norm_backward.default,
-        _aten.convolution_backward.default,
         _aten._scaled_dot_product_cudnn_attention_backward.default,
         _aten._scaled_dot_product_efficient_attention_backward.default,
         _aten.native_batch_norm_backward.default,
