@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 from collections import Counter
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -22,6 +21,7 @@ from torch.overrides import TorchFunctionMode
 from cl_audit.compat import (
     TORCH_VERSION,
     FakeTensorMode,
+    Run,
     dispatch_layer,
     fake_tensor,
     fused_attention,
@@ -113,7 +113,7 @@ class KernelSourceMode:
             if self.applied[op]
         )
 
-    def _dispatch(self, func: Any, args: Any, kwargs: dict[str, Any], run: _Run) -> Any:
+    def _dispatch(self, func: Any, args: Any, kwargs: dict[str, Any], run: Run) -> Any:
         name = aten_op_name(func)
         if self._cudnn and name in _CUDNN_OUTPUTS and not kwargs:
             outputs = _cudnn_outputs(name, args, run)
@@ -138,7 +138,7 @@ class KernelSourceMode:
         return type(result)(outputs)
 
     def _native_batch_norm_gradient(
-        self, kernels: BatchNormGradient, args: Any, result: Any, run: _Run
+        self, kernels: BatchNormGradient, args: Any, result: Any, run: Run
     ) -> Any:
         """The input gradient of a batch norm's backward, laid out as the device's kernels lay
         it out: as the input in training (on CUDA cuDNN's and the native kernel's alike,
@@ -159,11 +159,7 @@ class KernelSourceMode:
         return (_contiguous(grad_input, fmt, run), *result[1:])
 
 
-# fakes one operation: (operation, args, kwargs) -> its outputs
-_Run = Callable[[Any, Any, dict[str, Any]], Any]
-
-
-def _contiguous(tensor: torch.Tensor, fmt: torch.memory_format, run: _Run) -> torch.Tensor:
+def _contiguous(tensor: torch.Tensor, fmt: torch.memory_format, run: Run) -> torch.Tensor:
     """``tensor.contiguous(memory_format=fmt)``, faked by ``run`` (``Tensor.contiguous``: the
     tensor itself where it already is, else a clone in ``fmt``)."""
     if tensor.is_contiguous(memory_format=fmt):
@@ -171,7 +167,7 @@ def _contiguous(tensor: torch.Tensor, fmt: torch.memory_format, run: _Run) -> to
     return run(_CLONE, (tensor,), {"memory_format": fmt})
 
 
-def _cudnn_outputs(name: str, args: Any, run: _Run) -> tuple[torch.Tensor, ...] | None:
+def _cudnn_outputs(name: str, args: Any, run: Run) -> tuple[torch.Tensor, ...] | None:
     """The outputs cuDNN's batch norm (forward or backward) allocates, as
     aten/src/ATen/native/cudnn/BatchNorm.cpp does: the output or input gradient
     ``empty(input.sizes(), input's dtype, input.suggest_memory_format())``, the saved statistics

@@ -34,6 +34,7 @@ __all__ = [
     "TORCH_VERSION",
     "FakeTensorMode",
     "ProfiledOp",
+    "Run",
     "TorchDispatchMode",
     "amp_unscale_",
     "amp_update_scale_",
@@ -176,8 +177,10 @@ def module_apply(module: nn.Module, convert: Callable[[torch.Tensor], torch.Tens
 # --- fake tensors ----------------------------------------------------------------------------
 
 
-# (operation, args, kwargs, run) -> its outputs; ``run(op, args, kwargs)`` passes an operation on
-Layer = Callable[[Any, Any, dict[str, Any], Callable[[Any, Any, dict[str, Any]], Any]], Any]
+# passes an operation on: (operation, args, kwargs) -> its outputs
+Run = Callable[[Any, Any, dict[str, Any]], Any]
+# (operation, args, kwargs, run) -> its outputs
+Layer = Callable[[Any, Any, dict[str, Any], Run], Any]
 
 
 def _as_returned(func: Any, result: Any) -> Any:

@@ -16,6 +16,7 @@ from torch.autograd.profiler import record_function
 from torch.overrides import TorchFunctionMode
 
 from cl_audit.compat import (
+    Run,
     TorchDispatchMode,
     device_query,
     dispatch_layer,
@@ -32,18 +33,15 @@ CALL_LABEL = "cl_audit#"
 _METADATA = "prim"  # the namespace of operators that read a tensor's metadata: nothing to check
 
 
-# passes an operation on: (operation, args, kwargs) -> its outputs
-_Run = Callable[[Any, Any, dict[str, Any]], Any]
-
-
 def _called(func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
     return func(*args, **kwargs)
 
 
-def _metadata(func: Any, args: Any, kwargs: Any) -> Any:
-    """A metadata query's answer: a fake tensor's device from the tensor, any other passed on."""
+def _metadata(func: Any, args: Any, kwargs: Any, run: Run = _called) -> Any:
+    """A metadata query's answer: a fake tensor's device from the tensor, any other passed on
+    (by ``run``)."""
     device = device_query(func, args)
-    return device if device is not None else func(*args, **(kwargs or {}))
+    return device if device is not None else run(func, args, kwargs or {})
 
 
 class _PythonCalls(TorchFunctionMode):
@@ -80,12 +78,11 @@ class _AtenObserver(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         return self.layer(func, args, kwargs or {}, _called)
 
-    def layer(self, func: Any, args: Any, kwargs: dict[str, Any], run: _Run) -> Any:
+    def layer(self, func: Any, args: Any, kwargs: dict[str, Any], run: Run) -> Any:
         """The mode's work, with ``run`` passing the operation on: as a mode, calling it; as
         a layer of cl-audit's fake mode (``dispatch_layer``), to the layers below."""
         if func.namespace == _METADATA:
-            device = device_query(func, args)
-            return device if device is not None else run(func, args, kwargs)
+            return _metadata(func, args, kwargs, run)
         # Neither the operator passed on nor the observer's reads are calls of the model: no
         # torch function mode (the model's, or cl-audit's own) is handed them.
         with without_torch_function():
