@@ -1028,6 +1028,38 @@ def test_the_memo_answers_in_place_and_storage_sharing_operations_as_torch_does(
     assert mode.memo.key(ops.nonzero.default, (y,), {}) is None  # a data-dependent output
 
 
+def test_a_fresh_output_is_remembered_whatever_storage_offsets_its_arguments_have():
+    """A fresh output's metadata does not depend on where its arguments start in their
+    storages: adding a slice of a buffer at another offset (a backward's gradients) is answered
+    by the memo, laid out as torch's fake mode lays it out. The control, ``_unsafe_view``,
+    returns a tensor on its argument's storage at its argument's offset: it is keyed with the
+    offsets, and each slice gets its own."""
+    ops = torch.ops.aten
+    cl = torch.channels_last
+    mode, reference = compat.new_fake_mode(), compat.FakeTensorMode()
+    cpu = torch.device("cpu")
+    metas = (torch.empty(4, 8, 6, 6, device="meta").to(memory_format=cl),)
+    metas += (metas[0][:2].clone(),)
+    buffer, other = (compat.fake_tensor(mode, m, cpu) for m in metas)
+    rows = compat.fake_tensor(mode, torch.empty(4, 6, device="meta"), cpu)
+    with mode:
+        first, second, row, next_row = buffer[:2], buffer[2:], rows[1], rows[2]
+        ops.add.Tensor(first, other)
+        hits = mode.memo.hits
+        added = ops.add.Tensor(second, other)
+        assert mode.memo.hits == hits + 1
+        viewed = [ops._unsafe_view.default(r, [2, 3]) for r in (row, next_row, next_row)]
+    with reference:
+        whole, part = (compat.fake_tensor(reference, m, cpu) for m in metas)
+        expected = ops.add.Tensor(whole[2:], part)
+    assert second.storage_offset() == 2 * 8 * 6 * 6
+    assert _metadata(added) == _metadata(expected)
+    assert compat.storage_key(added) not in (compat.storage_key(buffer), compat.storage_key(other))
+    assert [v.storage_offset() for v in viewed] == [6, 12, 12]
+    assert mode.memo.hits == hits + 2  # the second slice's view answered at its own offset
+    assert all(compat.storage_key(v) == compat.storage_key(rows) for v in viewed)
+
+
 def test_an_operation_the_memo_keeps_leaves_no_entry_in_torchs_fake_cache(monkeypatch):
     """The memo answers an operation it keeps from its second call on, so the fake mode does
     not build torch's cache key and entry for it (as costly as the dispatch, never read); the
