@@ -29,11 +29,18 @@ def serve() -> None:
     from alternate_audits import KINDS as kinds  # the same two audits, each version's own
 
     from cl_audit.enums import ModelSource
+    from cl_audit.plan import plan_run
     from cl_audit.sources import ModelRef
+    from cl_audit.sweep import runner
     from cl_audit.sweep.session import _warm_imports
     from cl_audit.sweep.worker import Job, SweepSettings, audit_job
 
     _warm_imports([ModelRef(ModelSource.TIMM, "resnet50")])
+    for settings in kinds.values():
+        plan_run(settings)  # the probes, run once in the parent as the sweep command runs them
+    # the worker's process as the sweep's runner sets it up (a tree older than that function:
+    # one thread, as its runner did)
+    set_up = getattr(runner, "set_up_worker", lambda job: torch.set_num_threads(1))
     print(json.dumps({"ready": __import__("cl_audit").__file__}), flush=True)
     for line in sys.stdin:
         kind, name = line.split()
@@ -42,11 +49,11 @@ def serve() -> None:
         pid = os.fork()
         if pid == 0:
             os.close(read)
-            torch.set_num_threads(1)
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, 1)
             os.dup2(devnull, 2)
             job = Job(ModelRef(ModelSource.TIMM, name), SweepSettings(audit=kinds[kind]))
+            set_up(job)
             start = time.perf_counter()
             row = audit_job(job, on_files=None)
             os.write(write, json.dumps([time.perf_counter() - start, row.status.value]).encode())

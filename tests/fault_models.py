@@ -45,6 +45,17 @@ class SaysFrozen(nn.Module):
         raise RuntimeError(f"frozen objects: {gc.get_freeze_count()}")
 
 
+class SaysCollecting(nn.Module):
+    """Fails saying whether its process collects garbage automatically."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError(f"collecting: {gc.isenabled()}")
+
+
+def says_collecting() -> tuple[nn.Module, tuple[int, ...]]:
+    return SaysCollecting(), SHAPE
+
+
 def says_frozen() -> tuple[nn.Module, tuple[int, ...]]:
     return SaysFrozen(), SHAPE
 

@@ -137,6 +137,26 @@ def test_workers_collect_garbage_without_walking_the_parents_objects(tmp_path):
     assert int(message.rsplit(": ", 1)[1].split()[0]) >= parent
 
 
+def test_a_fake_audits_worker_leaves_garbage_to_its_exit_and_an_eager_one_collects(tmp_path):
+    """A fake audit's garbage is metadata, freed when its worker exits: its worker turns the
+    automatic collection off (2% of a fake training audit); the control, an eager audit's
+    worker, whose cycles can hold tensors' data, keeps collecting."""
+    import gc
+
+    checkpoint = Checkpoint(tmp_path / "rows.jsonl")
+    checkpoint.start(keep=False)
+    heard: dict[Mode, str] = {}
+    modes = (TensorMode.FAKE, TensorMode.EAGER)
+    jobs = [job(f"{FAULTS}:says_collecting", tensor_mode=mode) for mode in modes]
+
+    def on_finish(row: ModelRow, files: frozenset[str]) -> None:
+        heard[row.mode] = row.message.rsplit(": ", 1)[1]
+
+    run_jobs(jobs, 1, checkpoint, lambda j: None, on_finish)
+    assert heard == {Mode.FAKE: "False", Mode.EAGER: "True"}
+    assert gc.isenabled()  # the parent's collector as it was
+
+
 def test_workers_read_no_source_files_unless_asked(tmp_path, monkeypatch):
     """The files an audit ran through serve a sweep's cache alone, and reading them costs a
     worker about half a second: without ``footprint`` no worker reads them (reading raises

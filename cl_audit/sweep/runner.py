@@ -27,13 +27,13 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
-from cl_audit.enums import Stage, Status
+from cl_audit.enums import Mode, Stage, Status
 from cl_audit.errors import UsageError
 from cl_audit.report import ModelRow, ReportFormatError
 from cl_audit.sweep.plan import estimated_cost
 from cl_audit.sweep.worker import Job, audit_job, failed_row
 
-__all__ = ["Checkpoint", "run_jobs"]
+__all__ = ["Checkpoint", "run_jobs", "set_up_worker"]
 
 _POLL_SECONDS = 0.2
 
@@ -101,16 +101,27 @@ def private_memory_mb(pid: int) -> float | None:
     return kib / 1024
 
 
+def set_up_worker(job: Job) -> None:
+    """A forked worker's process, before its audit: one OpenMP thread; for fake tensors, no
+    automatic garbage collection. A fake audit's garbage is Python objects and metadata
+    (kilobytes), freed when the worker exits, and the collector's passes over the objects a
+    step makes cost 2% of a fake training audit (0.36 of 20.5 s over 40 timm models); an
+    eager audit keeps it, as its cycles can hold tensors' data."""
+    import torch
+
+    torch.set_num_threads(1)
+    if job.mode is Mode.FAKE:
+        gc.disable()
+
+
 def _child(job: Job, conn: Connection, footprint: bool) -> None:
     """Runs in the forked worker. Its output goes to /dev/null: models print warnings, and
     anything that matters reaches the parent as the row."""
-    import torch
-
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
     os.dup2(devnull, 2)
     faulthandler.disable()  # a crash becomes a row; a parent's fault handler would print here
-    torch.set_num_threads(1)
+    set_up_worker(job)
     stage: list[Stage | None] = [None]
 
     def on_stage(name: Stage) -> None:
