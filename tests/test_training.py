@@ -20,6 +20,7 @@ from cl_audit import compat
 from cl_audit.cli import app
 from cl_audit.compat import fake_cuda_problem
 from cl_audit.compat import memo as compat_memo
+from cl_audit.compat.backward import recording_hooks
 from cl_audit.errors import ModelFailedError, Stage, UsageError
 from cl_audit.intercept import dispatch
 from cl_audit.report import Phase, RegainSource, Verdict
@@ -159,6 +160,41 @@ def test_a_fake_step_of_a_model_that_keeps_the_format_is_clean(device):
     report = train(tm.KeepsFormat(), tensor_mode=TensorMode.FAKE, device=device)
     assert report.environment.mode is TensorMode.FAKE_STEP
     assert report.offenders == () and report.verdict is Verdict.CLEAN
+
+
+@pytest.mark.parametrize(
+    "device",
+    [
+        pytest.param("cpu", marks=needs_node_by_node),
+        pytest.param("cuda", marks=[needs_fake_cuda, needs_node_by_node]),
+    ],
+)
+def test_a_fake_step_runs_the_hooks_a_forward_registers_on_its_activations(device):
+    """A hook the model's forward registers on an activation (under the audit, which hears
+    every call) runs in the node-by-node backward as torch's engine runs it: its contiguous
+    gradient is found in the backward, as the eager audit finds it; the control, the same model
+    without the hook, is clean. ``Tensor.register_hook`` is torch's own again afterwards."""
+    register = torch.Tensor.register_hook
+    eager = train(tm.HookedActivation())
+    report = train(tm.HookedActivation(), tensor_mode=TensorMode.FAKE, device=device)
+    assert torch.Tensor.register_hook is register
+    (loss,) = report.offenders
+    assert (loss.phase, loss.aten_op) == (Phase.BACKWARD, "aten.clone")
+    same = ("phase", "python_op", "aten_op", "module_path", "call_site", "count")
+    assert [[getattr(f, k) for k in same] for f in eager.offenders] == [
+        [getattr(f, k) for k in same] for f in report.offenders
+    ]
+    control = train(tm.HookedActivation(hooked=False), tensor_mode=TensorMode.FAKE, device=device)
+    assert control.offenders == ()
+
+
+def test_recording_hooks_gives_torch_its_register_hook_back_when_the_forward_fails():
+    """``recording_hooks`` wraps ``Tensor.register_hook`` only while the forward runs."""
+    register = torch.Tensor.register_hook
+    with pytest.raises(RuntimeError, match="the forward failed"), recording_hooks():
+        assert torch.Tensor.register_hook is not register
+        raise RuntimeError("the forward failed")
+    assert torch.Tensor.register_hook is register
 
 
 @pytest.mark.parametrize(

@@ -96,6 +96,24 @@ class KeepsFormat(nn.Module):
         return self.conv2(torch.relu(self.conv1(x))).sum(dim=(2, 3))
 
 
+class HookedActivation(nn.Module):
+    """A hook on an activation makes its gradient contiguous (the model's own backward-only
+    loss, in a hook: ``hooked``), where without the hook the step keeps channels_last (the
+    control)."""
+
+    def __init__(self, hooked: bool = True) -> None:
+        super().__init__()
+        self.hooked = hooked
+        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.conv2 = nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.conv1(x))
+        if self.hooked and y.requires_grad:
+            y.register_hook(lambda grad: grad.contiguous())
+        return self.conv2(y).sum(dim=(2, 3))
+
+
 class NormAfterLostFormat(nn.Module):
     """A batch norm given NCHW input (the forward makes it contiguous) between two
     channels_last convolutions: on CUDA cuDNN's backward lays the input gradient out as its

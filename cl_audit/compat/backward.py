@@ -42,7 +42,6 @@ from typing import Any
 import torch
 from torch.autograd.function import BackwardCFunction
 from torch.autograd.graph import get_gradient_edge
-from torch.overrides import TorchFunctionMode
 
 from cl_audit.compat import without_torch_function
 from cl_audit.errors import UsageError
@@ -58,32 +57,34 @@ _REFUSED = {  # nodes whose work happens outside their backward formula
 }
 
 
-class _HookRecorder(TorchFunctionMode):
-    """Notes each ``Tensor.register_hook`` on a tensor that has a node: the node, the output
-    it hooks and the tensor's hook dict (hooks added later land in the same dict)."""
-
-    def __init__(self, hooks: _Hooks) -> None:
-        super().__init__()
-        self._hooks = hooks
-
-    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        result = func(*args, **(kwargs or {}))
-        if func is torch.Tensor.register_hook and args and args[0].grad_fn is not None:
-            tensor = args[0]
-            entry = (tensor.output_nr, tensor._backward_hooks)
-            found = self._hooks.setdefault(tensor.grad_fn, [])
-            if all(e[1] is not entry[1] for e in found):
-                found.append(entry)
-        return result
-
-
 @contextmanager
 def recording_hooks() -> Iterator[_Hooks]:
     """While the forward runs: the hooks registered on its intermediate tensors, for
-    ``run_backward``."""
+    ``run_backward``. ``Tensor.register_hook`` is wrapped meanwhile and restored on exit: each
+    call on a tensor that has a node notes the node, the output it hooks and the tensor's hook
+    dict (hooks added later land in the same dict). A wrapper costs nothing on the forward's
+    other calls, where a torch function mode hearing every call cost 1.6% of a fake training
+    audit (40 timm models)."""
     hooks: _Hooks = {}
-    with _HookRecorder(hooks):
+    register = torch.Tensor.register_hook
+
+    @functools.wraps(register)
+    def recorded(tensor: torch.Tensor, hook: Callable[..., Any]) -> Any:
+        handle = register(tensor, hook)
+        with without_torch_function():
+            node = tensor.grad_fn
+            if node is not None:
+                entry = (tensor.output_nr, tensor._backward_hooks)
+                found = hooks.setdefault(node, [])
+                if all(e[1] is not entry[1] for e in found):
+                    found.append(entry)
+        return handle
+
+    torch.Tensor.register_hook = recorded  # type: ignore[method-assign]
+    try:
         yield hooks
+    finally:
+        torch.Tensor.register_hook = register  # type: ignore[method-assign]
 
 
 def run_backward(
