@@ -16,11 +16,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.overrides import TorchFunctionMode
 
 from cl_audit.compat import (
     TORCH_VERSION,
     FakeTensorMode,
+    FunctionLayer,
     Run,
     dispatch_layer,
     fake_tensor,
@@ -211,11 +211,12 @@ _CUDNN_ATTENTION = "aten._scaled_dot_product_cudnn_attention"
 _EFFICIENT_ATTENTION = "aten._scaled_dot_product_efficient_attention"
 
 
-class AttentionKernelMode(TorchFunctionMode):
+class AttentionKernelMode(FunctionLayer):
     """Below the audit's own modes, on fake CUDA: ``F.scaled_dot_product_attention`` runs the
     fused kernel a Hopper GPU picks (``ATTENTION_SOURCE``), through its operator, so that its
     output, its backward and their layouts are the kernel's; elsewhere the call goes on to the
-    math path, as fake tensors take it. ``applied`` counts the calls given a fused kernel."""
+    math path, as fake tensors take it. ``applied`` counts the calls given a fused kernel. The
+    audit's function mode does its work as a part of its own (``FunctionLayer``)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -226,11 +227,10 @@ class AttentionKernelMode(TorchFunctionMode):
             AppliedOverride(op, count, ATTENTION_SOURCE) for op, count in self.applied.items()
         )
 
-    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+    def handle(self, func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
         # every torch call of a fake CUDA run passes here: anything but attention goes on at once
         if func is not _ATTENTION:
-            return func(*args, **(kwargs or {}))
-        kwargs = kwargs or {}
+            return func(*args, **kwargs)
         output = self._fused(*args, **kwargs)
         return output if output is not None else func(*args, **kwargs)
 

@@ -18,6 +18,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.overrides import TorchFunctionMode
 from torch_checks import FAKE_CUDA_PROBLEM, fake_cuda_group_norm_returns_nchw, needs_fake_cuda
 from typer.testing import CliRunner
 
@@ -1058,6 +1059,32 @@ def test_a_fresh_output_is_remembered_whatever_storage_offsets_its_arguments_hav
     assert [v.storage_offset() for v in viewed] == [6, 12, 12]
     assert mode.memo.hits == hits + 2  # the second slice's view answered at its own offset
     assert all(compat.storage_key(v) == compat.storage_key(rows) for v in viewed)
+
+
+class _Layer(compat.FunctionLayer):
+    def handle(self, func, args, kwargs):
+        return func(*args, **kwargs)
+
+
+class _Mode(TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_function_layer_is_taken_off_the_stack_only_where_innermost_and_put_back():
+    """``function_layer_taken`` takes the innermost torch function mode off the stack where it
+    is a function layer, and puts it back on exit (after an error too); a plain mode innermost
+    (the control) leaves the stack as it is."""
+    stack = torch.overrides._get_current_function_mode_stack
+    layer, mode = _Layer(), _Mode()
+    with layer:
+        with pytest.raises(RuntimeError), compat.function_layer_taken() as taken:
+            assert taken is layer and stack() == []
+            raise RuntimeError("the audit failed")
+        assert stack() == [layer]
+        with mode, compat.function_layer_taken() as taken:
+            assert taken is None and stack() == [layer, mode]
+    assert stack() == []
 
 
 def test_an_operation_the_memo_keeps_leaves_no_entry_in_torchs_fake_cache(monkeypatch):

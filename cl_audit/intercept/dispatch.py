@@ -21,6 +21,7 @@ from cl_audit.compat import (
     device_query,
     dispatch_layer,
     fake_mode_alone,
+    function_layer_taken,
     without_torch_function,
 )
 from cl_audit.errors import mark_failure
@@ -46,18 +47,25 @@ def _metadata(func: Any, args: Any, kwargs: Any, run: Run = _called) -> Any:
 
 class _PythonCalls(TorchFunctionMode):
     """Remembers the Python-level torch callable currently running, and hands each result to
-    ``on_result`` (it sees results after autograd recorded them, unlike the dispatch mode)."""
+    ``on_result`` (it sees results after autograd recorded them, unlike the dispatch mode).
+    ``inner``, where set, passes a call on through the work of the function layer below it
+    (``function_layer_taken``); else the call is made here."""
 
     def __init__(self, on_result: Callable[[object], None] | None = None) -> None:
         super().__init__()
         self.current: object = None
         self._on_result = on_result
+        self.inner: Run | None = None
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         outer = self.current
         self.current = func
         try:
-            result = func(*args, **(kwargs or {}))
+            inner = self.inner
+            if inner is None:
+                result = func(*args, **(kwargs or {}))
+            else:
+                result = inner(func, args, kwargs or {})
         except Exception as e:
             mark_failure(e, python_op_name(func))
             raise
@@ -140,10 +148,16 @@ class DispatchEngine:
     def install(self) -> None:
         """The function mode, then the dispatch mode; inside cl-audit's fake mode with no other
         dispatch mode active, the dispatch mode's work as a layer of the fake mode instead (the
-        same place in the order, a dispatch hop less an operation)."""
+        same place in the order, a dispatch hop less an operation). Where the innermost
+        function mode is a function layer of cl-audit's (fake CUDA's attention kernels), the
+        function mode does its work in its place, a function hop less a call."""
         fake = None if self._labelling else fake_mode_alone()
         observer = self._observer if fake is None else dispatch_layer(fake, self._observer.layer)
+        taken = function_layer_taken()
         try:
+            layer = taken.__enter__()
+            self._entered.append(taken)
+            self._python_calls.inner = None if layer is None else layer.handle
             for mode in (self._python_calls, observer):
                 mode.__enter__()
                 self._entered.append(mode)
