@@ -76,6 +76,8 @@ def recording_hooks() -> Iterator[_Hooks]:
             if node is not None:
                 entry = (tensor.output_nr, tensor._backward_hooks)
                 found = hooks.setdefault(node, [])
+                # once per dict: a torch function mode (the audit's) hands the call back here
+                # from inside ``register``, and hooks added later land in the same dict
                 if all(e[1] is not entry[1] for e in found):
                     found.append(entry)
         return handle
