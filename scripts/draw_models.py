@@ -1,0 +1,54 @@
+"""Draw models at random for the speed checks, the seed written.
+
+    python scripts/draw_models.py --timm 44 --seed 58 --max-parameters 60e6 --max-size 256 \
+        --from reports/timm_torch-2.14.1_cuda_train_predicted.json.gz > reports/speed/models_cuda.txt
+
+From the rows of a sweep report that ran (status ok), those with at most ``--max-parameters``
+parameters whose timm configuration's input side is at most ``--max-size``; ``--named`` are
+listed first (not drawn), and are not drawn again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import random
+from pathlib import Path
+
+import timm
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--from", dest="report", type=Path, required=True)
+    p.add_argument("--timm", type=int, required=True, help="how many to draw")
+    p.add_argument("--seed", type=int, required=True)
+    p.add_argument("--max-parameters", type=float, default=60e6)
+    p.add_argument("--max-size", type=int, default=256)
+    p.add_argument("--named", default="")
+    a = p.parse_args()
+    opener = gzip.open if a.report.suffix == ".gz" else open
+    with opener(a.report, "rt") as f:
+        rows = json.load(f)["models"]
+    named = [n for n in a.named.split(",") if n]
+
+    def fits(row: dict) -> bool:
+        if row["status"] != "ok" or row["parameters"] > a.max_parameters or row["name"] in named:
+            return False
+        cfg = timm.models.get_pretrained_cfg(row["name"])
+        return cfg is not None and max(cfg.input_size[1:]) <= a.max_size
+
+    pool = sorted(r["name"] for r in rows if fits(r))
+    drawn = random.Random(a.seed).sample(pool, a.timm)
+    print(f"# scripts/draw_models.py --from {a.report} --timm {a.timm} --seed {a.seed} "
+          f"--max-parameters {a.max_parameters:g} --max-size {a.max_size} --named {a.named}")
+    print(f"# {a.timm} drawn of {len(pool)}; named first")
+    for name in named:
+        print(f"{name}  # named")
+    for name in drawn:
+        print(name)
+
+
+if __name__ == "__main__":
+    main()
