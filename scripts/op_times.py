@@ -428,12 +428,12 @@ def measure_conv(clock: Clock, device: str, dtype: torch.dtype, cfg: dict, repea
 
 def measure_convs(
     clock: Clock, device: str, dtype_name: str, writer: Writer, repeats: int, deadline: float,
-    batch: int, every: int,
+    batch: int, every: int, skip: int = 0,
 ) -> int:
     dtype = DTYPES[dtype_name]
     done = 0
     for i, cfg in enumerate(conv_grid(batch)):
-        if i % every:
+        if i % every or i < skip:
             continue
         if time.monotonic() > deadline:
             break
@@ -460,6 +460,8 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--batch", type=int, default=None, help="the grid's batch (64 / 2)")
     p.add_argument("--threads", type=int, default=None, help="torch's CPU threads")
+    p.add_argument("--skip", type=int, default=0, help="start at this grid configuration "
+                   "(where an earlier run stopped)")
     p.add_argument("--every", type=int, default=None, help="every Nth grid configuration, each "
                    "dtype (default: CUDA's first dtype all, the others every fourth)")
     a = p.parse_args()
@@ -506,7 +508,7 @@ def main() -> None:
     for dt, share in zip(dtypes, shares):
         budget = a.budget_s * share / sum(shares)
         done = measure_convs(clock, a.device, dt, writer, a.repeats, time.monotonic() + budget,
-                             batch, round(1 / share))  # fmt: skip
+                             batch, round(1 / share), a.skip)  # fmt: skip
         writer.save()
         print(f"convolutions {dt}: {done} in {time.monotonic() - start:.0f} s", flush=True)
     writer.save(seconds=round(time.monotonic() - start, 1))
