@@ -1,12 +1,12 @@
 """cl-audit: what channels_last costs a PyTorch model against NCHW, and where to fix it."""
 
-from cl_audit.audit import Audit, audit
-from cl_audit.compiled import compiled_layouts
+from cl_audit.compiled.graphs import compiled_layouts
 from cl_audit.enums import Verdict
 from cl_audit.errors import AuditError, ModelFailedError, UsageError
-from cl_audit.layout import MemoryLayout, classify
+from cl_audit.execution.audit_context import Audit, audit
 from cl_audit.report import Compiled, Cost, CostSite, ModelReport, ReportFormatError
-from cl_audit.run import audit_model
+from cl_audit.rule.layout import MemoryLayout, classify
+from cl_audit.run.audit_module import audit_model
 from cl_audit.settings import Engine
 from cl_audit.sweep.api import audit_models
 

@@ -16,10 +16,10 @@ from typer.core import TyperGroup
 from cl_audit import commands
 from cl_audit.enums import Amp, DType, Engine, Optimizer, Outcome, Strategy, TensorMode
 from cl_audit.errors import ModelFailedError, UsageError
-from cl_audit.report.cost import GATE_BATCH, Gate
+from cl_audit.report.verdict import GATE_BATCH, Gate
 from cl_audit.settings import AuditSettings, parse_input_size, parse_size
 from cl_audit.sweep.api import CacheOptions
-from cl_audit.sweep.plan import Selection
+from cl_audit.sweep.selection import Selection
 from cl_audit.sweep.worker import SweepSettings, parse_memory
 
 __all__ = ["app", "main"]
@@ -248,7 +248,7 @@ def bench_command(
     """Time a model in nchw, channels-last and conv-weights, then its channels-last findings.
 
     Exit codes: 0 benched, 2 usage error, 3 the model failed to build or run, 130 interrupted."""
-    from cl_audit.bench import BenchSettings
+    from cl_audit.features.bench import BenchSettings
 
     console = Console(stderr=json_path is not None and str(json_path) == "-")
     with _exit_codes():

@@ -19,6 +19,7 @@ from rich.console import Console
 
 from cl_audit.enums import DType, OpBehaviour, Outcome, TensorMode, Verdict
 from cl_audit.errors import UsageError
+from cl_audit.execution.plan import RunPlan, plan_run
 from cl_audit.files import (
     check_writable,
     read_ops,
@@ -27,17 +28,16 @@ from cl_audit.files import (
     write_json,
     write_text,
 )
-from cl_audit.plan import RunPlan, plan_run
 from cl_audit.report import SweepReport, compare, merge
 from cl_audit.settings import AuditSettings
 from cl_audit.sources import BuildOptions, ModelRef, load_model
 from cl_audit.sweep import api as sweep_api
-from cl_audit.sweep.plan import Selection, select
+from cl_audit.sweep.selection import Selection, select
 from cl_audit.sweep.worker import SweepSettings
 
 if TYPE_CHECKING:
-    from cl_audit.bench import BenchSettings
-    from cl_audit.ops import OpsIndex
+    from cl_audit.features.bench import BenchSettings
+    from cl_audit.features.ops_index import OpsIndex
 
 __all__ = [
     "AuditOutputs",
@@ -176,18 +176,18 @@ def _single(
 ) -> Outcome:
     from cl_audit.render.outputs import write_outputs
     from cl_audit.render.terminal import render_report
-    from cl_audit.sources.audit import audit_loaded
+    from cl_audit.sources.source_audit import audit_loaded
 
     with _models_print_to_stderr():
         loaded = load_model(ref, BuildOptions(meta=plan.tensors.on_meta))
         report = audit_loaded(loaded, plan)
         if distributed.ddp:
-            from cl_audit.distributed import ddp_check
+            from cl_audit.features.distributed import ddp_check
 
             with console.status("the training step under DDP (gloo, 2 processes)"):
                 report = replace(report, ddp=ddp_check(ref, plan.settings))
         if distributed.fsdp:
-            from cl_audit.distributed import fsdp_check
+            from cl_audit.features.distributed import fsdp_check
 
             with console.status("the FSDP pre-flight (gloo, 2 processes)"):
                 report = replace(report, fsdp=fsdp_check(ref, plan.settings))
@@ -271,10 +271,10 @@ def bench(
     console: Console,
 ) -> None:
     """Bench one model and write its outputs."""
-    from cl_audit.bench import bench_module
-    from cl_audit.bench_report import dashboard_records
-    from cl_audit.render.bench import render_bench
-    from cl_audit.sources.audit import prepare
+    from cl_audit.features.bench import bench_module
+    from cl_audit.render.bench_table import render_bench
+    from cl_audit.report.bench_report import dashboard_records
+    from cl_audit.sources.source_audit import prepare
 
     specs = [spec for spec in (model, timm_model) if spec]
     if len(specs) != 1:
@@ -355,8 +355,8 @@ def ops(
     printed (the rows matching ``patterns``; with ``loses`` those that lose channels_last or
     refuse it) and written whole to ``outputs`` (the operators ``patterns`` chose); with
     ``sources.sweeps``, the operations their losses cost most, beside the index's rows."""
-    from cl_audit.ops import rank_costs, select
-    from cl_audit.render.ops import render_op_costs, render_ops
+    from cl_audit.features.ops_index import rank_costs, select
+    from cl_audit.render.ops_table import render_op_costs, render_ops
 
     json_path = outputs.json
     if json_path is not None and str(json_path) != "-":
@@ -390,7 +390,7 @@ def ops(
 
 def _run_index(patterns: tuple[str, ...], device: str, dtype: DType, console: Console) -> OpsIndex:
     from cl_audit.compat.opinfo import module_entries, operator_entries, opinfo_problem
-    from cl_audit.ops import build_index, target_for
+    from cl_audit.features.ops_index import build_index, target_for
 
     problem = opinfo_problem()
     if problem is not None:
@@ -407,8 +407,8 @@ def _run_index(patterns: tuple[str, ...], device: str, dtype: DType, console: Co
 
 def ops_diff(old: Path, new: Path, console: Console) -> None:
     """The operators whose behaviour differs between two saved indexes, printed."""
-    from cl_audit.ops import diff
-    from cl_audit.render.ops import render_ops_diff
+    from cl_audit.features.ops_index import diff
+    from cl_audit.render.ops_table import render_ops_diff
 
     before, after = read_ops(old), read_ops(new)
     render_ops_diff(before, after, diff(before, after), console)

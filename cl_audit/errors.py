@@ -80,7 +80,9 @@ def failure_summary(error: BaseException) -> str:
 def failure_site(error: BaseException) -> str | None:
     """The model's source line where ``error`` was raised: the innermost frame of its traceback
     outside torch and cl_audit."""
-    from cl_audit.attribution import frames_call_site  # torch's import, only on failure
+    from cl_audit.rule.attribution import (
+        frames_call_site,  # torch's import, only on failure
+    )
 
     frames = tuple((f.filename, f.lineno or 0) for f in traceback.extract_tb(error.__traceback__))
     return frames_call_site(frames)

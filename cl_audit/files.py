@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Protocol
 
 from cl_audit.errors import UsageError
-from cl_audit.ops import OpsIndex
+from cl_audit.features.ops_index import OpsIndex
 from cl_audit.report import (
     REPORT_FORMAT,
     SWEEP_FORMAT,

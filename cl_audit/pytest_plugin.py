@@ -131,8 +131,8 @@ class _Session:
     def write(self) -> None:
         if not (self.update and self.path is not None and self.rows):
             return
-        from cl_audit.assemble import environment_of
         from cl_audit.enums import Engine
+        from cl_audit.execution.assemble import environment_of
         from cl_audit.files import write_json
         from cl_audit.report import SweepReport
         from cl_audit.report.sections import Conditions
@@ -165,7 +165,7 @@ class ClAudit:
     ) -> Any:
         """Audit ``model`` on ``example_input`` (see ``assert_keeps_channels_last``); fail the
         test on an offender that is neither allowed nor in the baseline. Returns the report."""
-        from cl_audit.run import audit_model
+        from cl_audit.run.audit_module import audit_model
 
         label = name or type(model).__name__
         report = audit_model(  # a gate: remedies stay leads (cl-audit MODEL proves them)
@@ -179,7 +179,7 @@ class ClAudit:
     def block(self, name: str = "block", *, allow: Iterable[Any] = ()) -> Iterator[None]:
         """Audit the torch operations run inside, as they are (nothing converted); fail the
         test on exit on an offender that is neither allowed nor in the baseline."""
-        from cl_audit.audit import audit
+        from cl_audit.execution.audit_context import audit
 
         with audit() as active:
             yield

@@ -1,7 +1,7 @@
 """What one audit runs with: enums for every choice a user makes, and one frozen settings object.
 
-The CLI parses strings into these at its boundary; ``cl_audit.plan.plan_run`` resolves them once
-into the run plan that every audit (the Python API, the CLI, the sweep worker) runs.
+The CLI parses strings into these at its boundary; ``execution.plan.plan_run`` resolves them
+once into the run plan that every audit (the Python API, the CLI, the sweep worker) runs.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import torch
 from cl_audit.compat import cuda_present
 from cl_audit.compat.inductor import compile_problem
 from cl_audit.enums import Amp, DType, Engine, Optimizer, Strategy, TensorMode
-from cl_audit.environment import autocast_name
 from cl_audit.errors import UsageError
-from cl_audit.report.cost import GATE_BATCH, Gate
+from cl_audit.report.environment import autocast_name
+from cl_audit.report.verdict import GATE_BATCH, Gate
 
 __all__ = [
     "Amp",
@@ -62,9 +62,11 @@ class AuditSettings:
     seed: int = 0
     time: bool = False  # time the step and the flagged operations (eager only)
     gate: Gate = DEFAULT_GATE  # when a channels_last-only cost offends
-    compile: bool = False  # also Inductor's layout decision per compiled graph (cl_audit.compiled)
+    compile: bool = (
+        False  # also Inductor's layout decision per compiled graph (cl_audit.compiled.graphs)
+    )
     force_layout_opt: bool = False  # with compile: also the decision under Inductor's force switch
-    verify: bool = False  # try the cost sites' remedies in what-if runs (cl_audit.phases.verify)
+    verify: bool = False  # try the cost sites' remedies in what-if runs (run.phases.verify)
 
     def __post_init__(self) -> None:
         """Combinations that cannot take effect are refused once, here, with the reason."""

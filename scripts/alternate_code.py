@@ -29,7 +29,7 @@ def serve() -> None:
     from alternate_audits import KINDS as kinds  # the same two audits, each version's own
 
     from cl_audit.enums import ModelSource
-    from cl_audit.plan import plan_run
+    from cl_audit.execution.plan import plan_run
     from cl_audit.sources import ModelRef
     from cl_audit.sweep import runner
     from cl_audit.sweep.session import _warm_imports
@@ -74,7 +74,7 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=3, help="every Nth model of the shard")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    from cl_audit.sweep.plan import Selection
+    from cl_audit.sweep.selection import Selection
 
     refs = sorted(Selection(timm=("all",), shard=args.shard).refs(), key=lambda r: r.name)
     names = [ref.name for ref in refs[:: args.every]]

@@ -2,7 +2,7 @@
 segmentation_models_pytorch, MONAI and transformers (``examples/libraries.py``, each with its
 own example input), random weights, no download. Per model: eager CPU inference, an eager CPU
 training step, and fake CUDA inference with fp16 autocast (a prediction). Every report goes to
-one JSON file and the Markdown table of reports/README.md to stdout: per model and
+one JSON file and the Markdown table of reports/pages/libraries.md to stdout: per model and
 configuration the verdict and the channels_last-only cost against NCHW, and the top cost sites
 with their fix site and remedy.
 
@@ -26,7 +26,7 @@ import torch
 
 from cl_audit.compat import fake_cuda_problem
 from cl_audit.report import ModelReport
-from cl_audit.run import audit_module
+from cl_audit.run.audit_module import audit_module
 from cl_audit.settings import Amp, AuditSettings, TensorMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
@@ -79,7 +79,7 @@ def _cell(row: dict) -> str:
 
 
 def table(rows: list[dict]) -> str:
-    """The Markdown table of reports/README.md: per model, each configuration's verdict and
+    """The Markdown table of reports/pages/libraries.md: per model, each configuration's verdict and
     channels_last-only cost, and the top sites (inference, else training) with fix site and
     remedy."""
     lines = [

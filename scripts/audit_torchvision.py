@@ -9,9 +9,9 @@ X.Y.Z is the torch release: the slow test tier compares with the file of the run
 One thread, as the tests and sweep workers run: the CPU convolution backward copies inside
 with two threads where it does not with one (mobilenet_v2's training step: 8.4 MiB against
 0.26 MiB), so verdicts are per thread count.
-``--table FILE`` prints the Markdown table of reports/README.md from such a file instead: per
-model the verdict, the channels_last-only cost against NCHW, and the costliest site with its
-fix site and remedy.
+``--table FILE`` prints the Markdown table of reports/pages/torchvision-tier.md from such a file
+instead: per model the verdict, the channels_last-only cost against NCHW, and the costliest site
+with its fix site and remedy.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import torch
 from cl_audit.report import ModelReport, ModelSource, decode_document, encode_document
 from cl_audit.settings import AuditSettings, Engine
 from cl_audit.sources import ModelRef, load_model
-from cl_audit.sources.audit import audit_loaded
+from cl_audit.sources.source_audit import audit_loaded
 from cl_audit.sources.torchvision_models import CHANNELS_LAST_TIER
 
 REPORTS_FORMAT = "cl-audit.reports"

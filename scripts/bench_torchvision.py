@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from cl_audit.bench import BenchSettings, bench_module
+from cl_audit.features.bench import BenchSettings, bench_module
 from cl_audit.report import ModelSource
 from cl_audit.settings import Amp, AuditSettings
 from cl_audit.sources import ModelRef, load_model

@@ -2,11 +2,11 @@
 
     python scripts/compare_verdicts.py OLD.json.gz NEW.json.gz --details reports/x.md
 
-Prints the summary tables for reports/README.md: offending models before and after, where each
-earlier offender finding went (still an offender, a parameter conversion, format-neutral, or no
-longer a loss), the top format-neutral and parameter patterns with their call sites, offenders
-found only now, and regains without a loss. ``--details`` writes the list of models whose
-verdict changed, with the reason, to a file.
+Prints the summary tables for reports/pages/timm-rule-v2.md: offending models before and after,
+where each earlier offender finding went (still an offender, a parameter conversion,
+format-neutral, or no longer a loss), the top format-neutral and parameter patterns with their
+call sites, offenders found only now, and regains without a loss. ``--details`` writes the list
+of models whose verdict changed, with the reason, to a file.
 """
 
 from __future__ import annotations

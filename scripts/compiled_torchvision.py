@@ -17,7 +17,7 @@ copies are traced) unless the model's shapes depend on its values (a detection m
 ``nonzero``): then the graphs are traced on real CPU tensors, and the row names the operation
 (``inference_data_dependent``, ``training_data_dependent``). Graphs are traced on fake CPU
 tensors (autograd's engine needs a device for a CUDA backward) and decided as for a GPU.
-``--table`` prints the Markdown summary that reports/README.md quotes; ``--copies`` the
+``--table`` prints the Markdown summary that reports/pages/compiled.md quotes; ``--copies`` the
 predicted layout copies of the models that have any, one column per graph and release.
 """
 
@@ -30,10 +30,10 @@ import time
 
 import torch
 
-from cl_audit.compiled import compiled_layouts
-from cl_audit.convert import apply_strategy
+from cl_audit.compiled.graphs import compiled_layouts
 from cl_audit.enums import ModelSource, Strategy
 from cl_audit.errors import ModelFailedError, UsageError
+from cl_audit.execution.convert import apply_strategy
 from cl_audit.sources import BuildOptions, ModelRef, load_model
 from cl_audit.sources.torchvision_models import names
 

@@ -1,4 +1,4 @@
-"""The torchvision registry under DDP and the FSDP pre-flight (``cl_audit.distributed``), one
+"""The torchvision registry under DDP and the FSDP pre-flight (``features.distributed``), one
 model per builder module (the first in name order: ``compiled_torchvision.one_per_module``).
 
     python scripts/distributed_torchvision.py --out reports/distributed/torchvision_torch-X.json.gz
@@ -10,7 +10,7 @@ wrapping, ``gradient_as_bucket_view`` off and on) and ``fsdp_check`` (two proces
 it; ``--own-size`` for the model's own, as inception_v3 needs), batch 2, with random weights.
 A model that fails is a row with its error; ``--models A B`` re-runs those into ``--out``
 (a ``.gz`` path is read and written compressed).
-``--table`` prints the Markdown summary that reports/README.md quotes.
+``--table`` prints the Markdown summary that reports/pages/distributed.md quotes.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from pathlib import Path
 import torch
 from compiled_torchvision import one_per_module
 
-from cl_audit.distributed import ddp_check, fsdp_check
 from cl_audit.enums import BucketMatch, ModelSource, WrapOrder
 from cl_audit.errors import ModelFailedError
+from cl_audit.features.distributed import ddp_check, fsdp_check
 from cl_audit.report.envelope import decode_document, encode_document
 from cl_audit.settings import AuditSettings
 from cl_audit.sources import ModelRef

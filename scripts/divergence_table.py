@@ -1,5 +1,5 @@
-"""Make ``cl_audit/divergences.json``: what fake tensors get wrong, per torch version and device,
-from the measurements of ``scripts/gpu_truth.py`` (eager against fake on one device).
+"""Make ``cl_audit/predict/divergences.json``: what fake tensors get wrong, per torch version and
+device, from the measurements of ``scripts/gpu_truth.py`` (eager against fake on one device).
 
     python scripts/divergence_table.py reports/gpu-truth/*.json
 
@@ -18,7 +18,7 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
-OUT = Path(__file__).resolve().parents[1] / "cl_audit" / "divergences.json"
+OUT = Path(__file__).resolve().parents[1] / "cl_audit" / "predict" / "divergences.json"
 
 
 def table(measurement: dict) -> dict:

@@ -1,7 +1,8 @@
 """Draw models at random for the speed checks, the seed written.
 
     python scripts/draw_models.py --timm 44 --seed 58 --max-parameters 60e6 --max-size 256 \
-        --from reports/timm_torch-2.14.1_cuda_train_predicted.json.gz > reports/speed/models_cuda.txt
+        --from reports/timm_torch-2.14.1_cuda_train_predicted.json.gz \
+        > reports/speed/models_cuda.txt
 
 From the rows of a sweep report that ran (status ok), those with at most ``--max-parameters``
 parameters whose timm configuration's input side is at most ``--max-size``; ``--named`` are
@@ -41,8 +42,10 @@ def main() -> None:
 
     pool = sorted(r["name"] for r in rows if fits(r))
     drawn = random.Random(a.seed).sample(pool, a.timm)
-    print(f"# scripts/draw_models.py --from {a.report} --timm {a.timm} --seed {a.seed} "
-          f"--max-parameters {a.max_parameters:g} --max-size {a.max_size} --named {a.named}")
+    print(
+        f"# scripts/draw_models.py --from {a.report} --timm {a.timm} --seed {a.seed} "
+        f"--max-parameters {a.max_parameters:g} --max-size {a.max_size} --named {a.named}"
+    )
     print(f"# {a.timm} drawn of {len(pool)}; named first")
     for name in named:
         print(f"{name}  # named")

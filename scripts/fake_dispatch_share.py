@@ -24,7 +24,7 @@ from alternate_audits import KINDS  # the same two audits, as scripts/ is on sys
 from cl_audit import compat
 from cl_audit.enums import ModelSource
 from cl_audit.sources import ModelRef
-from cl_audit.sweep.plan import Selection
+from cl_audit.sweep.selection import Selection
 from cl_audit.sweep.worker import Job, SweepSettings, audit_job
 
 

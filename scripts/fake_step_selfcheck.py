@@ -33,12 +33,12 @@ from typing import Any
 import torch
 
 from cl_audit.enums import ModelSource, TensorMode
-from cl_audit.plan import plan_run
+from cl_audit.execution.plan import plan_run
+from cl_audit.execution.tensors import TENSORS
 from cl_audit.report import ModelReport, ModelRow, decode_document
 from cl_audit.settings import AuditSettings
 from cl_audit.sources import BuildOptions, ModelRef, load_model
-from cl_audit.sources.audit import audit_loaded
-from cl_audit.tensors import TENSORS
+from cl_audit.sources.source_audit import audit_loaded
 
 REPORTS = Path(__file__).resolve().parents[1] / "reports"
 

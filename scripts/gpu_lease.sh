@@ -14,7 +14,7 @@
 #      five models the first lease's time limit cut, and training steps (10 a round) of four.
 # Compare the sweep's rows with the prediction: scripts/compare_cuda_truth.py.
 # Every part writes as it goes and stops at its own time limit, so a cut-off run keeps what it
-# measured. Results land in $OUT (default /tmp/gpu-lease); reports/README.md says what was kept.
+# measured. Results land in $OUT (default /tmp/gpu-lease); reports/pages/h200-leases.md says what was kept.
 #   bash scripts/gpu_lease.sh            # where `python3` has a CUDA build of torch
 # Optional: .whl/*.whl (the timm release the reports used, typer and what it needs) installed
 # first.
@@ -38,7 +38,7 @@ for k in 1 2 3 4; do
     OMP_NUM_THREADS=2 timeout 240 python3 scripts/gpu_truth.py --amp bf16 --shard "$k/4" \
         --out "$OUT/logs/truth-$k.json" >"$OUT/logs/truth-$k.log" 2>&1 &
 done
-cp cl_audit/kernel_copies.json "$OUT/kernel_copies.json"
+cp cl_audit/predict/kernel_copies.json "$OUT/kernel_copies.json"
 timeout 150 python3 scripts/kernel_copies.py --device cuda --out "$OUT/kernel_copies.json" \
     >"$OUT/logs/kernel-copies.log" 2>&1 &
 timeout 150 python3 scripts/sdpa_backends.py --device cuda --out "$OUT/sdpa-backends.json" \

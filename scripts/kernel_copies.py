@@ -1,6 +1,6 @@
 """Measure the copies kernels make inside of a strided input, per torch version and device, into
-``cl_audit/kernel_copies.json``: fake runs, which run no kernel, predict them from it
-(``cl_audit.divergences.kernel_copy_table``).
+``cl_audit/predict/kernel_copies.json``: fake runs, which run no kernel, predict them from it
+(``cl_audit.predict.divergences.kernel_copy_table``).
 
     python scripts/kernel_copies.py [--device cuda]
 
@@ -28,14 +28,14 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from cl_audit.compat import aten_op_name
+from cl_audit.execution.timing import Profiler, copies_by_call
 from cl_audit.intercept.dispatch import DispatchEngine
-from cl_audit.intercept.naming import aten_op_name
 from cl_audit.intercept.tracking import nbytes, tensor_arguments
-from cl_audit.layout import MemoryLayout, StrideClass, layout_of, stride_class
-from cl_audit.rule import COPY_ATEN_OPS
-from cl_audit.timing import Profiler, copies_by_call
+from cl_audit.rule.conversions import COPY_ATEN_OPS
+from cl_audit.rule.layout import MemoryLayout, StrideClass, layout_of, stride_class
 
-OUT = Path(__file__).resolve().parents[1] / "cl_audit" / "kernel_copies.json"
+OUT = Path(__file__).resolve().parents[1] / "cl_audit" / "predict" / "kernel_copies.json"
 
 Probe = tuple[str, Callable[..., Any], tuple[tuple[int, ...], ...], tuple[int, ...]]
 

@@ -166,7 +166,7 @@ class Writer:
     def __init__(self, out: Path, header: dict) -> None:
         self.out = out
         self.table = header | {"launch": None, "probes": [], "convolutions": []}
-        self.lines = open(out.with_suffix(".jsonl"), "a", buffering=1)  # noqa: SIM115
+        self.lines = open(out.with_suffix(".jsonl"), "a", buffering=1)
 
     def add(self, part: str, row: dict) -> None:
         self.lines.write(json.dumps({"part": part, **row}) + "\n")
@@ -226,9 +226,11 @@ def _probes(c: int, device: str, dtype: torch.dtype) -> dict[str, Callable[..., 
         ),
         "softmax_channels": lambda x, y: torch.softmax(x, 1),
         "cat_channels": lambda x, y: torch.cat([x, y], 1),
-        "to_other_layout": lambda x, y: x.contiguous()
-        if x.is_contiguous(memory_format=CL) and not x.is_contiguous()
-        else x.contiguous(memory_format=CL),
+        "to_other_layout": lambda x, y: (
+            x.contiguous()
+            if x.is_contiguous(memory_format=CL) and not x.is_contiguous()
+            else x.contiguous(memory_format=CL)
+        ),
         "clone": lambda x, y: x.clone(),
     }
 
@@ -243,9 +245,7 @@ def _in_layout(t: torch.Tensor, layout: str) -> torch.Tensor:
     return t.contiguous(memory_format=CL) if layout == "channels_last" else t.contiguous()
 
 
-def _aten_profile(
-    call: Callable[[], object], device: str
-) -> list[dict]:
+def _aten_profile(call: Callable[[], object], device: str) -> list[dict]:
     """Each aten operation's own time in one profiled call, with its input shapes."""
     activities = [torch.profiler.ProfilerActivity.CPU]
     if device == "cuda":
@@ -278,13 +278,18 @@ def profile_rows(prof: torch.profiler.profile, device: str) -> list[dict]:
 
 
 def measure_probes(
-    clock: Clock, device: str, dtype_name: str, writer: Writer, repeats: int, profile: bool,
+    clock: Clock,
+    device: str,
+    dtype_name: str,
+    writer: Writer,
+    repeats: int,
+    profile: bool,
     deadline: float,
 ) -> None:
     dtype = DTYPES[dtype_name]
     autocast = device == "cuda" and dtype != torch.float32
     for shape in PROBE_SHAPES[device]:
-        n, c, h, w = shape
+        c = shape[1]
         base_x = torch.randn(shape, device=device, dtype=dtype)
         base_y = torch.randn(shape, device=device, dtype=dtype)
         for name, probe in _probes(c, device, dtype).items():
@@ -299,12 +304,10 @@ def measure_probes(
                     y = _in_layout(base_y, layout).requires_grad_(True)
 
                     def forward(x=x, y=y, probe=probe) -> torch.Tensor:
-                        with torch.no_grad(), torch.autocast(
-                            device, dtype=dtype, enabled=autocast
-                        ):
+                        with torch.no_grad(), torch.autocast(device, dtype=dtype, enabled=autocast):
                             return probe(x, y)
 
-                    def step(x=x, y=y, probe=probe, layout=layout) -> None:
+                    def step(x=x, y=y, probe=probe, layout=layout, grads=grads) -> None:
                         with torch.autocast(device, dtype=dtype, enabled=autocast):
                             out = probe(x, y)
                         if layout not in grads:
@@ -389,8 +392,9 @@ def conv_grid(batch: int) -> list[dict]:
 
 
 def measure_conv(clock: Clock, device: str, dtype: torch.dtype, cfg: dict, repeats: int) -> dict:
-    n, cin, cout, g, k, s, h = (cfg[key] for key in
-                                ("batch", "cin", "cout", "groups", "kernel", "stride", "size"))
+    n, cin, cout, g, k, s, h = (
+        cfg[key] for key in ("batch", "cin", "cout", "groups", "kernel", "stride", "size")
+    )
     pad = k // 2 if s == 1 or k % 2 else 0
     out = (h + 2 * pad - k) // s + 1
     args = ([s, s], [pad, pad], [1, 1], False, [0, 0], g)
@@ -427,8 +431,15 @@ def measure_conv(clock: Clock, device: str, dtype: torch.dtype, cfg: dict, repea
 
 
 def measure_convs(
-    clock: Clock, device: str, dtype_name: str, writer: Writer, repeats: int, deadline: float,
-    batch: int, every: int, skip: int = 0,
+    clock: Clock,
+    device: str,
+    dtype_name: str,
+    writer: Writer,
+    repeats: int,
+    deadline: float,
+    batch: int,
+    every: int,
+    skip: int = 0,
 ) -> int:
     dtype = DTYPES[dtype_name]
     done = 0
@@ -460,10 +471,19 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--batch", type=int, default=None, help="the grid's batch (64 / 2)")
     p.add_argument("--threads", type=int, default=None, help="torch's CPU threads")
-    p.add_argument("--skip", type=int, default=0, help="start at this grid configuration "
-                   "(where an earlier run stopped)")
-    p.add_argument("--every", type=int, default=None, help="every Nth grid configuration, each "
-                   "dtype (default: CUDA's first dtype all, the others every fourth)")
+    p.add_argument(
+        "--skip",
+        type=int,
+        default=0,
+        help="start at this grid configuration (where an earlier run stopped)",
+    )
+    p.add_argument(
+        "--every",
+        type=int,
+        default=None,
+        help="every Nth grid configuration, each "
+        "dtype (default: CUDA's first dtype all, the others every fourth)",
+    )
     a = p.parse_args()
     if a.device == "cuda" and not torch.cuda.is_available():
         sys.exit("op_times: --device cuda, and torch sees no GPU")
@@ -471,7 +491,7 @@ def main() -> None:
         torch.set_num_threads(a.threads)
     torch.backends.cudnn.benchmark = True
     out = a.out / table_name(a.device) if a.out.is_dir() else a.out
-    dtypes = (a.dtypes or ("float16,bfloat16,float32" if a.device == "cuda" else "float32"))
+    dtypes = a.dtypes or ("float16,bfloat16,float32" if a.device == "cuda" else "float32")
     dtypes = dtypes.split(",")
     batch = a.batch or (64 if a.device == "cuda" else 2)
     start = time.monotonic()
@@ -484,9 +504,13 @@ def main() -> None:
         "machine": machine(a.device),
         "measured": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "script": "scripts/op_times.py " + " ".join(sys.argv[1:]),
-        "settings": {"cudnn_benchmark": True, "repeats": a.repeats, "grid_batch": batch,
-                     "tf32_convolutions": torch.backends.cudnn.allow_tf32,
-                     "autocast_probes": a.device == "cuda"},  # fmt: skip
+        "settings": {
+            "cudnn_benchmark": True,
+            "repeats": a.repeats,
+            "grid_batch": batch,
+            "tf32_convolutions": torch.backends.cudnn.allow_tf32,
+            "autocast_probes": a.device == "cuda",
+        },
     }
     writer = Writer(out, header)
     clock = Clock(a.device)
@@ -505,7 +529,7 @@ def main() -> None:
         shares = [1.0] + [0.25] * (len(dtypes) - 1)
     else:
         shares = [1.0] * len(dtypes)
-    for dt, share in zip(dtypes, shares):
+    for dt, share in zip(dtypes, shares, strict=True):
         budget = a.budget_s * share / sum(shares)
         done = measure_convs(clock, a.device, dt, writer, a.repeats, time.monotonic() + budget,
                              batch, round(1 / share), a.skip)  # fmt: skip

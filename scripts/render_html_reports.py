@@ -25,7 +25,7 @@ from cl_audit.render.html import model_html, sweep_html
 from cl_audit.report import ModelSource, SweepReport
 from cl_audit.settings import AuditSettings
 from cl_audit.sources import ModelRef, load_model
-from cl_audit.sources.audit import audit_loaded
+from cl_audit.sources.source_audit import audit_loaded
 
 OUT = Path(__file__).resolve().parents[1] / "reports" / "html"
 MODELS = ("shufflenet_v2_x1_0", "maxvit_t")

@@ -25,8 +25,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from cl_audit.compat import aten_op_name
 from cl_audit.intercept.dispatch import DispatchEngine
-from cl_audit.intercept.naming import aten_op_name
 
 BATCH, HEADS = 2, 4
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}

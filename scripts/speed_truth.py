@@ -168,7 +168,7 @@ def measure(name: str, a: argparse.Namespace) -> dict:
     for i in range(a.rounds):
         for k in order if i % 2 == 0 else order[::-1]:
             rounds[k].append(runners[k].timed(a.steps))
-    ratios = [n / c for n, c in zip(rounds["nchw"], rounds["channels_last"])]
+    ratios = [n / c for n, c in zip(rounds["nchw"], rounds["channels_last"], strict=True)]
     row = {
         "name": name,
         "status": "ok",
@@ -225,9 +225,13 @@ def main() -> None:
             try:
                 row = measure(name, a)
             except Exception as e:
-                row = {"name": name, "status": "error",
-                       "message": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}" if str(e)
-                       else type(e).__name__, "where": traceback.format_exc().splitlines()[-3:]}  # fmt: skip
+                first = str(e).splitlines()[0][:300] if str(e) else ""
+                row = {
+                    "name": name,
+                    "status": "error",
+                    "message": f"{type(e).__name__}: {first}" if first else type(e).__name__,
+                    "where": traceback.format_exc().splitlines()[-3:],
+                }
             row["seconds"] = round(time.monotonic() - t0, 2)
             row["settings"] = settings
             row["versions"] = {"torch": torch.__version__, "python": sys.version.split()[0]}

@@ -1,4 +1,4 @@
-"""Markdown tables for reports/README.md from a sweep report (.json or .json.gz).
+"""Markdown tables for the registry pages of reports/pages/ from a sweep report (.json or .json.gz).
 
 python scripts/summarise_sweep.py reports/timm_torch-2.14.1_cpu_fake+eager.json.gz --top 15
 python scripts/summarise_sweep.py reports/timm_torch-2.14.1_cpu_train_fake+eager.json.gz --phases \

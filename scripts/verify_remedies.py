@@ -21,7 +21,7 @@ from cl_audit.enums import ModelSource
 from cl_audit.report import ModelReport
 from cl_audit.settings import AuditSettings, parse_input_size
 from cl_audit.sources import BuildOptions, ModelRef, load_model
-from cl_audit.sources.audit import audit_loaded
+from cl_audit.sources.source_audit import audit_loaded
 
 
 def _ref(name: str) -> ModelRef:

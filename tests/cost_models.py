@@ -1,4 +1,4 @@
-"""Tiny modules for the cost rule (``cl_audit.cost``): each case beside its positive control."""
+"""Tiny modules for the cost rule (``compare.cost_sites``): each case beside its control."""
 
 from __future__ import annotations
 

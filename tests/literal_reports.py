@@ -6,7 +6,6 @@ from dataclasses import replace
 
 from cl_audit.enums import CostKind, Engine, Evidence, Phase
 from cl_audit.errors import Stage
-from cl_audit.layout import MemoryLayout
 from cl_audit.report import (
     Conversion,
     Differential,
@@ -26,7 +25,8 @@ from cl_audit.report import (
     TensorSummary,
     summarise,
 )
-from cl_audit.report.cost import Cost, CostSite, Gate
+from cl_audit.report.verdict import Cost, CostSite, Gate
+from cl_audit.rule.layout import MemoryLayout
 
 ENVIRONMENT = Environment(
     tool="0.1.0",

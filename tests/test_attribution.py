@@ -86,7 +86,7 @@ def test_5d_input_uses_channels_last_3d(engine):
 
 
 def test_conversion_matches_module_to_and_handles_mixed_ranks():
-    from cl_audit.convert import to_channels_last as convert_to_channels_last
+    from cl_audit.execution.convert import to_channels_last as convert_to_channels_last
 
     pointwise = torch.nn.Conv2d(4, 8, 1)
     reference = torch.nn.Conv2d(4, 8, 1).to(memory_format=torch.channels_last)

@@ -19,13 +19,13 @@ import torchvision
 from bench_models import RoundTrip, StrategyProbe, TwoCopies
 from typer.testing import CliRunner
 
-from cl_audit.bench import WARMUP_LIMIT, BenchSettings, bench_module
-from cl_audit.bench_report import BenchReport, StrategyTiming, dashboard_records
 from cl_audit.cli import app
-from cl_audit.convert import apply_strategy, strategy_input
+from cl_audit.execution.convert import apply_strategy, strategy_input
+from cl_audit.features.bench import WARMUP_LIMIT, BenchSettings, bench_module
 from cl_audit.render.html import model_html
 from cl_audit.report import Conversion, RegainSource, load_schema
-from cl_audit.run import audit_model
+from cl_audit.report.bench_report import BenchReport, StrategyTiming, dashboard_records
+from cl_audit.run.audit_module import audit_model
 from cl_audit.settings import Amp, AuditSettings, Strategy
 
 MODELS = str(Path(__file__).with_name("bench_models.py"))

@@ -51,7 +51,7 @@ from cl_audit.report import (
     load_schema,
 )
 from cl_audit.report.codec import JsonForm, decode, encode
-from cl_audit.report.distributed import (
+from cl_audit.report.distributed_report import (
     BucketParameter,
     DdpCheck,
     DdpRun,

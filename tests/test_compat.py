@@ -23,20 +23,20 @@ from torch_checks import FAKE_CUDA_PROBLEM, fake_cuda_group_norm_returns_nchw, n
 from typer.testing import CliRunner
 
 from cl_audit import compat
-from cl_audit.audit import audit
 from cl_audit.cli import app
 from cl_audit.compat import TORCH_VERSION
-from cl_audit.divergences import (
+from cl_audit.errors import UsageError
+from cl_audit.execution.audit_context import audit
+from cl_audit.execution.plan import resolve_device
+from cl_audit.predict.divergences import (
     CUDA_KERNEL_OVERRIDES,
     KernelCopies,
     KernelOverride,
     divergence_table,
     kernel_copy_table,
 )
-from cl_audit.errors import UsageError
-from cl_audit.fake import KernelSourceMode
-from cl_audit.plan import resolve_device
-from cl_audit.run import audit_module
+from cl_audit.predict.fake_tensors import KernelSourceMode
+from cl_audit.run.audit_module import audit_module
 from cl_audit.settings import AuditSettings, TensorMode
 
 PACKAGE = Path(compat.__file__).parent.parent  # cl_audit
@@ -137,10 +137,10 @@ def test_this_torch_fails_the_probe_and_fake_cuda_is_refused_with_its_reason():
 
 
 def test_a_failed_probe_refuses_fake_cuda_with_its_reason_and_exit_2(monkeypatch):
-    import cl_audit.plan
+    import cl_audit.execution.plan
 
     monkeypatch.setattr(
-        cl_audit.plan, "fake_cuda_problem", lambda bfloat16=False: "the probe's reason"
+        cl_audit.execution.plan, "fake_cuda_problem", lambda bfloat16=False: "the probe's reason"
     )
     with pytest.raises(UsageError, match="no honest prediction here: the probe's reason"):
         resolve_device("cuda", TensorMode.FAKE)

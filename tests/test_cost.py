@@ -95,7 +95,7 @@ def test_a_site_where_channels_last_saves_bytes_gets_no_remedy():
 def test_device_specific_remedies_hold_on_their_device_only():
     """GroupNorm's and the reflect pad's remedies are CUDA's; the CPU convolution backward's
     is the CPU's."""
-    from cl_audit.remedies import SiteContext, remedy_for
+    from cl_audit.compare.remedies import SiteContext, remedy_for
 
     cases = (
         (CostKind.KERNEL, "aten.native_group_norm", "cuda"),
@@ -310,9 +310,9 @@ def test_the_nchw_run_kept_for_its_ledger_alone_weighs_as_a_full_audit_of_it(
     (copies both formats make, only one makes, and the conversions after them); the
     channels_last run's findings are its own either way. A ledger-only audit refuses its
     findings."""
-    import cl_audit.phases.compare as compare_phase
-    from cl_audit.audit import Audit
+    import cl_audit.run.phases.compare as compare_phase
     from cl_audit.errors import AuditError
+    from cl_audit.execution.audit_context import Audit
 
     reports = []
     for full in (False, True):
@@ -336,7 +336,7 @@ def test_the_nchw_run_kept_for_its_ledger_alone_weighs_as_a_full_audit_of_it(
 def test_fake_mode_predicts_the_same_sites_from_strides():
     torch.manual_seed(0)
     model = cm.ContiguousCopy()
-    from cl_audit.run import audit_module
+    from cl_audit.run.audit_module import audit_module
     from cl_audit.settings import AuditSettings, TensorMode
 
     settings = AuditSettings(tensor_mode=TensorMode.FAKE, gate=Gate(0, 0))
@@ -347,7 +347,7 @@ def test_fake_mode_predicts_the_same_sites_from_strides():
 
 
 def _fake(model: torch.nn.Module, train: bool = False, device: str = "cpu") -> ModelReport:
-    from cl_audit.run import audit_module
+    from cl_audit.run.audit_module import audit_module
     from cl_audit.settings import AuditSettings, TensorMode
 
     torch.manual_seed(0)
@@ -539,8 +539,8 @@ def test_a_view_is_never_a_fix_site_though_the_finding_names_it_as_root_cause():
 
 
 def _record(call, phase, op, inputs, outputs, in_keys, out_keys, parameters=()):
-    from cl_audit.attribution import Location
     from cl_audit.intercept.ledger import OpRecord
+    from cl_audit.rule.attribution import Location
 
     return OpRecord(
         call, phase, op, None, inputs, outputs, in_keys, out_keys, set(parameters),

@@ -16,9 +16,9 @@ from typer.testing import CliRunner
 
 import cl_audit
 from cl_audit.cli import app
-from cl_audit.differential import CounterpartWatcher, classify_terminal
+from cl_audit.compare.differential import CounterpartWatcher, classify_terminal
 from cl_audit.report import Differential, DifferentialRun, DifferentialStatus
-from cl_audit.run import audit_module
+from cl_audit.run.audit_module import audit_module
 from cl_audit.settings import AuditSettings, TensorMode
 
 HERE = Path(__file__).parent
@@ -101,7 +101,7 @@ def test_neutral_terminal_occurrences_split_from_round_trips_of_the_same_finding
     (finding,) = report.offenders
     merged = replace(finding, count=3, bytes_converted=3 * finding.bytes_converted, round_trips=2)
     merged = replace(merged, terminal=1)
-    watcher = CounterpartWatcher(cl_audit.attribution.ModuleNames(), (merged,))
+    watcher = CounterpartWatcher(cl_audit.rule.attribution.ModuleNames(), (merged,))
     same = tuple((t.shape, t.strides) for t in merged.inputs)
     out = tuple((t.shape, t.strides) for t in merged.outputs)
     place = (
@@ -145,7 +145,7 @@ def test_cli_show_all_lists_the_format_neutral_losses():
 @pytest.mark.parametrize("engine_name", ["dispatch", "patch"])
 def test_context_manager_never_classifies(engine_name):
     model = toy_models.FlattenHead().eval()
-    cl_audit.convert.to_channels_last(model)
+    cl_audit.execution.convert.to_channels_last(model)
     x = torch.randn(2, 3, 16, 16).contiguous(memory_format=torch.channels_last)
     with torch.no_grad(), cl_audit.audit(engine_name, model=model) as active:
         model(x)

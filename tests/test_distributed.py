@@ -16,7 +16,7 @@ from test_cli import invoke
 from cl_audit.compat import TORCH_VERSION
 from cl_audit.enums import BucketMatch, WrapOrder
 from cl_audit.report import ModelReport, load_schema
-from cl_audit.report.distributed import bucket_match
+from cl_audit.report.distributed_report import bucket_match
 
 TOY = str(Path(__file__).with_name("ddp_models.py")) + ":small_conv_net"
 B = BucketMatch

@@ -1,6 +1,6 @@
-"""The documentation holds together: every relative link in README.md, CONTRIBUTING.md and
-docs/*.md reaches a file that exists and, with a ``#anchor``, a heading of that file; and the
-README stays short, opening with its two commands."""
+"""The documentation holds together: every relative link in README.md, CONTRIBUTING.md,
+docs/*.md, reports/README.md and reports/pages/*.md reaches a file that exists and, with a
+``#anchor``, a heading of that file; and the README stays short, opening with its two commands."""
 
 from __future__ import annotations
 
@@ -10,7 +10,13 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCUMENTS = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCUMENTS = [
+    ROOT / "README.md",
+    ROOT / "CONTRIBUTING.md",
+    *sorted((ROOT / "docs").glob("*.md")),
+    ROOT / "reports" / "README.md",
+    *sorted((ROOT / "reports" / "pages").glob("*.md")),
+]
 
 FENCE = re.compile(r"^\s*(```|~~~)")
 LINK = re.compile(r"\[(?:[^\[\]]|\[[^\[\]]*\])*\]\(([^()\s]+)\)")

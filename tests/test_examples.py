@@ -15,8 +15,8 @@ from typer.testing import CliRunner
 
 import cl_audit
 from cl_audit.cli import app
-from cl_audit.convert import input_to_channels_last, input_to_nchw
-from cl_audit.inputs import Example
+from cl_audit.execution.convert import input_to_channels_last, input_to_nchw
+from cl_audit.execution.inputs import Example
 from cl_audit.report import DifferentialStatus
 
 MODELS = Path(__file__).with_name("example_models.py")

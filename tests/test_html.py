@@ -19,7 +19,7 @@ from literal_reports import empty_sweep, finding, minor_sweep, row, sweep, train
 
 from cl_audit.render.html import model_html, sweep_html
 from cl_audit.report import ModelSource, Status
-from cl_audit.run import audit_module
+from cl_audit.run.audit_module import audit_module
 from cl_audit.settings import AuditSettings
 
 HOSTILE = '<script>window.pwned=1</script><img src=x onerror="window.pwned=2">'
@@ -197,7 +197,7 @@ def test_ops_page_filters_by_behaviour_and_text_and_renders_hostile_names_inert(
     """``cl-audit ops --html``: every row at its anchor, filtered by behaviour and by text;
     an operator named like a script is shown as text, not run."""
     from cl_audit.enums import OpBehaviour as B
-    from cl_audit.ops import OperatorRow, OpsIndex
+    from cl_audit.features.ops_index import OperatorRow, OpsIndex
     from cl_audit.render.html_ops import ops_html
 
     rows = tuple(

@@ -316,7 +316,7 @@ _LIGHTNING_DDP = """
 import os, sys, warnings
 import lightning.pytorch as pl
 import torch
-from cl_audit.convert import to_channels_last
+from cl_audit.execution.convert import to_channels_last
 from cl_audit.integrations.lightning import ChannelsLastAudit
 sys.path.insert(0, {tests!r})
 from ddp_models import SmallConvNet

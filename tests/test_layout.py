@@ -3,7 +3,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cl_audit.layout import MemoryLayout, StrideClass, classify, layout_of, stride_class
+from cl_audit.rule.layout import (
+    MemoryLayout,
+    StrideClass,
+    classify,
+    layout_of,
+    stride_class,
+)
 
 CL, CONTIG, AMBIG, OTHER = (
     MemoryLayout.CHANNELS_LAST,

@@ -22,7 +22,7 @@ from cl_audit.compat import fake_cuda_problem
 from cl_audit.compat.opinfo import OperatorEntry, Sample, opinfo_problem
 from cl_audit.enums import CostKind, OpBehaviour, Phase
 from cl_audit.errors import UsageError
-from cl_audit.ops import (
+from cl_audit.features.ops_index import (
     OperatorRow,
     OpLink,
     OpsIndex,
@@ -36,10 +36,10 @@ from cl_audit.ops import (
     target_for,
 )
 from cl_audit.render.html_ops import ops_html
-from cl_audit.render.ops import render_op_costs, render_ops
+from cl_audit.render.ops_table import render_op_costs, render_ops
 from cl_audit.report import load_schema
-from cl_audit.report.cost import Producer
 from cl_audit.report.envelope import OPS_VERSION
+from cl_audit.report.verdict import Producer
 
 B = OpBehaviour
 REPORTS = Path(__file__).resolve().parents[1] / "reports"
@@ -65,7 +65,7 @@ def test_a_convolution_keeps_channels_last_with_its_weight_converted_too():
 
 
 def test_softmax_over_channels_and_instance_norm_return_nchw_where_relu_keeps():
-    """The losses of the index's first measurement (reports/README.md), on torch 2.4.1 to
+    """The losses of the index's first measurement (reports/pages/ops-index.md), on torch 2.4.1 to
     2.15.0 alike; relu, elementwise, is the control that keeps."""
     x = Sample(_map(2, 3, 8, 8), (), {})
     assert probe_sample(lambda t: t.softmax(1), x).behaviour is B.LOSES

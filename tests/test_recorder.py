@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import torch
 
-from cl_audit.attribution import ModuleNames
 from cl_audit.intercept.recorder import Recorder
 from cl_audit.report import Conversion, Provenance, RegainSource
+from cl_audit.rule.attribution import ModuleNames
 
 aten = torch.ops.aten
 CL = torch.channels_last

@@ -1,4 +1,4 @@
-"""Remedies proven by what-if runs (``cl_audit.phases.verify``): a change made at its line in
+"""Remedies proven by what-if runs (``cl_audit.run.phases.verify``): a change made at its line in
 both layouts is verified only when the model still runs, its output is kept and the cost at
 its sites falls; the changes that break the model are shown failed and not offered."""
 

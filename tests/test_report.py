@@ -81,7 +81,11 @@ def test_not_json_and_missing_keys_are_refused(report):
 def test_autocast_is_recorded():
     model = toy_models.CleanNet().eval().to(memory_format=torch.channels_last)
     x = torch.randn(2, 3, 16, 16).contiguous(memory_format=torch.channels_last)
-    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16), cl_audit.audit() as audit:
+    with (
+        torch.no_grad(),
+        torch.autocast("cpu", dtype=torch.bfloat16),
+        cl_audit.audit() as audit,
+    ):
         model(x)
     assert audit.report().environment.autocast == "cpu:bfloat16"
 

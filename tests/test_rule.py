@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from conftest import channels_last
 
 import cl_audit
-from cl_audit.rule import carries_order, is_copy_op
+from cl_audit.rule.conversions import carries_order, is_copy_op
 
 x = channels_last(2, 8, 6, 6)
 

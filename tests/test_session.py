@@ -173,7 +173,7 @@ def test_confirm_reruns_clean_fake_rows_whose_findings_include_a_divergent_op(mo
     confirmed; one with an ordinary regain, or the same op in another phase, is not."""
     from dataclasses import replace
 
-    from cl_audit.divergences import DivergenceTable
+    from cl_audit.predict.divergences import DivergenceTable
     from cl_audit.report import Conversion, Phase
 
     table = DivergenceTable("literal", {("aten.hardtanh_backward", "backward"): "measured"})

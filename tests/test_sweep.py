@@ -16,11 +16,11 @@ import jsonschema
 import pytest
 from torch_checks import fake_group_norm_loses_what_eager_keeps, needs_fake_cuda
 
-from cl_audit.divergences import divergence_table
 from cl_audit.errors import UsageError
+from cl_audit.predict.divergences import divergence_table
 from cl_audit.report import ModelSource, SweepReport, Verdict, compare, load_schema, merge
 from cl_audit.sources import ModelRef
-from cl_audit.sweep.plan import estimated_cost, parse_shard, select, shard
+from cl_audit.sweep.selection import estimated_cost, parse_shard, select, shard
 
 TESTS = Path(__file__).parent
 FAULTS = str(TESTS / "fault_models.py")
@@ -329,7 +329,7 @@ def test_zero_filled_build_is_restored_by_identity_and_keeps_verdicts():
 
     from cl_audit.settings import AuditSettings
     from cl_audit.sources import BuildOptions, building, load_model
-    from cl_audit.sources.audit import audit_loaded
+    from cl_audit.sources.source_audit import audit_loaded
 
     shufflenet = ModelRef(ModelSource.TORCHVISION, "shufflenet_v2_x0_5")
 

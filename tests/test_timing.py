@@ -8,10 +8,10 @@ import math
 import torch
 from torch.autograd.profiler import record_function
 
-import cl_audit.timing as timing
+import cl_audit.execution.timing as timing
 from cl_audit.compat import _parsed_ops
+from cl_audit.execution.timing import Profiler, copies_by_call
 from cl_audit.intercept.dispatch import CALL_LABEL
-from cl_audit.timing import Profiler, copies_by_call
 
 
 def _profiled_step() -> Profiler:

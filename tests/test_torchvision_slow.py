@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from cl_audit.compat import TORCH_VERSION, torch_version
-from cl_audit.environment import distribution_version
 from cl_audit.report import Differential, ModelReport, ModelSource, decode_document
+from cl_audit.report.environment import distribution_version
 from cl_audit.settings import AuditSettings, Engine
 from cl_audit.sources import LoadedModel, ModelRef, load_model
-from cl_audit.sources.audit import audit_loaded
+from cl_audit.sources.source_audit import audit_loaded
 from cl_audit.sources.torchvision_models import CHANNELS_LAST_TIER as MODELS
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -27,7 +27,7 @@ from cl_audit.errors import ModelFailedError, Stage, UsageError
 from cl_audit.intercept import dispatch
 from cl_audit.report import Phase, RegainSource, Verdict
 from cl_audit.report.codec import encode
-from cl_audit.run import audit_module
+from cl_audit.run.audit_module import audit_module
 from cl_audit.settings import Amp, AuditSettings, Engine, Optimizer, Strategy, TensorMode
 
 SPEC = f"{Path(__file__).with_name('training_models.py')}:activation_before_pool"
@@ -93,7 +93,7 @@ def test_fake_training_loses_the_format_where_eager_does_at_the_activations_back
     gradient first, so it returns NCHW, in a fake step as in eager (torch's own fake
     decomposition followed the channels_last input instead: the divergence the measured
     tables name); the report names the table fake runs apply."""
-    from cl_audit.divergences import divergence_table
+    from cl_audit.predict.divergences import divergence_table
 
     fake = train(tm.ActivationBeforePool(), tensor_mode=TensorMode.FAKE)
     eager = train(tm.ActivationBeforePool())
@@ -561,8 +561,8 @@ def test_priming_a_step_makes_the_optimizer_state_in_each_parameters_layout(opti
     strides, on the CPU), and leaves no gradient behind. Parameters alike (two convolutions of
     one shape) share one meta step, yet each gets state on a storage of its own."""
     from cl_audit.compat import fake_tensor, is_fake, new_fake_mode, storage_key
-    from cl_audit.plan import plan_run
-    from cl_audit.training import Step
+    from cl_audit.execution.plan import plan_run
+    from cl_audit.execution.training import Step
 
     model = torch.nn.Sequential(
         torch.nn.Conv2d(3, 8, 3), torch.nn.Conv2d(8, 8, 3), torch.nn.Conv2d(8, 8, 3)
@@ -595,7 +595,7 @@ def test_priming_a_step_makes_the_optimizer_state_in_each_parameters_layout(opti
 
 
 def test_fake_scaler_does_what_grad_scaler_does_when_no_gradient_overflows():
-    from cl_audit.training import FakeScaler
+    from cl_audit.execution.training import FakeScaler
 
     def step(scaler_for: object) -> list[torch.Tensor]:
         torch.manual_seed(0)
@@ -668,7 +668,7 @@ def test_a_factorys_own_loss_is_the_one_back_propagated():
         called.append(output.shape)
         return output.sum()
 
-    from cl_audit.run import audit_model
+    from cl_audit.run.audit_module import audit_model
 
     audit_model(torch.nn.Conv2d(3, 8, 3), torch.randn(2, 3, 8, 8), train=True, loss=loss)
     assert called == [torch.Size([2, 8, 6, 6])] * 4  # a warm-up and the audited step, each format

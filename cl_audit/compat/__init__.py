@@ -29,7 +29,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from cl_audit.compat.memo import MISSING, OutputMemo
 from cl_audit.errors import UsageError
-from cl_audit.layout import is_dense
+from cl_audit.rule.layout import is_dense
 
 __all__ = [
     "TORCH_VERSION",
@@ -40,6 +40,7 @@ __all__ = [
     "TorchDispatchMode",
     "amp_unscale_",
     "amp_update_scale_",
+    "aten_op_name",
     "current_autograd_node",
     "data_dependent_op",
     "dispatch_layer",
@@ -123,6 +124,14 @@ _REDUCTION = getattr(torch.Tag, "reduction", None)
 def is_operator(func: object) -> bool:
     """A dispatcher operator called from Python (``torch.ops.torchvision.roi_align``)."""
     return isinstance(func, (torch._ops.OpOverloadPacket, torch._ops.OpOverload))
+
+
+@functools.cache
+def aten_op_name(op: object) -> str:
+    """``aten.clone`` for the OpOverload ``aten.clone.default`` (once per operator: a packet's
+    name is built anew at each ``str``, and every fake operation asks it)."""
+    packet = getattr(op, "overloadpacket", None)
+    return str(packet if packet is not None else op)
 
 
 def op_traits(op: object) -> tuple[bool, bool, bool, bool]:

@@ -45,7 +45,7 @@ from torch.autograd.graph import get_gradient_edge
 
 from cl_audit.compat import without_torch_function
 from cl_audit.errors import UsageError
-from cl_audit.layout import is_dense
+from cl_audit.rule.layout import is_dense
 
 __all__ = ["backward_problem", "recording_hooks", "run_backward"]
 

@@ -10,13 +10,13 @@ import torch
 from rich.console import Console
 from torch import nn
 
-from cl_audit.audit import Audit, audit
 from cl_audit.enums import Phase
-from cl_audit.environment import autocast_in_effect
+from cl_audit.execution.audit_context import Audit, audit
+from cl_audit.execution.training import gradient_layouts
 from cl_audit.files import write_json
 from cl_audit.report import ModelReport
+from cl_audit.report.environment import autocast_in_effect
 from cl_audit.report.sections import Training
-from cl_audit.training import gradient_layouts
 
 __all__ = ["StepAudit", "show"]
 

@@ -18,6 +18,7 @@ from torch.overrides import TorchFunctionMode
 from cl_audit.compat import (
     Run,
     TorchDispatchMode,
+    aten_op_name,
     device_query,
     dispatch_layer,
     fake_mode_alone,
@@ -25,7 +26,7 @@ from cl_audit.compat import (
     without_torch_function,
 )
 from cl_audit.errors import mark_failure
-from cl_audit.intercept.naming import aten_op_name, python_op_name
+from cl_audit.intercept.naming import python_op_name
 from cl_audit.intercept.observer import Observer
 
 __all__ = ["CALL_LABEL", "DispatchEngine"]

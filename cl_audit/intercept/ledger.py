@@ -1,6 +1,6 @@
 """The cost ledger of one run: the bytes every operation writes, and the bytes it copies, by
 place (phase, module, call site, operation), so that a channels_last run can be compared with
-the same forward or step in NCHW (``cl_audit.cost``).
+the same forward or step in NCHW (``cl_audit.compare.cost_sites``).
 
 Copies are counted three ways, by strides and storage identity only:
 - an explicit copy operation (``clone``, ``_to_copy``, ``copy_``: what ``contiguous``,
@@ -30,15 +30,15 @@ from dataclasses import dataclass
 
 import torch
 
-from cl_audit.attribution import Location
-from cl_audit.compat import op_traits
-from cl_audit.divergences import KernelCopies
+from cl_audit.compat import aten_op_name, op_traits
 from cl_audit.enums import Phase
-from cl_audit.intercept.naming import aten_op_name, python_op_name
+from cl_audit.intercept.naming import python_op_name
 from cl_audit.intercept.tracking import nbytes
-from cl_audit.layout import MemoryLayout, layout_of, stride_class
+from cl_audit.predict.divergences import KernelCopies
 from cl_audit.report import Producer
-from cl_audit.rule import COPY_ATEN_OPS, SPATIAL_RANKS
+from cl_audit.rule.attribution import Location
+from cl_audit.rule.conversions import COPY_ATEN_OPS, SPATIAL_RANKS
+from cl_audit.rule.layout import MemoryLayout, layout_of, stride_class
 
 __all__ = ["METADATA_READS", "STRIDED_READS", "Cause", "Ledger", "OpRecord", "Place"]
 

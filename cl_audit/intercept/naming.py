@@ -7,10 +7,10 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from cl_audit.compat import is_operator
-from cl_audit.rule import is_copy_op
+from cl_audit.compat import aten_op_name, is_operator
+from cl_audit.rule.conversions import is_copy_op
 
-__all__ = ["aten_op_name", "is_copy", "python_op_name"]
+__all__ = ["is_copy", "python_op_name"]
 
 
 @functools.cache
@@ -38,14 +38,6 @@ def python_op_name(func: object) -> str:
     if owner is not None and getattr(func, "__name__", "") == "__get__":
         return f"Tensor.{getattr(owner, '__name__', '?')}"
     return getattr(func, "__qualname__", None) or repr(func)
-
-
-@functools.cache
-def aten_op_name(op: object) -> str:
-    """``aten.clone`` for the OpOverload ``aten.clone.default`` (once per operator: a packet's
-    name is built anew at each ``str``, and every fake operation asks it)."""
-    packet = getattr(op, "overloadpacket", None)
-    return str(packet if packet is not None else op)
 
 
 @functools.cache

@@ -1,5 +1,5 @@
 """What the engines hand each intercepted operation to: an ``Observer``. The recorder of an
-audit is one; the NCHW run's counterpart watcher (``cl_audit.differential``) is another."""
+audit is one; the NCHW run's counterpart watcher (``cl_audit.compare.differential``) is another."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The checker shared by both engines: applies the rule (``cl_audit.rule``) and keeps summaries.
+"""The checker shared by both engines: applies the rule (``rule.conversions``) and keeps summaries.
 
 An engine calls ``Recorder.observe`` once per intercepted operation, after it ran. The recorder
 keeps counts and tensor metadata, never tensors: storages are tracked by identity only, to link a
@@ -16,12 +16,11 @@ from typing import Any
 
 import torch
 
-from cl_audit.attribution import Location, ModuleNames, locate
-from cl_audit.compat import current_autograd_node, is_fake, view_base
+from cl_audit.compat import aten_op_name, current_autograd_node, is_fake, view_base
 from cl_audit.compat import storage_key as _storage_key
 from cl_audit.enums import Conversion, Phase
 from cl_audit.intercept.ledger import Ledger, OpRecord
-from cl_audit.intercept.naming import aten_op_name, is_copy, python_op_name
+from cl_audit.intercept.naming import is_copy, python_op_name
 from cl_audit.intercept.tracking import (
     Occurrence,
     Origin,
@@ -31,15 +30,16 @@ from cl_audit.intercept.tracking import (
     producer_of,
     tensor_arguments,
 )
-from cl_audit.layout import MemoryLayout, layout_of
 from cl_audit.report import Finding, TimelineEvent
-from cl_audit.rule import (
+from cl_audit.rule.attribution import Location, ModuleNames, locate
+from cl_audit.rule.conversions import (
     SPATIAL_RANKS,
     is_loss,
     is_regain,
     provenance,
     regain_source,
 )
+from cl_audit.rule.layout import MemoryLayout, layout_of
 
 __all__ = ["TIMELINE_LIMIT", "Recorder"]
 

@@ -10,11 +10,12 @@ from typing import Any
 
 import torch
 
-from cl_audit.attribution import Location
+from cl_audit.compat import aten_op_name
 from cl_audit.enums import Conversion, Phase, Provenance, RegainSource
-from cl_audit.intercept.naming import aten_op_name, python_op_name
-from cl_audit.layout import layout_of
+from cl_audit.intercept.naming import python_op_name
 from cl_audit.report import Finding, Producer, TensorSummary
+from cl_audit.rule.attribution import Location
+from cl_audit.rule.layout import layout_of
 
 __all__ = [
     "Occurrence",

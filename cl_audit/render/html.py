@@ -11,8 +11,7 @@ import json
 from collections import defaultdict
 
 from cl_audit.enums import BucketMatch, Phase, Status, Verdict
-from cl_audit.layout import MemoryLayout
-from cl_audit.ops import OpsIndex, report_links
+from cl_audit.features.ops_index import OpsIndex, report_links
 from cl_audit.render import format_bytes
 from cl_audit.render import html_text as _e
 from cl_audit.render.html_compiled import compiled_section
@@ -37,7 +36,8 @@ from cl_audit.report import (
     SweepReport,
     by_call_site,
 )
-from cl_audit.report.distributed import DdpCheck, FsdpCheck
+from cl_audit.report.distributed_report import DdpCheck, FsdpCheck
+from cl_audit.rule.layout import MemoryLayout
 
 __all__ = ["html_page", "model_html", "sweep_html"]
 

@@ -20,9 +20,9 @@ from cl_audit.enums import (
     TensorMode,
     Verdict,
 )
-from cl_audit.ops import OpsIndex, report_links
+from cl_audit.features.ops_index import OpsIndex, report_links
 from cl_audit.render import format_bytes
-from cl_audit.render.ops import render_op_links
+from cl_audit.render.ops_table import render_op_links
 from cl_audit.report import (
     Comparison,
     Compiled,
@@ -42,7 +42,7 @@ from cl_audit.report import (
     Trial,
     by_call_site,
 )
-from cl_audit.report.distributed import DdpCheck, DdpRun, FsdpCheck, FsdpRun
+from cl_audit.report.distributed_report import DdpCheck, DdpRun, FsdpCheck, FsdpRun
 
 __all__ = [
     "compiled_text",

@@ -15,14 +15,13 @@ from cl_audit.enums import (
     TensorMode,
     Verdict,
 )
-from cl_audit.report.compiled import (
+from cl_audit.report.compiled_report import (
     Compiled,
     CompiledConv,
     CompiledCopy,
     CompiledGraph,
     CompiledSite,
 )
-from cl_audit.report.cost import Cost, CostSite, Gate, MixedSite, Projection, Remedy, Trial
 from cl_audit.report.envelope import (
     BENCH_FORMAT,
     BENCH_READABLE,
@@ -40,7 +39,7 @@ from cl_audit.report.envelope import (
     plain_json,
     read_envelope,
 )
-from cl_audit.report.model import (
+from cl_audit.report.model_report import (
     AppliedOverride,
     DifferentialRun,
     Environment,
@@ -59,7 +58,7 @@ from cl_audit.report.model import (
     summarise,
     tuple_or_none,
 )
-from cl_audit.report.sweep import (
+from cl_audit.report.sweep_report import (
     Comparison,
     ModelRow,
     OperatorCoverage,
@@ -69,6 +68,7 @@ from cl_audit.report.sweep import (
     merge,
     operator_coverage,
 )
+from cl_audit.report.verdict import Cost, CostSite, Gate, MixedSite, Projection, Remedy, Trial
 
 __all__ = [
     "BENCH_FORMAT",

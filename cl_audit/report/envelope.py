@@ -44,14 +44,14 @@ REPORT_VERSION = 12  # 12: environment.mode "fake-step" (a fake training step's 
 # 6: environment.mode "replayed" (a traced training step replayed)
 
 
-BENCH_FORMAT = "cl-audit.bench"  # cl_audit.bench_report
+BENCH_FORMAT = "cl-audit.bench"  # cl_audit.report.bench_report
 
 
 BENCH_VERSION = 2  # 2: verdict a word (faster/slower/inconclusive), verdict_text, warm-up
 BENCH_READABLE = (1, BENCH_VERSION)
 
 
-OPS_FORMAT = "cl-audit.ops"  # cl_audit.ops: the operator coverage index
+OPS_FORMAT = "cl-audit.ops"  # cl_audit.features.ops_index: the operator coverage index
 
 
 OPS_VERSION = 3  # 3: gradients_not_judged; 2: the behaviour "copies", "copied" bytes, module_db

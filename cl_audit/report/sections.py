@@ -1,4 +1,4 @@
-"""The sections an audit's phases return, from which ``cl_audit.assemble`` builds the report once.
+"""The sections an audit's phases return, from which ``execution.assemble`` builds the report.
 
 Each phase of an audit (the audited run, the training step's facts, the NCHW comparison) hands
 back one of these; timing and compile hand back the report's own ``Timing`` and ``Compiled``.
@@ -9,14 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cl_audit.enums import Engine, TensorMode
-from cl_audit.report.cost import Cost
-from cl_audit.report.model import (
+from cl_audit.report.model_report import (
     AppliedOverride,
     DifferentialRun,
     Finding,
     GradientLayout,
     TimelineEvent,
 )
+from cl_audit.report.verdict import Cost
 
 __all__ = ["Comparison", "Conditions", "Observed", "Training"]
 

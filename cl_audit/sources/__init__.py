@@ -15,7 +15,7 @@ from torch import nn
 
 from cl_audit.enums import ModelSource
 from cl_audit.errors import UsageError
-from cl_audit.inputs import Example
+from cl_audit.execution.inputs import Example
 
 __all__ = [
     "BuildOptions",

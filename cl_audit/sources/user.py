@@ -21,7 +21,7 @@ from torch import nn
 
 from cl_audit.enums import Stage
 from cl_audit.errors import ModelFailedError, UsageError
-from cl_audit.inputs import example_of, is_shape
+from cl_audit.execution.inputs import example_of, is_shape
 from cl_audit.sources import BuildOptions, LoadedModel
 
 __all__ = ["build"]

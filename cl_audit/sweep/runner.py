@@ -30,7 +30,7 @@ from typing import Any
 from cl_audit.enums import Mode, Stage, Status
 from cl_audit.errors import UsageError
 from cl_audit.report import ModelRow, ReportFormatError
-from cl_audit.sweep.plan import estimated_cost
+from cl_audit.sweep.selection import estimated_cost
 from cl_audit.sweep.worker import Job, audit_job, failed_row
 
 __all__ = ["Checkpoint", "run_jobs", "set_up_worker"]

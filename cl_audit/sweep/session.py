@@ -18,17 +18,17 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from cl_audit.assemble import environment_of
-from cl_audit.divergences import HIDDEN_TRAINING_COPIES, DivergenceTable, divergence_table
 from cl_audit.enums import Mode, ModelSource, Status, TensorMode
 from cl_audit.errors import UsageError
-from cl_audit.plan import plan_run
+from cl_audit.execution.assemble import environment_of
+from cl_audit.execution.plan import plan_run
+from cl_audit.predict.divergences import HIDDEN_TRAINING_COPIES, DivergenceTable, divergence_table
 from cl_audit.report import AppliedOverride, ModelRow, SweepReport
 from cl_audit.report.sections import Training
 from cl_audit.sources import ModelRef, library
 from cl_audit.sweep.cache import SweepCache
-from cl_audit.sweep.plan import known_parameters
 from cl_audit.sweep.runner import Checkpoint, run_jobs
+from cl_audit.sweep.selection import known_parameters
 from cl_audit.sweep.worker import Job, SweepSettings
 
 __all__ = [
@@ -79,7 +79,7 @@ def default_checkpoint(
 
 def _warm_imports(refs: list[ModelRef]) -> None:
     """Import once in the parent, so every forked worker starts warm."""
-    import cl_audit.run  # noqa: F401
+    import cl_audit.run.audit_module  # noqa: F401
 
     library("torchvision.models")
     if any(ref.source is ModelSource.TIMM for ref in refs):

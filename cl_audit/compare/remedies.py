@@ -1,0 +1,241 @@
+"""Known remedies, keyed by operation and pattern, each with the source that documents it.
+
+A site gets a remedy when its own operation, or the operation that produced the NCHW-ordered
+data it converts (its fix site), matches an entry, on the device the entry holds for, and
+channels_last costs bytes there (a site where it saves gets none). An entry that names a
+``together`` matches only where the same module has a costing site of that kind in each of its
+groups of operations (weight standardisation: the weight's reshape and the convolution that
+converts it back). Nothing else is guessed: an unknown pattern has no remedy, and the reports
+say so.
+
+An entry may name the changes (``compare.whatif``) that carry its advice out at run time; the
+verification phase tries them on the model and the remedy a site shows is the change that held
+(``run.phases.verify``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from cl_audit.enums import CostKind
+from cl_audit.report.verdict import Remedy
+
+__all__ = ["REMEDIES", "Match", "SiteContext", "matches", "remedy_for", "site_contexts"]
+
+
+@dataclass(frozen=True)
+class _Entry:
+    ops: frozenset[str]  # Python-level names, autograd node names or aten names
+    kinds: frozenset[CostKind]
+    remedy: Remedy
+    prefix: bool = False  # ops are name prefixes (autograd nodes: ``MeanBackward0``, ``1``)
+    devices: frozenset[str] = frozenset({"cpu", "cuda"})  # torch device types
+    together: tuple[frozenset[str], ...] = ()  # op groups the module must each cost at
+    changes: tuple[str, ...] = ()  # what-if changes that carry the advice out (whatif.CHANGES)
+
+
+def _entry(
+    ops: str,
+    kinds: str,
+    pattern: str,
+    advice: str,
+    reference: str,
+    prefix: bool = False,
+    devices: str = "cpu cuda",
+    together: tuple[str, ...] = (),
+    changes: str = "",
+) -> _Entry:
+    return _Entry(
+        frozenset(ops.split()),
+        frozenset(CostKind(k) for k in kinds.split()),
+        Remedy(pattern, advice, reference),
+        prefix,
+        frozenset(devices.split()),
+        tuple(frozenset(group.split()) for group in together),
+        tuple(changes.split()),
+    )
+
+
+@dataclass(frozen=True)
+class SiteContext:
+    """What an entry may ask of a site beyond its operation: the device of the run and, per
+    cost kind, the operations costing channels_last bytes in the site's module."""
+
+    device: str
+    module_ops: frozenset[tuple[CostKind, str]] = frozenset()
+
+
+# Weight standardisation: the weight's reshape or normalisation, and the convolution of it.
+_STANDARDISE = "torch.batch_norm Tensor.reshape torch.reshape Tensor.view"
+_CONVOLVE = "torch.conv2d aten.convolution"
+
+REMEDIES: tuple[_Entry, ...] = (
+    _entry(
+        "torch.flatten Tensor.flatten torch.reshape Tensor.reshape Tensor.view",
+        "copy",
+        "flatten or reshape of a channels_last map",
+        "reshape in memory order: for NHWC data x.permute(0, 2, 3, 1).flatten(1, 2) gives "
+        "(B, H*W, C) tokens as a view; a patch or window partition copies in either layout; "
+        "before a classifier pool first, or flatten(1) the permuted map (it reorders "
+        "features: only for new or adapted weights)",
+        "strides: a view needs the dimensions it merges to be adjacent in memory, so NHWC "
+        "data reshaped to C*H*W order must copy (torch.Tensor.view)",
+    ),
+    _entry(
+        "Tensor.contiguous",
+        "copy",
+        "permute(...).contiguous() or .contiguous() writing NCHW order",
+        "drop the .contiguous() (timm's LayerNorm2d permutes, normalises and permutes back "
+        "with no copy), or write .contiguous(memory_format=torch.channels_last) for 4D data",
+        "timm/layers/norm.py LayerNorm2d",
+        changes="drop channels_last",
+    ),
+    _entry(
+        "Tensor.contiguous",
+        "copy",
+        "a channel shuffle (view, transpose, .contiguous(), view) of channels_last maps",
+        "F.channel_shuffle(x, groups) (nn.ChannelShuffle) writes the shuffle in the input's "
+        "memory format on the CPU",
+        "aten/src/ATen/native/ChanelShuffle.cpp: channel_shuffle_cpu keeps "
+        "suggest_memory_format(); CUDA runs math_channel_shuffle, which writes NCHW",
+        devices="cpu",
+        changes="channel_shuffle",
+    ),
+    _entry(
+        f"{_STANDARDISE} {_CONVOLVE}",
+        "parameter",
+        "a channels_last weight reshaped or standardised every forward (weight "
+        "standardisation) and converted back by the convolution",
+        "standardise in NHWC order (the per-output-channel statistics over the permuted "
+        "weight, no reshape to (1, out, -1)); keeping these weights NCHW leaves one of the "
+        "two copies",
+        "timm/layers/std_conv.py",
+        together=(_STANDARDISE, _CONVOLVE),
+        changes="rows_in_memory_order",
+    ),
+    _entry(
+        "Tensor.new_full Tensor.new_zeros Tensor.new_empty torch.full torch.zeros torch.empty",
+        "copy",
+        "a new 4-D or 5-D tensor allocated in NCHW order, then filled (a batch of images "
+        "padded to one size)",
+        "allocate it channels_last (torch.empty(..., memory_format=torch.channels_last)); "
+        "the data copied into it keeps that order",
+        "torch.empty's memory_format argument (torch docs, tensor creation ops)",
+        changes="allocate_channels_last",
+    ),
+    _entry(
+        "MeanBackward",
+        "copy kernel",
+        "the mean's backward (a global pool by mean((2, 3))) expands an NCHW gradient",
+        "pool with F.adaptive_avg_pool2d(x, 1) or avg_pool2d(x, x.shape[-2:]): their "
+        "backward keeps the gradient channels_last",
+        "autograd mean_backward (torch/csrc/autograd/FunctionsManual.cpp), measured on "
+        "cpu and meta, torch 2.14.1",
+        prefix=True,
+    ),
+    _entry(
+        "ConvolutionBackward",
+        "kernel",
+        "the CPU convolution backward copies inside (with a channels_last weight it writes its "
+        "weight gradient in another order, then converts it)",
+        "no model-side fix: a kernel matter; when this cost matters, train on the CPU in NCHW",
+        "measured with the profiler (scripts/ground_truth.py), torch 2.14.1 on the CPU: "
+        "reports/pages/ground-truth.md",
+        prefix=True,
+        devices="cpu",
+    ),
+    _entry(
+        "SliceBackward",
+        "copy kernel",
+        "slice_backward allocates a contiguous gradient for a channels_last slice",
+        "avoid slicing channels in hot paths (torch.split or chunk of the channel dim "
+        "has the same backward); report it upstream",
+        "autograd slice_backward (torch/csrc/autograd/FunctionsManual.cpp)",
+        prefix=True,
+    ),
+    _entry(
+        "aten.native_group_norm aten.native_group_norm_backward torch.group_norm",
+        "kernel copy",
+        "GroupNorm on CUDA makes its input contiguous (torch up to 2.14)",
+        "keep the GroupNorm blocks NCHW on CUDA, or use torch 2.15, whose GroupNorm kernels "
+        "keep channels_last",
+        "aten/src/ATen/native/group_norm.cpp; pytorch#111824; PR 191945",
+        devices="cuda",
+    ),
+    _entry(
+        "aten.reflection_pad2d aten.replication_pad2d",
+        "kernel copy",
+        "reflect or replicate F.pad on CUDA returns contiguous",
+        "no layout-keeping equivalent on CUDA (padding_mode='reflect' in the convolution calls "
+        "F.pad too); a zero pad keeps channels_last but changes the model's numbers: only for "
+        "new or retrained weights",
+        "channels_last padding kernels are CPU-only: PR 99608 (CPU kernels), PR 179366 (meta "
+        "keeps channels_last for CPU only); pytorch#96738",
+        devices="cuda",
+    ),
+)
+
+
+def _matches(entry: _Entry, op: str | None, kind: CostKind, context: SiteContext) -> bool:
+    if op is None or kind not in entry.kinds or context.device not in entry.devices:
+        return False
+    named = any(op.startswith(p) for p in entry.ops) if entry.prefix else op in entry.ops
+    return named and all(
+        any((kind, o) in context.module_ops for o in group) for group in entry.together
+    )
+
+
+@dataclass(frozen=True)
+class Match:
+    """A catalogue entry that matches a site: by the site's own operation, or (``at_fix``) by
+    its fix site's."""
+
+    remedy: Remedy
+    changes: tuple[str, ...]
+    at_fix: bool
+
+
+def matches(
+    kind: CostKind,
+    ops: tuple[str | None, ...],
+    fix_ops: tuple[str | None, ...],
+    context: SiteContext,
+) -> tuple[Match, ...]:
+    """The entries for a costing site of ``kind`` whose operation goes by ``ops`` (Python name,
+    aten name), then those for its fix site, whose operation goes by ``fix_ops`` (a copy, or
+    for a parameter site a parameter conversion); the catalogue's order within each."""
+    fix_kind = CostKind.PARAMETER if kind is CostKind.PARAMETER else CostKind.COPY
+    own = [
+        Match(e.remedy, e.changes, False)
+        for e in REMEDIES
+        if any(_matches(e, op, kind, context) for op in ops)
+    ]
+    fix = [
+        Match(e.remedy, e.changes, True)
+        for e in REMEDIES
+        if any(_matches(e, op, fix_kind, context) for op in fix_ops)
+    ]
+    return (*own, *fix)
+
+
+def remedy_for(
+    kind: CostKind,
+    ops: tuple[str | None, ...],
+    fix_ops: tuple[str | None, ...],
+    context: SiteContext,
+) -> Remedy | None:
+    """The catalogue's first remedy for the site (``matches``), untried."""
+    found = matches(kind, ops, fix_ops, context)
+    return found[0].remedy if found else None
+
+
+def site_contexts(
+    sites: Iterable[tuple[str | None, CostKind, tuple[str | None, ...]]], device: str
+) -> dict[str | None, SiteContext]:
+    """Each module's context from its costing sites, given as (module path, kind, operation
+    names)."""
+    costing: dict[str | None, set[tuple[CostKind, str]]] = {}
+    for module, kind, ops in sites:
+        costing.setdefault(module, set()).update((kind, op) for op in ops if op is not None)
+    return {module: SiteContext(device, frozenset(ops)) for module, ops in costing.items()}

@@ -1,0 +1,214 @@
+"""What-if changes: one operation at one model-code line done another way while the model runs,
+so that a remedy is proven on the model, not assumed (``cl_audit.run.phases.verify``).
+
+A change stands for an edit of the source line: it is made at every call from that line, in
+whichever layout the model runs, and only where the call is the pattern it is written for (a
+``.contiguous()`` writing NCHW order); anywhere else the operation runs as written.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+from cl_audit.intercept.naming import python_op_name
+from cl_audit.rule.attribution import call_site
+
+__all__ = ["CHANGES", "Change", "WhatIf"]
+
+Call = Callable[[tuple[Any, ...], Mapping[str, Any]], "torch.Tensor | None"]
+# (operation name, the operation, args, kwargs) -> the edited result, or None (run as written)
+Follow = Callable[[str, Any, tuple[Any, ...], Mapping[str, Any]], "torch.Tensor | None"]
+
+
+@dataclass(frozen=True)
+class Change:
+    """An edit of the calls to ``op`` at one line: ``make`` returns the edited call's result, or
+    None where the call is not the pattern (it then runs as written). An edit of several
+    calls has ``follow``: it sees each later call that reads a result of the edit, from any
+    line, and returns what the edited code returns there (its own results followed in turn),
+    or None to run the call as written."""
+
+    name: str
+    op: str  # the Python-level operation, as ``python_op_name`` names it
+    advice: str  # the edit, as the user would write it
+    make: Call
+    follow: Follow | None = None
+
+
+def _nchw_order(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> torch.Tensor | None:
+    """The tensor of a ``.contiguous()`` that writes NCHW order (no ``memory_format``, or
+    ``torch.contiguous_format``)."""
+    fmt = kwargs.get("memory_format", args[1] if len(args) > 1 else torch.contiguous_format)
+    tensor = args[0] if args else None
+    return tensor if isinstance(tensor, torch.Tensor) and fmt is torch.contiguous_format else None
+
+
+def _drop(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> torch.Tensor | None:
+    return _nchw_order(args, kwargs)
+
+
+def _channels_last(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> torch.Tensor | None:
+    x = _nchw_order(args, kwargs)
+    if x is None or x.dim() not in (4, 5):
+        return None
+    fmt = torch.channels_last if x.dim() == 4 else torch.channels_last_3d
+    return x.contiguous(memory_format=fmt)
+
+
+def _channel_shuffle(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> torch.Tensor | None:
+    """A channel shuffle's copy, ``x.view(b, groups, per_group, h, w).transpose(1, 2)
+    .contiguous()``, written by ``F.channel_shuffle(x, groups)`` and viewed in the 5-D shape
+    the next line reads back as ``(b, c, h, w)``: the 5-D tensor's channel dimensions are one
+    channel dimension of a 4-D tensor, split and transposed, when dimension 2 steps over
+    dimension 1's whole extent."""
+    x = _nchw_order(args, kwargs)
+    if x is None or x.dim() != 5:
+        return None
+    b, per_group, groups, h, w = x.shape
+    if per_group < 2 or groups < 2 or x.stride(2) != per_group * x.stride(1):
+        return None
+    strides = (x.stride(0), x.stride(1), x.stride(3), x.stride(4))
+    maps = x.as_strided((b, per_group * groups, h, w), strides, x.storage_offset())
+    return F.channel_shuffle(maps, groups).view(x.shape)
+
+
+def _rows_in_memory_order(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> torch.Tensor | None:
+    """A channels_last 4-D tensor reshaped to one row per output channel, ``w.reshape(1, out,
+    -1)`` (or ``(out, -1)``), taken in memory order instead, ``w.permute(0, 2, 3, 1)
+    .reshape(...)``: a view, its rows holding the same elements in (kh, kw, in) order."""
+    x = args[0] if args else None
+    if not isinstance(x, torch.Tensor) or x.dim() != 4 or x.is_contiguous():
+        return None
+    if not x.is_contiguous(memory_format=torch.channels_last):
+        return None
+    shape = (
+        args[1:]
+        if len(args) > 2 or (len(args) == 2 and isinstance(args[1], int))
+        else (args[1] if len(args) > 1 else kwargs.get("shape"))
+    )
+    if shape is None:
+        return None
+    rows = x.permute(0, 2, 3, 1).reshape(shape)
+    leading = [size for size in rows.shape if size != 1]
+    if rows.dim() not in (2, 3) or not leading or leading[0] != x.shape[0]:
+        return None
+    return rows
+
+
+_ROW_STATISTICS = ("torch.batch_norm", "F.batch_norm")  # per-row statistics: order-free
+_BACK = ("Tensor.reshape_as", "Tensor.reshape", "Tensor.view_as", "Tensor.view")
+
+
+def _rows_back(name: str, func: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
+    """After ``_rows_in_memory_order``: a batch norm of the rows (statistics per output channel,
+    whatever the order within a row) keeps their order; reshaping them back to the weight's
+    (out, in, kh, kw) shape reads them in that order, ``.reshape(out, kh, kw, in).permute(0,
+    3, 1, 2)``: the same values, channels_last."""
+    rows = args[0]
+    if name in _ROW_STATISTICS:
+        return func(*args, **kwargs)
+    if name not in _BACK or len(args) < 2:
+        return None
+    target = args[1]
+    shape = tuple(target.shape) if isinstance(target, torch.Tensor) else tuple(args[1:])
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list, torch.Size)):
+        shape = tuple(shape[0])
+    if len(shape) != 4 or rows.numel() != math.prod(shape):
+        return None
+    out, channels, height, width = shape
+    return rows.reshape(out, height, width, channels).permute(0, 3, 1, 2)
+
+
+def _allocate_channels_last(
+    args: tuple[Any, ...], kwargs: Mapping[str, Any]
+) -> torch.Tensor | None:
+    """A new 4-D or 5-D floating-point tensor, ``x.new_full(shape, value)`` (NCHW order),
+    allocated channels_last instead: ``torch.empty(shape, memory_format=...).fill_(value)``,
+    the same values in the other order (data copied into it afterwards keeps that order)."""
+    if len(args) < 3 or not isinstance(args[0], torch.Tensor):
+        return None
+    source, size, value = args[0], args[1], args[2]
+    if not isinstance(size, (tuple, list, torch.Size)) or len(size) not in (4, 5):
+        return None
+    if "memory_format" in kwargs or kwargs.keys() - {"dtype", "device"}:
+        return None
+    dtype = kwargs.get("dtype") or source.dtype
+    if not dtype.is_floating_point:
+        return None
+    fmt = torch.channels_last if len(size) == 4 else torch.channels_last_3d
+    device = kwargs.get("device") or source.device
+    return torch.empty(tuple(size), dtype=dtype, device=device, memory_format=fmt).fill_(value)
+
+
+CHANGES: dict[str, Change] = {
+    change.name: change
+    for change in (
+        Change("drop", "Tensor.contiguous", "drop the .contiguous()", _drop),
+        Change(
+            "channels_last",
+            "Tensor.contiguous",
+            "write .contiguous(memory_format=torch.channels_last) (channels_last_3d for 5-D)",
+            _channels_last,
+        ),
+        Change(
+            "channel_shuffle",
+            "Tensor.contiguous",
+            "replace the view, transpose, .contiguous() and view with "
+            "F.channel_shuffle(x, groups) (nn.ChannelShuffle)",
+            _channel_shuffle,
+        ),
+        Change(
+            "allocate_channels_last",
+            "Tensor.new_full",
+            "allocate it channels_last: torch.empty(shape, dtype=x.dtype, device=x.device, "
+            "memory_format=torch.channels_last).fill_(value) (channels_last_3d for 5-D)",
+            _allocate_channels_last,
+        ),
+        Change(
+            "rows_in_memory_order",
+            "Tensor.reshape",
+            "standardise in NHWC order: rows = w.permute(0, 2, 3, 1).reshape(1, out, -1), "
+            "normalise them, then .reshape(out, kh, kw, in).permute(0, 3, 1, 2) (the "
+            "per-output-channel statistics do not depend on the order within a row)",
+            _rows_in_memory_order,
+            _rows_back,
+        ),
+    )
+}
+
+
+class WhatIf(TorchFunctionMode):
+    """Makes ``change`` at the calls from ``line`` (a call site as reports name it) while it is
+    on the mode stack; ``applied`` counts the calls it changed."""
+
+    def __init__(self, change: Change, line: str) -> None:
+        super().__init__()
+        self.change, self.line = change, line
+        self.applied = 0
+        self._made: dict[int, torch.Tensor] = {}  # the edit's results, followed (by identity)
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        name = python_op_name(func)
+        follow = self.change.follow
+        if follow is not None and args and self._made.get(id(args[0])) is args[0]:
+            result = follow(name, func, args, kwargs)
+            if result is not None:
+                self._made[id(result)] = result
+                return result
+        if name == self.change.op and call_site(sys._getframe(1)) == self.line:
+            result = self.change.make(args, kwargs)
+            if result is not None:
+                self.applied += 1
+                if follow is not None:
+                    self._made[id(result)] = result
+                return result
+        return func(*args, **kwargs)

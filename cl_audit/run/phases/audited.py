@@ -1,0 +1,166 @@
+"""The audited run: the forward or training step in channels_last under the checker (after a
+warm-up step when training, and untimed rounds first with ``--time``), and what it saw."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from cl_audit.compat import is_data_dependent_error, is_device_runtime_error
+from cl_audit.enums import Engine, Strategy
+from cl_audit.errors import ModelFailedError, UsageError
+from cl_audit.execution.audit_context import Audit, audit
+from cl_audit.execution.plan import RunPlan
+from cl_audit.execution.tensors import Forward, TensorRun
+from cl_audit.execution.timing import Profiler, call_times, copies_by_call, step_timing, timed_ms
+from cl_audit.intercept.ledger import Ledger
+from cl_audit.intercept.observer import Observer
+from cl_audit.predict.divergences import kernel_copy_table
+from cl_audit.report import Timing
+from cl_audit.report.sections import Observed, Training
+
+__all__ = ["COMPARED", "Audited", "instrumented", "run_audited"]
+
+COMPARED = (Strategy.CHANNELS_LAST, Strategy.CONV_WEIGHTS)  # strategies run again in NCHW
+
+
+@dataclass(frozen=True)
+class Audited:
+    """The audited run's sections, and its cost ledger for the comparison."""
+
+    observed: Observed
+    training: Training | None
+    timing: Timing | None
+    ledger: Ledger | None
+
+
+def run_audited(
+    plan: RunPlan,
+    run: TensorRun,
+    forward: Forward,
+    model: nn.Module,
+    label: str,
+    loss: Callable[[Any], torch.Tensor] | None,
+) -> Audited:
+    """The converted model's forward or step, audited; ``ModelFailedError`` naming the stage
+    (and a hint where one is known) when the model fails."""
+    settings = plan.settings
+    step = run.stepper(plan, forward, loss)
+    ledger = _ledger(plan)
+    rounds: tuple[float, ...] = ()
+    profiled = 0.0
+    try:
+        if settings.time:
+            rounds = step.timed(plan.device)
+        else:
+            with run.tensor_mode():
+                step.warm_up()
+        with run.tensor_mode(), instrumented(plan, model, run, ledger) as (active, prof):
+            if settings.time:
+                profiled = timed_ms(lambda: step.run(active), plan.device)
+            else:
+                step.run(active)
+    except UsageError:
+        raise  # what the settings cannot do for this model (the backward names why)
+    except Exception as e:
+        hint = _hint(plan, run, e)
+        if hint is None and _nchw_runs(plan, run, loss):
+            hint = "channels_last breaks the model here: the same step runs in NCHW"
+        raise ModelFailedError(step.stage, label, e, hint) from e
+    observed = active.observed(call_times(prof, plan.device) if settings.time else None)
+    training = None
+    if plan.workload.train:
+        training = Training(settings.optimizer.value, step.layouts)
+    timing = step_timing(observed, rounds, profiled, plan.device) if settings.time else None
+    return Audited(observed, training, timing, ledger)
+
+
+def _hint(plan: RunPlan, run: TensorRun, error: Exception) -> str | None:
+    if plan.tensors.predicted and is_device_runtime_error(error):
+        return (
+            f"this operation's {plan.device.type} implementation asks the device runtime before "
+            "it computes (a cuDNN or device check), which fake tensors without the device cannot "
+            "answer: audit it where the device is, or on --device cpu"
+        )
+    if plan.tensors.predicted and is_data_dependent_error(error):
+        return (
+            "the model reads a tensor's values (a branch, an item() or a shape from data), "
+            "which fake tensors do not have: audit it eagerly, without --fake"
+        )
+    first = run.example.first
+    if plan.workload.train and first is not None and first.shape[0] < 2:
+        return "batch normalisation in train mode needs a batch of at least 2"
+    return None
+
+
+def _nchw_runs(plan: RunPlan, run: TensorRun, loss: Callable[[Any], torch.Tensor] | None) -> bool:
+    """Whether the forward or step that failed in channels_last runs in NCHW (strategies that
+    make the model channels_last): then channels_last is what breaks it."""
+    if plan.settings.strategy not in COMPARED:
+        return False
+    try:
+        step = run.stepper(plan.changed(timeline=False, time=False), run.nchw(), loss)
+        with run.tensor_mode():
+            step.run(None)
+    except Exception:  # the answer: NCHW fails too, so the model's failure is its own
+        return False
+    finally:
+        run.restore()
+    return True
+
+
+def _ledger(plan: RunPlan) -> Ledger | None:
+    """A cost ledger when the audit compares with NCHW: the dispatch engine, and a strategy
+    that makes the model channels_last (an eager run measures kernel copies; a predicted one
+    reads the copies measured for this torch and device)."""
+    settings = plan.settings
+    if not settings.differential or settings.engine is not Engine.DISPATCH:
+        return None
+    if settings.strategy not in COMPARED:
+        return None
+    if not plan.tensors.predicted:
+        return Ledger(measured=True)
+    return Ledger(kernel_copies=kernel_copy_table(plan.device.type))
+
+
+@contextlib.contextmanager
+def instrumented(
+    plan: RunPlan,
+    model: nn.Module,
+    run: TensorRun,
+    ledger: Ledger | None,
+    also: Observer | None = None,
+    findings: bool = True,
+) -> Iterator[tuple[Audit, Any]]:
+    """An audit of one run, under the profiler when it times (``--time``) or measures the
+    copies inside kernels (an eager ledger); the measured copies enter the ledger on exit."""
+    settings = plan.settings
+    measure = ledger is not None and ledger.measured
+    label_calls = settings.time or measure
+    profiler: Any = (
+        Profiler(plan.device, shapes=measure, times=settings.time)
+        if label_calls
+        else contextlib.nullcontext()
+    )
+    with (
+        audit(
+            settings.engine,
+            model=model,
+            parameters=run.parameters,
+            timeline=settings.timeline,
+            training=plan.workload.train,
+            label_calls=label_calls,
+            ledger=ledger,
+            also=also,
+            findings=findings,
+        ) as active,
+        profiler,
+    ):
+        yield active, profiler
+    if measure:
+        ledger.add_measured(*copies_by_call(profiler))

@@ -1,0 +1,282 @@
+"""Remedies proven on the model: each change the catalogue names for a site of the cost table,
+made at its line in a what-if run of the same forward in both layouts on the same input
+(``cl_audit.compare.whatif``), is kept as the site's remedy only where it held.
+
+A change holds when the model still runs in both layouts, each output equals the unchanged
+model's in that layout within the output dtype's tolerance (``torch.testing``'s defaults), and
+the channels_last-only bytes of the sites at its line (fixed there, or whose NCHW data began
+there), counted against the unchanged NCHW run (the model a user compares with), fall by more
+than it adds elsewhere. The what-if runs an eager inference forward: a fake run has no values
+to compare, and a training step's what-if is not built (its remedies stay leads, saying so).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import replace
+
+import torch
+from torch import nn
+
+from cl_audit.compare.cost_sites import compare_ledgers
+from cl_audit.compare.remedies import Match, SiteContext, matches, site_contexts
+from cl_audit.compare.whatif import CHANGES, Change, WhatIf
+from cl_audit.compat import tensor_leaves
+from cl_audit.enums import Evidence, RemedyStatus
+from cl_audit.errors import failure_summary
+from cl_audit.execution.plan import RunPlan
+from cl_audit.execution.tensors import Forward, TensorRun
+from cl_audit.intercept.ledger import Ledger
+from cl_audit.report.sections import Comparison
+from cl_audit.report.verdict import Cost, CostSite, Remedy, Trial
+from cl_audit.run.phases.audited import instrumented
+
+__all__ = ["TRIED_SITES", "verify"]
+
+TRIED_SITES = 12  # the costliest call sites tried: the cost table's rows
+_TOLERANCES = {  # torch.testing.assert_close's defaults: (rtol, atol)
+    torch.float16: (1e-3, 1e-5),
+    torch.bfloat16: (1.6e-2, 1e-5),
+    torch.float32: (1.3e-6, 1e-5),
+    torch.float64: (1e-7, 1e-7),
+}
+
+
+def _untried(plan: RunPlan) -> str | None:
+    """Why the plan's remedies cannot be tried, or None."""
+    if not plan.settings.verify:
+        return "not tried: verification off (--no-verify, or a sweep without --verify)"
+    if plan.tensors.predicted:
+        return "not tried: a fake run computes no values to compare"
+    if plan.workload.train:
+        return "not tried: what-if runs are made of inference forwards"
+    return None
+
+
+def verify(
+    plan: RunPlan, run: TensorRun, model: nn.Module, forward: Forward, comparison: Comparison
+) -> Comparison:
+    """The comparison with its cost sites' remedies tried (see the module docstring)."""
+    cost = comparison.cost
+    if cost is None or not any(site.remedy for site in cost.sites):
+        return comparison
+    reason = _untried(plan)
+    if reason is not None:
+        return replace(comparison, cost=_noted(cost, reason))
+    started = time.perf_counter()
+    baseline = _Baseline(plan, run, model, forward, cost)
+    contexts = site_contexts(
+        ((s.module_path, s.kind, (s.op, s.aten_op)) for s in cost.sites if s.extra),
+        plan.device.type,
+    )
+    top = _top_lines(cost.sites)
+    trials: dict[tuple[str, str], Trial] = {}
+    sites: list[CostSite] = []
+    for site in cost.sites:
+        if site.remedy is None:
+            sites.append(site)
+            continue
+        tried: list[tuple[Match, Trial]] = []
+        for match, line in _candidates(site, contexts[site.module_path]):
+            if line is None or line not in top:
+                continue
+            for name in match.changes:
+                key = (line, name)
+                if key not in trials:
+                    change = CHANGES[name]
+                    trials[key] = baseline.trial(change, line)
+                if trials[key].applied or trials[key].failure is not None:
+                    tried.append((match, trials[key]))  # else not the pattern it is written for
+        sites.append(replace(site, remedy=_judged(site, tried, top)))
+    seconds = round(time.perf_counter() - started, 2)
+    return replace(comparison, cost=replace(cost, sites=tuple(sites), verify_seconds=seconds))
+
+
+def _candidates(site: CostSite, context: SiteContext) -> list[tuple[Match, str | None]]:
+    """The catalogue entries matching the site, each with the line its changes are made at:
+    the site's own or its fix site's, then those matching where its NCHW data began (a change
+    upstream of the writer: coatnet's dropped ``.contiguous()`` before the attention)."""
+    fix, root = site.fix_site, site.root_cause
+    fix_ops = () if fix is None else (fix.python_op, fix.aten_op)
+    found = [
+        (match, fix.call_site if match.at_fix and fix is not None else site.call_site)
+        for match in matches(site.kind, (site.op, site.aten_op), fix_ops, context)
+    ]
+    if root is not None:
+        root_ops = (root.python_op, root.aten_op)
+        found += [(match, root.call_site) for match in matches(site.kind, (), root_ops, context)]
+    return found
+
+
+def _noted(cost: Cost, reason: str) -> Cost:
+    sites = tuple(
+        replace(s, remedy=replace(s.remedy, note=reason)) if s.remedy is not None else s
+        for s in cost.sites
+    )
+    return replace(cost, sites=sites)
+
+
+def _top_lines(sites: tuple[CostSite, ...]) -> set[str]:
+    """The lines of the costliest sites (and of their fix sites), as the cost table ranks
+    them: at most ``TRIED_SITES`` call sites, each at least 1% of the cost."""
+    total = sum(s.extra for s in sites)
+    by_line: dict[str, int] = {}
+    for site in sites:
+        if site.call_site is not None and site.extra:
+            by_line[site.call_site] = by_line.get(site.call_site, 0) + site.extra
+    ranked = sorted(by_line, key=lambda line: -by_line[line])[:TRIED_SITES]
+    lines = {line for line in ranked if by_line[line] * 100 >= total}
+    return lines | {
+        producer.call_site
+        for s in sites
+        if s.call_site in lines
+        for producer in s.upstream
+        if producer.call_site is not None
+    }
+
+
+def _judged(site: CostSite, tried: list[tuple[Match, Trial]], top: set[str]) -> Remedy:
+    lead = site.remedy
+    assert lead is not None
+    if not tried:
+        if site.call_site not in top:
+            return replace(lead, note="not tried: not among the cost table's top sites")
+        return replace(lead, note="not tried: no change made at run time carries it out")
+    evidence = tuple(trial for _, trial in tried)
+    held = [(match, trial) for match, trial in tried if trial.holds]
+    if not held and all(match.remedy != lead for match, _ in tried):
+        return replace(
+            lead,
+            evidence=evidence,
+            note="not tried: no change made at run time carries it out; none held where its "
+            "NCHW data began",
+        )
+    if not held:
+        return replace(
+            lead,
+            status=RemedyStatus.REFUTED,
+            evidence=evidence,
+            note="no change tried holds: not offered as a fix",
+        )
+    match, best = min(held, key=lambda pair: pair[1].extra_bytes_after or 0)
+    return Remedy(
+        match.remedy.pattern,
+        best.change,
+        match.remedy.reference,
+        RemedyStatus.VERIFIED,
+        evidence,
+    )
+
+
+def _at(sites: tuple[CostSite, ...], line: str) -> int:
+    """The channels_last-only bytes of the sites at ``line``, fixed there or whose NCHW data
+    began there."""
+    return sum(
+        s.extra
+        for s in sites
+        if s.call_site == line or any(p.call_site == line for p in s.upstream)
+    )
+
+
+class _Baseline:
+    """The unchanged model's outputs in both layouts and its NCHW ledger: what each change is
+    held to. A change's cost is its channels_last run against the unchanged NCHW one (the
+    model a user compares with); its NCHW run only has to run and keep the NCHW output."""
+
+    def __init__(
+        self,
+        plan: RunPlan,
+        run: TensorRun,
+        model: nn.Module,
+        forward: Forward,
+        cost: Cost,
+    ) -> None:
+        self.plan, self.run, self.model, self.forward, self.cost = plan, run, model, forward, cost
+        self.quiet = plan.changed(timeline=False, time=False)
+        self.measured = cost.kernel_copies is Evidence.MEASURED
+        self.ledger = Ledger(measured=self.measured)
+        self.outputs = (self._run(forward, None), self._nchw(self.ledger))
+
+    def _run(self, forward: Forward, ledger: Ledger | None) -> object:
+        """One forward as the audit ran it, under the checker when ``ledger`` is given."""
+        outputs: list[object] = []
+        step = self.run.stepper(self.quiet, lambda: outputs.append(forward()), None)
+        with self.run.tensor_mode():
+            if ledger is None:
+                step.run(None)
+            else:
+                with instrumented(self.quiet, self.model, self.run, ledger) as (active, _):
+                    step.run(active)
+        return outputs[0]
+
+    def _nchw(self, ledger: Ledger | None) -> object:
+        forward = self.run.nchw()
+        try:
+            return self._run(forward, ledger)
+        finally:
+            self.run.restore()
+
+    def trial(self, change: Change, line: str) -> Trial:
+        """``change`` made at ``line`` in the channels_last forward (under the checker) and
+        in the NCHW one."""
+        cost = self.cost
+        before = _at(cost.sites, line)
+        ledger = Ledger(measured=self.measured)
+        modes = (WhatIf(change, line), WhatIf(change, line))
+        layout = "channels_last"
+        try:
+            with modes[0]:
+                changed = self._run(self.forward, ledger)
+            layout = "NCHW"
+            with modes[1]:
+                changed_nchw = self._nchw(None)
+            difference, tolerance = max(
+                _difference(changed, self.outputs[0]),
+                _difference(changed_nchw, self.outputs[1]),
+                key=_over,
+            )
+        except Exception as e:
+            applied = max(mode.applied for mode in modes)
+            failure = f"in the {layout} run, {failure_summary(e)}"
+            return Trial(
+                change.advice, line, applied, failure, None, None, before, None, None, None
+            )
+        after = compare_ledgers(ledger, self.ledger, cost.gate, self.plan.device.type, cost.batch)
+        at_line = _at(after.sites, line)
+        moved = (after.extra_bytes - at_line) - (cost.extra_bytes - before)
+        applied = max(mode.applied for mode in modes)
+        return Trial(
+            change.advice, line, applied, None, difference, tolerance, before, at_line, moved,
+            after.extra_bytes,
+        )  # fmt: skip
+
+
+def _over(pair: tuple[float, float]) -> float:
+    """How far a difference is from its tolerance (over 1: outside)."""
+    difference, tolerance = pair
+    return difference / tolerance if tolerance else (math.inf if difference else 0.0)
+
+
+def _difference(output: object, reference: object) -> tuple[float, float]:
+    """The largest absolute difference of ``output``'s floating-point tensors from
+    ``reference``'s and the tolerance it is held to (``atol + rtol * max|reference|``, the
+    reference dtype's ``torch.testing`` defaults), of the tensor nearest its tolerance; NaN
+    where both are NaN counts as equal. ``ValueError`` when the outputs differ in structure or
+    shape."""
+    got = [t for t in tensor_leaves(output) if t.is_floating_point()]
+    want = [t for t in tensor_leaves(reference) if t.is_floating_point()]
+    if [t.shape for t in got] != [t.shape for t in want]:
+        raise ValueError("the output's tensors or shapes changed")
+    worst: tuple[float, float] = (0.0, 0.0)
+    for a, b in zip(got, want, strict=True):
+        rtol, atol = _TOLERANCES.get(b.dtype, _TOLERANCES[torch.float32])
+        a, b = a.detach().double(), b.detach().double()
+        gap = torch.where(a.isnan() & b.isnan(), 0.0, (a - b).abs())
+        difference = gap.max().item() if gap.numel() else 0.0
+        tolerance = atol + rtol * (b.nan_to_num().abs().max().item() if b.numel() else 0.0)
+        if math.isnan(difference):
+            raise ValueError("the output has NaN where the unchanged one has none")
+        if worst == (0.0, 0.0) or _over((difference, tolerance)) > _over(worst):
+            worst = (difference, tolerance)
+    return worst
