@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from cl_audit.compat import cuda_present
+from cl_audit.compat.cuda import cuda_present
 from cl_audit.compat.inductor import compile_problem
 from cl_audit.enums import Amp, DType, Engine, Optimizer, Strategy, TensorMode
 from cl_audit.errors import UsageError

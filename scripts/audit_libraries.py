@@ -24,7 +24,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch
 
-from cl_audit.compat import fake_cuda_problem
+from cl_audit.compat.cuda import fake_cuda_problem
 from cl_audit.report import ModelReport
 from cl_audit.run.audit_module import audit_module
 from cl_audit.settings import Amp, AuditSettings, TensorMode

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from alternate_audits import KINDS  # the same two audits, as scripts/ is on sys.path
 
-from cl_audit import compat
+from cl_audit.compat import fake_mode
 from cl_audit.enums import ModelSource
 from cl_audit.sources import ModelRef
 from cl_audit.sweep.selection import Selection
@@ -38,7 +38,7 @@ def measured(name: str, kind: str) -> dict[str, object]:
         os.close(read)
         torch.set_num_threads(1)
         depth, spent, calls = [0], [0.0], [0]
-        dispatch = compat._FakeMode.__torch_dispatch__
+        dispatch = fake_mode._FakeMode.__torch_dispatch__
 
         def timed(self: Any, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             if depth[0]:
@@ -52,7 +52,7 @@ def measured(name: str, kind: str) -> dict[str, object]:
                 calls[0] += 1
                 depth[0] -= 1
 
-        compat._FakeMode.__torch_dispatch__ = timed
+        fake_mode._FakeMode.__torch_dispatch__ = timed
         job = Job(ModelRef(ModelSource.TIMM, name), SweepSettings(audit=KINDS[kind]))
         start = time.perf_counter()
         row = audit_job(job, on_files=None)

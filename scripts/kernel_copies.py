@@ -28,7 +28,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from cl_audit.compat import aten_op_name
+from cl_audit.compat.operators import aten_op_name
 from cl_audit.execution.timing import Profiler, copies_by_call
 from cl_audit.intercept.dispatch import DispatchEngine
 from cl_audit.intercept.tracking import nbytes, tensor_arguments

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from cl_audit.compat import aten_op_name
+from cl_audit.compat.operators import aten_op_name
 from cl_audit.intercept.dispatch import DispatchEngine
 
 BATCH, HEADS = 2, 4

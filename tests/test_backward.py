@@ -14,8 +14,8 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch_checks import needs_fake_cuda, needs_node_by_node
 
-from cl_audit.compat import fake_tensor, new_fake_mode
 from cl_audit.compat.backward import recording_hooks, run_backward
+from cl_audit.compat.fake_mode import fake_tensor, new_fake_mode
 from cl_audit.errors import UsageError
 
 pytestmark = needs_node_by_node

@@ -24,7 +24,17 @@ from typer.testing import CliRunner
 
 from cl_audit import compat
 from cl_audit.cli import app
-from cl_audit.compat import TORCH_VERSION
+from cl_audit.compat import (
+    cuda,
+    fake_base,
+    fake_mode,
+    fake_shortcuts,
+    memo,
+    modes,
+    storage,
+    versions,
+)
+from cl_audit.compat.versions import TORCH_VERSION
 from cl_audit.errors import UsageError
 from cl_audit.execution.audit_context import audit
 from cl_audit.execution.plan import resolve_device
@@ -57,29 +67,29 @@ def test_torch_private_names_appear_in_the_compat_package_only():
     }
     assert offending == {}
     modules = sorted(COMPAT.glob("*.py"))
-    assert modules and all(PRIVATE.search(m.read_text()) for m in modules)  # found there
+    assert sum(bool(PRIVATE.search(m.read_text())) for m in modules) >= 8  # the scan finds them
 
 
 def test_torch_version_is_read_from_release_and_local_strings():
-    assert compat.torch_version("2.15.0+cu132") == (2, 15)
-    assert compat.torch_version("2.4.1") == (2, 4)
-    assert compat.torch_version("2.16.0.dev20261201+cpu") == (2, 16)
+    assert versions.torch_version("2.15.0+cu132") == (2, 15)
+    assert versions.torch_version("2.4.1") == (2, 4)
+    assert versions.torch_version("2.16.0.dev20261201+cpu") == (2, 16)
     with pytest.raises(ValueError):
-        compat.torch_version("nightly")
+        versions.torch_version("nightly")
 
 
 def test_storage_key_is_shared_by_views_and_not_by_copies():
     x = torch.randn(2, 3, 4, 4)
-    assert compat.storage_key(x.permute(0, 2, 3, 1)) == compat.storage_key(x)
-    assert compat.storage_key(x.clone()) != compat.storage_key(x)
-    assert compat.view_base(x[:, :1]) is x and compat.view_base(x) is None
+    assert storage.storage_key(x.permute(0, 2, 3, 1)) == storage.storage_key(x)
+    assert storage.storage_key(x.clone()) != storage.storage_key(x)
+    assert storage.view_base(x[:, :1]) is x and storage.view_base(x) is None
 
 
 def test_fake_tensors_keep_strides_and_device_and_are_recognised():
-    mode = compat.new_fake_mode()
+    mode = fake_mode.new_fake_mode()
     real = torch.randn(2, 3, 4, 4).contiguous(memory_format=torch.channels_last)
-    fake = compat.fake_tensor(mode, real, torch.device("cpu"))
-    assert compat.is_fake(fake) and not compat.is_fake(real)
+    fake = fake_mode.fake_tensor(mode, real, torch.device("cpu"))
+    assert fake_base.is_fake(fake) and not fake_base.is_fake(real)
     assert fake.stride() == real.stride() and fake.device == real.device
 
 
@@ -87,7 +97,7 @@ def test_fake_tensors_keep_strides_and_device_and_are_recognised():
 def test_the_probe_refuses_a_build_whose_fake_convolution_returns_nchw(monkeypatch):
     convolution = F.conv2d
     monkeypatch.setattr(F, "conv2d", lambda *a, **k: convolution(*a, **k).contiguous())
-    problem = compat.fake_cuda_problem.__wrapped__()
+    problem = cuda.fake_cuda_problem.__wrapped__()
     assert problem is not None and "NCHW output in fake mode" in problem
 
 
@@ -97,7 +107,7 @@ def test_the_probe_refuses_a_torch_whose_fake_cuda_reaches_the_cuda_runtime(monk
         raise RuntimeError("CUDA error: CUDA driver version is insufficient\nmore lines")
 
     monkeypatch.setattr(F, "softmax", reaches_cuda)
-    problem = compat.fake_cuda_problem.__wrapped__()
+    problem = cuda.fake_cuda_problem.__wrapped__()
     assert problem == (
         f"on torch {torch.__version__}, a float16 softmax on fake CUDA tensors fails "
         "(CUDA error: CUDA driver version is insufficient)"
@@ -115,14 +125,14 @@ def test_the_probe_refuses_bfloat16_where_fake_cuda_predicts_an_nchw_bf16_convol
         return out.contiguous() if x.dtype == torch.bfloat16 else out
 
     monkeypatch.setattr(F, "conv2d", nchw_for_bfloat16)
-    assert compat.fake_cuda_problem.__wrapped__() is None  # float16 and float32 stay honest
-    problem = compat.fake_cuda_problem.__wrapped__(bfloat16=True)
+    assert cuda.fake_cuda_problem.__wrapped__() is None  # float16 and float32 stay honest
+    problem = cuda.fake_cuda_problem.__wrapped__(bfloat16=True)
     assert problem is not None and "predicts an NCHW bfloat16 CUDA convolution" in problem
 
 
 @needs_fake_cuda
 def test_fake_cuda_bfloat16_is_refused_exactly_when_this_torch_predicts_it_wrong():
-    refused = compat.fake_cuda_problem(bfloat16=True) is not None
+    refused = cuda.fake_cuda_problem(bfloat16=True) is not None
     result = CliRunner().invoke(app, ["resnet18", "--fake", "--device", "cuda", "--amp", "bf16"])
     assert result.exit_code == (2 if refused else 0), result.output
     if refused:
@@ -271,7 +281,7 @@ def test_fake_convolution_gradients_keep_channels_last_whatever_the_meta_functio
     reach fake runs: fake tensors lay the gradients out by the device's convolution backend,
     channels_last for channels_last data as the real kernel; NCHW data stays NCHW (control)."""
     cl = torch.channels_last
-    fake, cpu = compat.new_fake_mode(), torch.device("cpu")
+    fake, cpu = fake_mode.new_fake_mode(), torch.device("cpu")
 
     def gradients(data: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, ...]:
         args = (data, data, weight, None, [1], [1], [1], False, [0], 1, [True, True, False])
@@ -281,7 +291,7 @@ def test_fake_convolution_gradients_keep_channels_last_whatever_the_meta_functio
         data = torch.randn(2, 4, 5, 5).to(memory_format=fmt)
         weight = torch.randn(4, 4, 3, 3).to(memory_format=fmt)
         real = gradients(data, weight)
-        data_f, weight_f = (compat.fake_tensor(fake, t, cpu) for t in (data, weight))
+        data_f, weight_f = (fake_mode.fake_tensor(fake, t, cpu) for t in (data, weight))
         with fake:
             predicted = gradients(data_f, weight_f)
         for r, p in zip(real, predicted, strict=True):
@@ -294,14 +304,14 @@ def test_fake_cuda_convolution_gradients_are_laid_out_as_cudnn_lays_them():
     """On fake CUDA the gradients follow cuDNN's choice: channels_last when the data or the
     weight is; NCHW when neither is (control)."""
     cl, cuda = torch.channels_last, torch.device("cuda")
-    fake = compat.new_fake_mode()
+    fake = fake_mode.new_fake_mode()
     for data_fmt, weight_fmt, expected in (
         (cl, torch.contiguous_format, True),
         (torch.contiguous_format, cl, True),
         (torch.contiguous_format, torch.contiguous_format, False),
     ):
-        data = compat.fake_tensor(fake, torch.randn(2, 4, 5, 5).to(memory_format=data_fmt), cuda)
-        w = compat.fake_tensor(fake, torch.randn(4, 4, 3, 3).to(memory_format=weight_fmt), cuda)
+        data = fake_mode.fake_tensor(fake, torch.randn(2, 4, 5, 5).to(memory_format=data_fmt), cuda)
+        w = fake_mode.fake_tensor(fake, torch.randn(4, 4, 3, 3).to(memory_format=weight_fmt), cuda)
         with fake:
             grads = torch.ops.aten.convolution_backward.default(
                 data, data, w, None, [1], [1], [1], False, [0], 1, [True, True, False]
@@ -317,11 +327,11 @@ def _batch_norm_backward(
     device: str = "cuda",
 ):
     mode = KernelSourceMode.for_device(torch.device(device))
-    fake = compat.new_fake_mode()
+    fake = fake_mode.new_fake_mode()
     cpu = torch.device("cpu")
-    data, grad = (compat.fake_tensor(fake, t, cpu) for t in (data, grad))
-    weight = None if weight is None else compat.fake_tensor(fake, weight, cpu)
-    stats = [compat.fake_tensor(fake, torch.ones(data.shape[1]), cpu)] * 2
+    data, grad = (fake_mode.fake_tensor(fake, t, cpu) for t in (data, grad))
+    weight = None if weight is None else fake_mode.fake_tensor(fake, weight, cpu)
+    stats = [fake_mode.fake_tensor(fake, torch.ones(data.shape[1]), cpu)] * 2
     with fake, mode.over(fake):  # the kernel source first, as in a fake run
         grad_input = torch.ops.aten.native_batch_norm_backward.default(
             grad, data, weight, *stats, *stats, train, 1e-5, [True, weight is not None, False]
@@ -350,10 +360,12 @@ def test_a_cuda_batch_norm_backward_lays_its_gradient_out_as_cudas_kernels_do():
         assert (applied.op, applied.applied) == ("aten.native_batch_norm_backward", 1)
     assert "cudnn_batch_norm_backward" in applied.source and "Normalization.cu" in applied.source
     # a forward traced under CUDA's autocast runs cuDNN's batch norm itself: the same layout
-    fake, cpu = compat.new_fake_mode(), torch.device("cpu")
-    data_f, grad_f, w = (compat.fake_tensor(fake, t, cpu) for t in (data, nchw_grad, torch.ones(4)))
-    stats = [compat.fake_tensor(fake, torch.ones(4), cpu) for _ in range(4)]
-    reserve = compat.fake_tensor(fake, torch.empty(0, dtype=torch.uint8), cpu)
+    fake, cpu = fake_mode.new_fake_mode(), torch.device("cpu")
+    data_f, grad_f, w = (
+        fake_mode.fake_tensor(fake, t, cpu) for t in (data, nchw_grad, torch.ones(4))
+    )
+    stats = [fake_mode.fake_tensor(fake, torch.ones(4), cpu) for _ in range(4)]
+    reserve = fake_mode.fake_tensor(fake, torch.empty(0, dtype=torch.uint8), cpu)
     mode = KernelSourceMode.for_device(torch.device("cuda"))
     with fake, mode.over(fake):  # fake tensors made before: torch 2.4.1 cannot make them inside
         cudnn = torch.ops.aten.cudnn_batch_norm_backward.default(
@@ -398,10 +410,10 @@ def test_a_fake_cpu_batch_norm_backward_lays_its_gradient_out_as_the_cpu_kernel_
 def _cudnn_batch_norm(kernels: bool, data: torch.Tensor, grad: torch.Tensor, training: bool):
     """cuDNN's batch norm and its backward on fake CUDA tensors: under ``KernelSourceMode``
     (``kernels``), or torch's own fake decomposition; with the overrides it applied."""
-    fake, cuda = compat.new_fake_mode(), torch.device("cuda")
+    fake, cuda = fake_mode.new_fake_mode(), torch.device("cuda")
     mode = KernelSourceMode.for_device(cuda)
-    data_f, grad_f = (compat.fake_tensor(fake, t, cuda) for t in (data, grad))
-    weight = [compat.fake_tensor(fake, torch.ones(data.shape[1]), cuda) for _ in range(4)]
+    data_f, grad_f = (fake_mode.fake_tensor(fake, t, cuda) for t in (data, grad))
+    weight = [fake_mode.fake_tensor(fake, torch.ones(data.shape[1]), cuda) for _ in range(4)]
     with fake, mode.over(fake) if kernels else contextlib.nullcontext():
         out = torch.ops.aten.cudnn_batch_norm.default(data_f, *weight, training, 0.1, 1e-5)
         grads = ()
@@ -490,8 +502,8 @@ def test_activation_backwards_are_faked_as_their_kernels_lay_them_out(name):
             return op(grad, 1.0, 1, 1, False, data)
         return op(grad, data, *_ACTIVATION_BACKWARDS[name])
 
-    def fake_run(mode: compat.FakeTensorMode, grad: torch.Tensor, data: torch.Tensor):
-        grad, data = (compat.fake_tensor(mode, t, cpu) for t in (grad, data))
+    def fake_run(mode: fake_base.FakeTensorMode, grad: torch.Tensor, data: torch.Tensor):
+        grad, data = (fake_mode.fake_tensor(mode, t, cpu) for t in (grad, data))
         with mode:
             out = call(grad, data)
         return tuple(out.shape), out.stride(), out.dtype
@@ -503,17 +515,17 @@ def test_activation_backwards_are_faked_as_their_kernels_lay_them_out(name):
                 if len(shape) > 2:
                     grad = grad.to(memory_format=cl[len(shape)]) if grad_cl else grad
                     data = data.to(memory_format=cl[len(shape)]) if data_cl else data
-                ours = fake_run(compat.new_fake_mode(), grad, data)
+                ours = fake_run(fake_mode.new_fake_mode(), grad, data)
                 real = call(grad, data)
                 assert ours == (tuple(real.shape), real.stride(), real.dtype)
                 same = grad_cl == data_cl or len(shape) == 2
                 if same or name not in _DECOMPOSED_FROM_THE_INPUT:
-                    assert ours == fake_run(compat.FakeTensorMode(), grad, data)
+                    assert ours == fake_run(fake_base.FakeTensorMode(), grad, data)
                 else:  # the case fixed: torch's fake follows the input, its kernel the gradient
-                    assert ours != fake_run(compat.FakeTensorMode(), grad, data)
+                    assert ours != fake_run(fake_base.FakeTensorMode(), grad, data)
     broadcast = torch.randn(1, 6, 5, 3)
     data = torch.randn(2, 6, 5, 3).to(memory_format=torch.channels_last)
-    assert compat._binary_operands(op, (broadcast, data, 0.0, 6.0, 0.0, data)) is None
+    assert fake_shortcuts.binary_operands(op, (broadcast, data, 0.0, 6.0, 0.0, data)) is None
 
 
 _DECOMPOSED_FROM_THE_INPUT = {  # torch 2.14.1's decompositions whose output follows the input
@@ -530,13 +542,13 @@ def _torch_fake_dispatches() -> Iterator[list[object]]:
     """The operators that reach torch's own fake dispatch (``FakeTensorMode.dispatch``)
     inside, in order."""
     reached: list[object] = []
-    dispatch = compat.FakeTensorMode.dispatch
+    dispatch = fake_base.FakeTensorMode.dispatch
 
     def counted(self, func, types, args=(), kwargs=None):
         reached.append(func)
         return dispatch(self, func, types, args, kwargs)
 
-    with mock.patch.object(compat.FakeTensorMode, "dispatch", counted):
+    with mock.patch.object(fake_base.FakeTensorMode, "dispatch", counted):
         yield reached
 
 
@@ -549,8 +561,8 @@ def test_a_dense_cast_is_faked_with_its_inputs_strides_as_its_kernel_allocates_i
     cpu, cl = torch.device("cpu"), torch.channels_last
     ops = torch.ops.aten
 
-    def fake_cast(mode: compat.FakeTensorMode, x: torch.Tensor, **kwargs: object):
-        fx = compat.fake_tensor(mode, x, cpu)
+    def fake_cast(mode: fake_base.FakeTensorMode, x: torch.Tensor, **kwargs: object):
+        fx = fake_mode.fake_tensor(mode, x, cpu)
         with mode:
             out = ops._to_copy.default(fx, **kwargs)
         return out.stride(), out.dtype
@@ -559,25 +571,27 @@ def test_a_dense_cast_is_faked_with_its_inputs_strides_as_its_kernel_allocates_i
     dense += [torch.randn(2, 8, 1, 1).to(memory_format=cl), torch.randn(4, 6).t()]
     dense += [torch.randn(2, 8, 3, 4, 5).to(memory_format=torch.channels_last_3d)]
     for x in dense:
-        assert compat._dense_cast((compat.fake_tensor(compat.new_fake_mode(), x, cpu),), {})
+        assert fake_shortcuts.dense_cast(
+            (fake_mode.fake_tensor(fake_mode.new_fake_mode(), x, cpu),), {}
+        )
         for kwargs in ({"dtype": torch.float16}, {"memory_format": torch.preserve_format}, {}):
             real = ops._to_copy.default(x, **kwargs)
             with _torch_fake_dispatches() as reached:
-                ours = fake_cast(compat.new_fake_mode(), x, **kwargs)
+                ours = fake_cast(fake_mode.new_fake_mode(), x, **kwargs)
             assert reached == []
             assert ours == (real.stride(), real.dtype) == (x.stride(), real.dtype)
-            assert ours == fake_cast(compat.FakeTensorMode(), x, **kwargs)
+            assert ours == fake_cast(fake_base.FakeTensorMode(), x, **kwargs)
     views = (
         (torch.randn(1, 8, 1, 1), lambda t: t.expand(2, 8, 5, 5), {"dtype": torch.float16}),
         (torch.randn(4, 6), lambda t: t[::2], {"dtype": torch.float16}),
         (torch.randn(2, 8, 5, 5), lambda t: t, {"memory_format": cl}),
     )
     for base, view, kwargs in views:
-        mode = compat.new_fake_mode()
-        fake = compat.fake_tensor(mode, base, cpu)
+        mode = fake_mode.new_fake_mode()
+        fake = fake_mode.fake_tensor(mode, base, cpu)
         with mode:
             fx = view(fake)
-            assert not compat._dense_cast((fx,), kwargs)
+            assert not fake_shortcuts.dense_cast((fx,), kwargs)
             with _torch_fake_dispatches() as reached:
                 out = ops._to_copy.default(fx, **kwargs)
             assert ops._to_copy.default in reached  # the controls: torch's path
@@ -607,15 +621,15 @@ def test_a_fake_view_gives_size_one_dimensions_the_strides_the_kernels_give_them
     for number, (base, view) in enumerate(cases + controls):
         kernel = view(base).stride()
         assert view(base.to("meta")).stride() == kernel
-        with compat.FakeTensorMode() as torch_mode:
+        with fake_base.FakeTensorMode() as torch_mode:
             torchs = view(torch_mode.from_tensor(base)).stride()
-        assert (torchs == kernel) == (number >= len(cases) or compat.TORCH_VERSION < (2, 14))
-        mode = compat.new_fake_mode()
-        fake = compat.fake_tensor(mode, base, torch.device("cpu"))
+        assert (torchs == kernel) == (number >= len(cases) or versions.TORCH_VERSION < (2, 14))
+        mode = fake_mode.new_fake_mode()
+        fake = fake_mode.fake_tensor(mode, base, torch.device("cpu"))
         with mode:
             out = view(fake)
         assert out.stride() == kernel
-        assert compat.storage_key(out) == compat.storage_key(fake)
+        assert storage.storage_key(out) == storage.storage_key(fake)
 
 
 def test_a_fake_view_is_made_by_its_meta_kernel_on_its_arguments_storage():
@@ -645,8 +659,8 @@ def test_a_fake_view_is_made_by_its_meta_kernel_on_its_arguments_storage():
         (same, lambda t: ops.alias.default(t)),
         (same, lambda t: ops.view.dtype(t, torch.int32)),
     )
-    mode, cpu = compat.new_fake_mode(), torch.device("cpu")
-    whole = compat.fake_tensor(mode, full, cpu)
+    mode, cpu = fake_mode.new_fake_mode(), torch.device("cpu")
+    whole = fake_mode.fake_tensor(mode, full, cpu)
     with mode:
         fake = whole[:, 1:]
     for argument, view in views:
@@ -662,8 +676,8 @@ def test_a_fake_view_is_made_by_its_meta_kernel_on_its_arguments_storage():
             real.dtype,
             real.storage_offset(),
         )
-        assert compat.is_fake(out) and compat.storage_key(out) == compat.storage_key(viewed)
-    complex_fake = compat.fake_tensor(mode, torch.randn(3, 4, dtype=torch.cfloat), cpu)
+        assert fake_base.is_fake(out) and storage.storage_key(out) == storage.storage_key(viewed)
+    complex_fake = fake_mode.fake_tensor(mode, torch.randn(3, 4, dtype=torch.cfloat), cpu)
     with mode, _torch_fake_dispatches() as reached:
         ops.view_as_real.default(complex_fake)
     assert reached == [ops.view_as_real.default]  # the control: torch's path
@@ -692,16 +706,16 @@ def test_the_training_loss_operations_are_faked_by_their_meta_kernels_as_the_cpu
         grad = torch.ones_like(loss)
         arguments = (grad, logits, target, w, reduction, -100, total)
         cases.append((ops.nll_loss_backward.default, arguments))
-    mode, cpu = compat.new_fake_mode(), torch.device("cpu")
+    mode, cpu = fake_mode.new_fake_mode(), torch.device("cpu")
     for func, arguments in cases:
         fakes = tuple(
-            compat.fake_tensor(mode, a, cpu) if isinstance(a, torch.Tensor) else a
+            fake_mode.fake_tensor(mode, a, cpu) if isinstance(a, torch.Tensor) else a
             for a in arguments
         )
         with mode, _torch_fake_dispatches() as reached:
             ours = func(*fakes)
         assert reached == [] and _metadata(ours) == _metadata(func(*arguments))
-    fake_logits = compat.fake_tensor(mode, logits, cpu)
+    fake_logits = fake_mode.fake_tensor(mode, logits, cpu)
     with _torch_fake_dispatches() as reached, mode, contextlib.suppress(Exception):
         ops.nll_loss_forward.default(fake_logits, target, None, 1, -100)  # torch refuses it
     assert reached[:1] == [ops.nll_loss_forward.default]
@@ -747,22 +761,22 @@ def test_group_norm_backward_is_faked_by_its_meta_kernel_as_torchs_fake_mode_fak
 
         def faked(mode, arguments=arguments) -> tuple[object, ...]:
             return tuple(
-                compat.fake_tensor(mode, a, target) if isinstance(a, torch.Tensor) else a
+                fake_mode.fake_tensor(mode, a, target) if isinstance(a, torch.Tensor) else a
                 for a in arguments
             )
 
-        torchs = compat.FakeTensorMode(allow_non_fake_inputs=True)
+        torchs = fake_base.FakeTensorMode(allow_non_fake_inputs=True)
         fakes = faked(torchs)
         with torchs:
             expected = op(*fakes)
-        mode = compat.new_fake_mode()
+        mode = fake_mode.new_fake_mode()
         fakes = faked(mode)
         with mode, _torch_fake_dispatches() as reached:
             ours = op(*fakes)
         assert reached == [] and _metadata(ours) == _metadata(expected)
     grad, data, mean, rstd, weight, *rest = next(_group_norm_backward_cases())
-    mode = compat.new_fake_mode()
-    fakes = [compat.fake_tensor(mode, t, target) for t in (grad, data, mean, rstd)]
+    mode = fake_mode.new_fake_mode()
+    fakes = [fake_mode.fake_tensor(mode, t, target) for t in (grad, data, mean, rstd)]
     with _torch_fake_dispatches() as reached, mode, contextlib.suppress(Exception):
         op(*fakes, weight, *rest)  # on fake CUDA, torch refuses the CPU weight
     assert reached[:1] == [op]
@@ -790,9 +804,10 @@ def test_a_fake_layer_norm_backward_writes_its_input_gradient_contiguous_as_its_
         args = (grad, tokens, [16], mean, rstd, weight, bias, mask)
         kernel = described(ops.native_layer_norm_backward(*args))
         assert kernel[0] is None or kernel[0][1] == (400, 80, 16, 1)
-        mode, cpu = compat.new_fake_mode(), torch.device("cpu")
+        mode, cpu = fake_mode.new_fake_mode(), torch.device("cpu")
         fakes = [
-            t if not isinstance(t, torch.Tensor) else compat.fake_tensor(mode, t, cpu) for t in args
+            t if not isinstance(t, torch.Tensor) else fake_mode.fake_tensor(mode, t, cpu)
+            for t in args
         ]
         with mode:
             ours = ops.native_layer_norm_backward(*fakes[:2], [16], *fakes[3:7], mask)
@@ -805,17 +820,17 @@ def test_the_modes_answer_a_fake_tensors_device_query_from_the_tensor():
     call, or a real tensor, is passed on."""
     device_of = torch.ops.prim.device.default
     cuda = torch.device("cuda")
-    mode = compat.new_fake_mode()
-    fake = compat.fake_tensor(mode, torch.empty(2, 3, device="meta"), cuda)
-    assert compat.device_query(device_of, (fake,)) == fake.device == torch.device("cuda:0")
-    assert compat.device_query(device_of, (torch.empty(2),)) is None
-    assert compat.device_query(torch.ops.aten.detach.default, (fake,)) is None
+    mode = fake_mode.new_fake_mode()
+    fake = fake_mode.fake_tensor(mode, torch.empty(2, 3, device="meta"), cuda)
+    assert fake_base.device_query(device_of, (fake,)) == fake.device == torch.device("cuda:0")
+    assert fake_base.device_query(device_of, (torch.empty(2),)) is None
+    assert fake_base.device_query(torch.ops.aten.detach.default, (fake,)) is None
     with mode, KernelSourceMode.for_device(cuda).over(mode), audit(training=True):
         assert device_of(fake) == fake.device
         assert (fake * 2).device == fake.device
 
 
-class _Seen(compat.TorchDispatchMode):
+class _Seen(modes.TorchDispatchMode):
     """A dispatch mode that notes each operation it passes on, as ``_noted`` describes it;
     metadata queries (``prim``: the fake mode answers a layer's itself) aside."""
 
@@ -841,7 +856,7 @@ def _fakes(mode) -> tuple[torch.Tensor, torch.Tensor]:
     cpu = torch.device("cpu")
     data = torch.empty(2, 8, 4, 4, device="meta").to(memory_format=torch.channels_last)
     weight = torch.empty(8, device="meta")
-    return compat.fake_tensor(mode, data, cpu), compat.fake_tensor(mode, weight, cpu)
+    return fake_mode.fake_tensor(mode, data, cpu), fake_mode.fake_tensor(mode, weight, cpu)
 
 
 def _layer_norm_and_lists(x: torch.Tensor, w: torch.Tensor) -> None:
@@ -858,7 +873,7 @@ def test_a_fake_modes_dispatch_layer_sees_what_a_dispatch_mode_above_it_sees():
     a mode where torch's decomposition returns a named tuple (layer norm), a tensor list as a
     list, and not the operations the fake mode runs inside (layer norm's decomposition)."""
     by_mode: list = []
-    mode = compat.new_fake_mode()
+    mode = fake_mode.new_fake_mode()
     tensors = _fakes(mode)
     with mode, _Seen(by_mode):
         _layer_norm_and_lists(*tensors)
@@ -869,9 +884,9 @@ def test_a_fake_modes_dispatch_layer_sees_what_a_dispatch_mode_above_it_sees():
         by_layer.append(_noted(func, result))
         return result
 
-    mode = compat.new_fake_mode()
+    mode = fake_mode.new_fake_mode()
     tensors = _fakes(mode)
-    with mode, compat.dispatch_layer(mode, layer):
+    with mode, fake_mode.dispatch_layer(mode, layer):
         _layer_norm_and_lists(*tensors)
     assert by_layer == by_mode
     kinds = {name: kind for name, kind, _ in by_layer}
@@ -884,8 +899,8 @@ def test_a_layer_runs_below_the_layers_pushed_after_it_and_skips_itself_in_what_
     """Layers stack as modes do: the one pushed last sees an operation first; what a layer
     runs itself (not passed on by ``run``) goes to the layers below it only."""
     order: list = []
-    mode = compat.new_fake_mode()
-    x = compat.fake_tensor(mode, torch.empty(4, device="meta"), torch.device("cpu"))
+    mode = fake_mode.new_fake_mode()
+    x = fake_mode.fake_tensor(mode, torch.empty(4, device="meta"), torch.device("cpu"))
 
     def inner(func, args, kwargs, run):
         order.append(("inner", str(func)))
@@ -897,7 +912,7 @@ def test_a_layer_runs_below_the_layers_pushed_after_it_and_skips_itself_in_what_
             torch.ops.aten.neg.default(args[0])  # run by the layer itself
         return run(func, args, kwargs)
 
-    with mode, compat.dispatch_layer(mode, inner), compat.dispatch_layer(mode, outer):
+    with mode, fake_mode.dispatch_layer(mode, inner), fake_mode.dispatch_layer(mode, outer):
         x * 2
     assert order == [
         ("outer", "aten.mul.Tensor"),
@@ -952,11 +967,11 @@ def test_remembered_fake_outputs_are_torchs_own_made_fresh_or_on_the_viewed_stor
     fmt = torch.channels_last if layout == "channels_last" else torch.contiguous_format
     x = torch.empty(_SHAPES[layout], device="meta").to(memory_format=fmt)
     w = torch.empty(8, 8, 3, 3, device="meta").to(memory_format=fmt)
-    reference = compat.FakeTensorMode()
+    reference = fake_base.FakeTensorMode()
     with reference:
-        expected = _metadata(call(*(compat.fake_tensor(reference, t, cpu) for t in (x, w))))
-    mode = compat.new_fake_mode()
-    fx, fw = (compat.fake_tensor(mode, t, cpu) for t in (x, w))
+        expected = _metadata(call(*(fake_mode.fake_tensor(reference, t, cpu) for t in (x, w))))
+    mode = fake_mode.new_fake_mode()
+    fx, fw = (fake_mode.fake_tensor(mode, t, cpu) for t in (x, w))
     with mode:
         first = call(fx, fw)
         hits = mode.memo.hits
@@ -968,11 +983,11 @@ def test_remembered_fake_outputs_are_torchs_own_made_fresh_or_on_the_viewed_stor
     for a, b in zip(firsts, seconds, strict=True):
         if a is None:
             continue
-        assert compat.is_fake(b) and b.fake_mode is mode
+        assert fake_base.is_fake(b) and b.fake_mode is mode
         if views:
-            assert compat.storage_key(b) == compat.storage_key(fx) == compat.storage_key(a)
+            assert storage.storage_key(b) == storage.storage_key(fx) == storage.storage_key(a)
         else:
-            assert compat.storage_key(b) not in (compat.storage_key(a), compat.storage_key(fx))
+            assert storage.storage_key(b) not in (storage.storage_key(a), storage.storage_key(fx))
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
@@ -981,13 +996,13 @@ def test_an_operation_torch_fakes_by_a_decomposition_is_answered_whole_the_secon
     tuples (tens of operations, milliseconds): the memo answers a repeated call whole, one hit,
     with outputs laid out as the first call's, on storages of their own."""
     ops = torch.ops.aten
-    mode = compat.new_fake_mode()
+    mode = fake_mode.new_fake_mode()
     where = torch.device(device)
-    x = compat.fake_tensor(mode, torch.empty(2, 7, 8, device="meta"), where)
-    image = compat.fake_tensor(
+    x = fake_mode.fake_tensor(mode, torch.empty(2, 7, 8, device="meta"), where)
+    image = fake_mode.fake_tensor(
         mode, torch.empty(2, 8, 5, 5, device="meta").to(memory_format=torch.channels_last), where
     )
-    stats = [compat.fake_tensor(mode, torch.empty(8, device="meta"), where) for _ in range(2)]
+    stats = [fake_mode.fake_tensor(mode, torch.empty(8, device="meta"), where) for _ in range(2)]
     calls = [
         lambda: ops.native_layer_norm.default(x, [8], None, None, 1e-5),
         lambda: ops.native_batch_norm.default(image, None, None, *stats, False, 0.1, 1e-5),
@@ -999,7 +1014,7 @@ def test_an_operation_torch_fakes_by_a_decomposition_is_answered_whole_the_secon
             second = call()
             assert mode.memo.hits == hits + 1
             assert _metadata(second) == _metadata(first)
-            assert len({compat.storage_key(t) for t in (*first, *second)}) == 2 * len(first)
+            assert len({storage.storage_key(t) for t in (*first, *second)}) == 2 * len(first)
 
 
 def test_the_memo_answers_in_place_and_storage_sharing_operations_as_torch_does():
@@ -1009,10 +1024,10 @@ def test_the_memo_answers_in_place_and_storage_sharing_operations_as_torch_does(
     answers them; the controls, an in-place operation that changes its argument's metadata
     and one whose output depends on data, are never remembered."""
     ops = torch.ops.aten
-    mode = compat.new_fake_mode()
-    x = compat.fake_tensor(mode, torch.empty(2, 6, device="meta"), torch.device("cpu"))
-    y = compat.fake_tensor(mode, torch.empty(2, 6, device="meta"), torch.device("cpu"))
-    row = compat.fake_tensor(mode, torch.empty(6, device="meta"), torch.device("cpu"))
+    mode = fake_mode.new_fake_mode()
+    x = fake_mode.fake_tensor(mode, torch.empty(2, 6, device="meta"), torch.device("cpu"))
+    y = fake_mode.fake_tensor(mode, torch.empty(2, 6, device="meta"), torch.device("cpu"))
+    row = fake_mode.fake_tensor(mode, torch.empty(6, device="meta"), torch.device("cpu"))
     with mode:
         for round in range(2):
             hits = mode.memo.hits
@@ -1020,7 +1035,7 @@ def test_the_memo_answers_in_place_and_storage_sharing_operations_as_torch_does(
             assert ops.mul.out(x, y, out=y) is y
             assert ops._foreach_add_.List([x, y], [row, row]) in (None, ())  # broadcast
             viewed = ops._unsafe_view.default(x, [3, 4])
-            assert compat.storage_key(viewed) == compat.storage_key(x) and viewed is not x
+            assert storage.storage_key(viewed) == storage.storage_key(x) and viewed is not x
             assert (viewed.shape, viewed.stride()) == ((3, 4), (4, 1))
             assert mode.memo.hits - hits == (4 if round else 0)
         ops.unsqueeze_.default(x, 0)  # an in-place view: metadata changed, never remembered
@@ -1037,12 +1052,12 @@ def test_a_fresh_output_is_remembered_whatever_storage_offsets_its_arguments_hav
     offsets, and each slice gets its own."""
     ops = torch.ops.aten
     cl = torch.channels_last
-    mode, reference = compat.new_fake_mode(), compat.FakeTensorMode()
+    mode, reference = fake_mode.new_fake_mode(), fake_base.FakeTensorMode()
     cpu = torch.device("cpu")
     metas = (torch.empty(4, 8, 6, 6, device="meta").to(memory_format=cl),)
     metas += (metas[0][:2].clone(),)
-    buffer, other = (compat.fake_tensor(mode, m, cpu) for m in metas)
-    rows = compat.fake_tensor(mode, torch.empty(4, 6, device="meta"), cpu)
+    buffer, other = (fake_mode.fake_tensor(mode, m, cpu) for m in metas)
+    rows = fake_mode.fake_tensor(mode, torch.empty(4, 6, device="meta"), cpu)
     with mode:
         first, second, row, next_row = buffer[:2], buffer[2:], rows[1], rows[2]
         ops.add.Tensor(first, other)
@@ -1051,17 +1066,20 @@ def test_a_fresh_output_is_remembered_whatever_storage_offsets_its_arguments_hav
         assert mode.memo.hits == hits + 1
         viewed = [ops._unsafe_view.default(r, [2, 3]) for r in (row, next_row, next_row)]
     with reference:
-        whole, part = (compat.fake_tensor(reference, m, cpu) for m in metas)
+        whole, part = (fake_mode.fake_tensor(reference, m, cpu) for m in metas)
         expected = ops.add.Tensor(whole[2:], part)
     assert second.storage_offset() == 2 * 8 * 6 * 6
     assert _metadata(added) == _metadata(expected)
-    assert compat.storage_key(added) not in (compat.storage_key(buffer), compat.storage_key(other))
+    assert storage.storage_key(added) not in (
+        storage.storage_key(buffer),
+        storage.storage_key(other),
+    )
     assert [v.storage_offset() for v in viewed] == [6, 12, 12]
     assert mode.memo.hits == hits + 2  # the second slice's view answered at its own offset
-    assert all(compat.storage_key(v) == compat.storage_key(rows) for v in viewed)
+    assert all(storage.storage_key(v) == storage.storage_key(rows) for v in viewed)
 
 
-class _Layer(compat.FunctionLayer):
+class _Layer(modes.FunctionLayer):
     def handle(self, func, args, kwargs):
         return func(*args, **kwargs)
 
@@ -1078,11 +1096,11 @@ def test_a_function_layer_is_taken_off_the_stack_only_where_innermost_and_put_ba
     stack = torch.overrides._get_current_function_mode_stack
     layer, mode = _Layer(), _Mode()
     with layer:
-        with pytest.raises(RuntimeError), compat.function_layer_taken() as taken:
+        with pytest.raises(RuntimeError), modes.function_layer_taken() as taken:
             assert taken is layer and stack() == []
             raise RuntimeError("the audit failed")
         assert stack() == [layer]
-        with mode, compat.function_layer_taken() as taken:
+        with mode, modes.function_layer_taken() as taken:
             assert taken is None and stack() == [layer, mode]
     assert stack() == []
 
@@ -1093,19 +1111,19 @@ def test_an_operation_the_memo_keeps_leaves_no_entry_in_torchs_fake_cache(monkey
     control: with the memo off, torch's cache holds the same call's entry and answers it."""
     ops = torch.ops.aten
     shape = (3, 17, 5)  # a shape no other test in this process fakes a multiplication of
-    cache = compat.FakeTensorMode.cache
-    for memo in (True, False):
-        monkeypatch.setattr(compat, "_MEMO", memo)
-        mode = compat.new_fake_mode()
-        x = compat.fake_tensor(mode, torch.empty(shape, device="meta"), torch.device("cpu"))
+    cache = fake_base.FakeTensorMode.cache
+    for memo_on in (True, False):
+        monkeypatch.setattr(fake_mode, "_MEMO", memo_on)
+        mode = fake_mode.new_fake_mode()
+        x = fake_mode.fake_tensor(mode, torch.empty(shape, device="meta"), torch.device("cpu"))
         cache.clear()
         with mode:
             first = ops.mul.Tensor(x, x)
             entries = len(cache)
             second = ops.mul.Tensor(x, x)
         assert _metadata(first) == _metadata(second)
-        assert entries == (0 if memo else 1)
-        assert mode.memo.hits == (1 if memo else 0)
+        assert entries == (0 if memo_on else 1)
+        assert mode.memo.hits == (1 if memo_on else 0)
 
 
 _CUDA_SWEEP = """
@@ -1147,16 +1165,16 @@ def test_an_optimizers_foreach_step_on_fake_tensors_reaches_no_fake_kernel(monke
     index go to torch's kernel, which refuses them as a device's would."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    mode, cuda = compat.new_fake_mode(), torch.device("cuda")
+    mode, cuda = fake_mode.new_fake_mode(), torch.device("cuda")
     shapes = [(8, 3, 3, 3), (8,)]
 
     def fakes() -> list[torch.Tensor]:
         metas = [torch.empty(s, device="meta") for s in shapes]
         metas[0] = metas[0].to(memory_format=torch.channels_last)
-        return [compat.fake_tensor(mode, m, cuda) for m in metas]
+        return [fake_mode.fake_tensor(mode, m, cuda) for m in metas]
 
-    buffers, grads, found = fakes(), fakes(), compat.fake_tensor(mode, torch.empty(()), cuda)
-    scale = compat.fake_tensor(mode, torch.empty(()), cuda)
+    buffers, grads, found = fakes(), fakes(), fake_mode.fake_tensor(mode, torch.empty(()), cuda)
+    scale = fake_mode.fake_tensor(mode, torch.empty(()), cuda)
     reached: list[str] = []
     kernel = FakeTensorMode._dispatch_impl
 
@@ -1183,10 +1201,8 @@ def test_a_remembered_output_is_made_as_torchs_fake_tensor_constructor_makes_it(
     constructor's attributes are not all plain values, the maker is the constructor."""
     from torch._subclasses.fake_tensor import FakeTensor
 
-    from cl_audit.compat import memo
-
-    mode, cuda = compat.new_fake_mode(), torch.device("cuda:0")
-    x = compat.fake_tensor(mode, torch.empty(4, 6, device="meta"), cuda)
+    mode, cuda = fake_mode.new_fake_mode(), torch.device("cuda:0")
+    x = fake_mode.fake_tensor(mode, torch.empty(4, 6, device="meta"), cuda)
     with mode:
         made = [torch.ops.aten.mul.Tensor(x, x), torch.ops.aten.t.default(x)]
         hits = mode.memo.hits
@@ -1198,9 +1214,9 @@ def test_a_remembered_output_is_made_as_torchs_fake_tensor_constructor_makes_it(
         assert memo._described(again) == memo._described(first)
         assert type(again) is FakeTensor and vars(again) == vars(constructed)
         assert again.device == cuda and again.stride() == first.stride()
-    assert compat.storage_key(made[3]) == compat.storage_key(x)
+    assert storage.storage_key(made[3]) == storage.storage_key(x)
     assert memo.fake_maker(mode, cuda).__name__ == "made"
-    strict = compat.new_fake_mode()
+    strict = fake_mode.new_fake_mode()
     strict._allow_unsafe_data_ptr_access = False  # torch's default: a data pointer refused
     for make in (memo.fake_maker(strict, cuda), functools.partial(FakeTensor, strict, device=cuda)):
         with pytest.raises(RuntimeError, match="data pointer"):

@@ -13,7 +13,7 @@ import pytest
 import torch
 from test_cli import invoke
 
-from cl_audit.compat import TORCH_VERSION
+from cl_audit.compat.versions import TORCH_VERSION
 from cl_audit.enums import BucketMatch, WrapOrder
 from cl_audit.report import ModelReport, load_schema
 from cl_audit.report.distributed_report import bucket_match

@@ -11,7 +11,7 @@ import torchvision
 from torch_checks import needs_node_by_node
 
 import cl_audit
-from cl_audit.compat import is_fake
+from cl_audit.compat.fake_base import is_fake
 from cl_audit.run.audit_module import audit_module
 from cl_audit.settings import AuditSettings, TensorMode
 

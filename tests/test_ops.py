@@ -18,7 +18,7 @@ from test_cli import ANY_COST, TOYS, invoke, runner
 from torch_checks import BACKWARD_PROBLEM
 
 from cl_audit.cli import app
-from cl_audit.compat import fake_cuda_problem
+from cl_audit.compat.cuda import fake_cuda_problem
 from cl_audit.compat.opinfo import OperatorEntry, Sample, opinfo_problem
 from cl_audit.enums import CostKind, OpBehaviour, Phase
 from cl_audit.errors import UsageError

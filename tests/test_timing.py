@@ -9,7 +9,7 @@ import torch
 from torch.autograd.profiler import record_function
 
 import cl_audit.execution.timing as timing
-from cl_audit.compat import _parsed_ops
+from cl_audit.compat.profiler_events import _parsed_ops
 from cl_audit.execution.timing import Profiler, copies_by_call
 from cl_audit.intercept.dispatch import CALL_LABEL
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from cl_audit.compat import TORCH_VERSION, torch_version
+from cl_audit.compat.versions import TORCH_VERSION, torch_version
 from cl_audit.report import Differential, ModelReport, ModelSource, decode_document
 from cl_audit.report.environment import distribution_version
 from cl_audit.settings import AuditSettings, Engine

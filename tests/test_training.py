@@ -20,9 +20,10 @@ from typer.testing import CliRunner
 
 from cl_audit import compat
 from cl_audit.cli import app
-from cl_audit.compat import fake_cuda_problem
+from cl_audit.compat import fake_base, fake_mode, modes
 from cl_audit.compat import memo as compat_memo
 from cl_audit.compat.backward import recording_hooks
+from cl_audit.compat.cuda import fake_cuda_problem
 from cl_audit.errors import ModelFailedError, Stage, UsageError
 from cl_audit.intercept import dispatch
 from cl_audit.report import Phase, RegainSource, Verdict
@@ -278,8 +279,11 @@ class _CallsSeen(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-_OWN = [Path(compat.__file__).parents[1] / p for p in ("intercept", "layout.py", "training.py")]
-_OWN.append(Path(compat.__file__).with_name("backward.py"))
+_OWN = [
+    Path(compat.__file__).parents[1] / p
+    for p in ("intercept", "rule/layout.py", "execution/training.py", "compat/backward.py")
+]
+assert all(p.exists() for p in _OWN), _OWN  # a moved file would leave its calls unchecked
 _READS = {"stride", "dim", "numel", "element_size", "untyped_storage", "__get__", "__set__"}
 
 
@@ -412,7 +416,7 @@ def test_a_custom_autograd_functions_backward_runs_under_cuda_autocast():
     assert control.offenders == ()
 
 
-class _PassedOn(compat.TorchDispatchMode):
+class _PassedOn(modes.TorchDispatchMode):
     """Another dispatch mode, passing every operation on."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -429,7 +433,7 @@ def test_an_audit_in_cl_audits_fake_mode_observes_as_a_layer_of_it_and_reports_a
     predicted for CUDA with AMP reports alike both ways (every field): the backward-only loss
     at its forward line, the control clean."""
     settings = {"tensor_mode": TensorMode.FAKE, "device": "cuda", "amp": Amp.FP16}
-    layered = mock.patch.object(dispatch, "dispatch_layer", wraps=compat.dispatch_layer)
+    layered = mock.patch.object(dispatch, "dispatch_layer", wraps=fake_mode.dispatch_layer)
     with layered as as_layer:
         report = train(model(), **settings)
     assert as_layer.call_count == 2  # the audited run's observer and the NCHW run's
@@ -453,8 +457,8 @@ def test_the_audits_function_mode_does_the_attention_kernels_work_and_reports_al
     taken: list[str] = []
 
     @contextlib.contextmanager
-    def noting() -> Iterator[compat.FunctionLayer | None]:
-        with compat.function_layer_taken() as layer:
+    def noting() -> Iterator[modes.FunctionLayer | None]:
+        with modes.function_layer_taken() as layer:
             taken.append(type(layer).__name__)
             yield layer
 
@@ -496,17 +500,17 @@ def test_backward_operations_faked_by_their_meta_kernels_report_as_torchs_fake_p
         pytest.skip(FAKE_CUDA_PROBLEM)
     settings = {"tensor_mode": TensorMode.FAKE, **settings}
     reached: list = []
-    dispatch = compat.FakeTensorMode.dispatch
+    dispatch = fake_base.FakeTensorMode.dispatch
 
     def counted(self, func, types, args=(), kwargs=None):
         reached.append(func)
         return dispatch(self, func, types, args, kwargs)
 
-    with mock.patch.object(compat.FakeTensorMode, "dispatch", counted):
+    with mock.patch.object(fake_base.FakeTensorMode, "dispatch", counted):
         report = train(model(), **settings)
         ours = set(reached)
         reached.clear()
-        with mock.patch.object(compat, "_ON_META", compat._ON_META - _META_FAKED):
+        with mock.patch.object(fake_mode, "ON_META", fake_mode.ON_META - _META_FAKED):
             control = train(model(), **settings)
     assert not ours & _META_FAKED and set(reached) & _META_FAKED
     assert json.dumps(encode(report)) == json.dumps(encode(control))
@@ -560,7 +564,9 @@ def test_priming_a_step_makes_the_optimizer_state_in_each_parameters_layout(opti
     on its device, as a real first step does (the control: the same state tensors, the same
     strides, on the CPU), and leaves no gradient behind. Parameters alike (two convolutions of
     one shape) share one meta step, yet each gets state on a storage of its own."""
-    from cl_audit.compat import fake_tensor, is_fake, new_fake_mode, storage_key
+    from cl_audit.compat.fake_base import is_fake
+    from cl_audit.compat.fake_mode import fake_tensor, new_fake_mode
+    from cl_audit.compat.storage import storage_key
     from cl_audit.execution.plan import plan_run
     from cl_audit.execution.training import Step
 
@@ -710,7 +716,7 @@ def test_a_fake_step_reports_the_same_with_or_without_the_fake_modes_memo(
     settings = {"tensor_mode": TensorMode.FAKE, "device": device, "amp": Amp.FP16}
     remembered = encode(train(model(), **settings))
     assert any(hits) and remembered["offenders"]
-    monkeypatch.setattr(compat, "_MEMO", False)
+    monkeypatch.setattr(fake_mode, "_MEMO", False)
     hits.clear()
     alone = encode(train(model(), **settings))
     assert not hits

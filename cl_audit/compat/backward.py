@@ -43,7 +43,7 @@ import torch
 from torch.autograd.function import BackwardCFunction
 from torch.autograd.graph import get_gradient_edge
 
-from cl_audit.compat import without_torch_function
+from cl_audit.compat.modes import without_torch_function
 from cl_audit.errors import UsageError
 from cl_audit.rule.layout import is_dense
 
@@ -259,7 +259,7 @@ def _custom(node: BackwardCFunction, grads: list[torch.Tensor | None]) -> tuple:
 def backward_problem() -> str | None:
     """Why this torch cannot run a backward node by node, or None: a probe differentiates a
     convolution and a sum with both engines on fake CPU tensors, which must agree."""
-    from cl_audit.compat import new_fake_mode
+    from cl_audit.compat.fake_mode import new_fake_mode
 
     def grads(engine: Callable[[torch.Tensor], None]) -> list[tuple[int, ...]]:
         with new_fake_mode():

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from cl_audit.compat import FakeTensorMode, fake_tensor, new_fake_mode
+from cl_audit.compat.fake_base import FakeTensorMode
+from cl_audit.compat.fake_mode import fake_tensor, new_fake_mode
 
 __all__ = [
     "CapturedGraph",

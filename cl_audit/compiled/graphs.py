@@ -36,7 +36,9 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from cl_audit.compat import cuda_present, data_dependent_op, fake_tensor, new_fake_mode
+from cl_audit.compat.cuda import cuda_present
+from cl_audit.compat.failures import data_dependent_op
+from cl_audit.compat.fake_mode import fake_tensor, new_fake_mode
 from cl_audit.compat.inductor import (
     CapturedGraph,
     GraphConv,

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch.nn.utils import convert_conv2d_weight_memory_format, convert_conv3d_weight_memory_format
 
-from cl_audit.compat import module_apply
+from cl_audit.compat.storage import module_apply
 from cl_audit.enums import Strategy
 
 __all__ = [

@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from cl_audit.compat import cuda_present, fake_cuda_problem
 from cl_audit.compat.backward import backward_problem
+from cl_audit.compat.cuda import cuda_present, fake_cuda_problem
 from cl_audit.enums import Engine, TensorMode, Workload
 from cl_audit.errors import UsageError
 from cl_audit.execution.tensors import TENSORS, FakeStepTensors, Tensors

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from cl_audit.compat import fake_tensor, new_fake_mode
+from cl_audit.compat.fake_mode import fake_tensor, new_fake_mode
 from cl_audit.enums import Strategy, TensorMode
 from cl_audit.execution.convert import apply_strategy, input_to_nchw, strategy_input, to_nchw
 from cl_audit.execution.inputs import Example

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from cl_audit.compat import ProfiledOp, profiled_ops
+from cl_audit.compat.profiler_events import ProfiledOp, profiled_ops
 from cl_audit.intercept.dispatch import CALL_LABEL
 from cl_audit.report import Timing
 from cl_audit.report.sections import Observed

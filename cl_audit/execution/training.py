@@ -16,14 +16,10 @@ from typing import Any, Protocol
 import torch
 import torch.nn.functional as F
 
-from cl_audit.compat import (
-    amp_unscale_,
-    amp_update_scale_,
-    fake_like,
-    outside_modes,
-    without_torch_function,
-)
+from cl_audit.compat.autograd import amp_unscale_, amp_update_scale_
 from cl_audit.compat.backward import recording_hooks, run_backward
+from cl_audit.compat.fake_mode import fake_like
+from cl_audit.compat.modes import outside_modes, without_torch_function
 from cl_audit.enums import Amp, Optimizer, Phase, Stage, Workload
 from cl_audit.execution.audit_context import Audit
 from cl_audit.execution.timing import TIMED_STEPS, WARMUP_STEPS, timed_ms

@@ -29,18 +29,13 @@ from typing import Any
 import torch
 from torch.profiler import record_function
 
-from cl_audit.compat import (
-    aten_op_name,
-    cuda_present,
-    fake_cuda_problem,
-    fake_tensor,
-    is_device_runtime_error,
-    map_tensors,
-    new_fake_mode,
-    tensor_leaves,
-)
 from cl_audit.compat.backward import backward_problem, run_backward
+from cl_audit.compat.cuda import cuda_present, fake_cuda_problem
+from cl_audit.compat.failures import is_device_runtime_error
+from cl_audit.compat.fake_mode import fake_tensor, new_fake_mode
+from cl_audit.compat.operators import aten_op_name
 from cl_audit.compat.opinfo import OperatorEntry, Sample
+from cl_audit.compat.pytree import map_tensors, tensor_leaves
 from cl_audit.enums import Engine, OpBehaviour
 from cl_audit.errors import UsageError, first_line
 from cl_audit.execution.audit_context import watching

@@ -15,16 +15,10 @@ from typing import Any
 from torch.autograd.profiler import record_function
 from torch.overrides import TorchFunctionMode
 
-from cl_audit.compat import (
-    Run,
-    TorchDispatchMode,
-    aten_op_name,
-    device_query,
-    dispatch_layer,
-    fake_mode_alone,
-    function_layer_taken,
-    without_torch_function,
-)
+from cl_audit.compat.fake_base import Run, device_query
+from cl_audit.compat.fake_mode import dispatch_layer, fake_mode_alone
+from cl_audit.compat.modes import TorchDispatchMode, function_layer_taken, without_torch_function
+from cl_audit.compat.operators import aten_op_name
 from cl_audit.errors import mark_failure
 from cl_audit.intercept.naming import python_op_name
 from cl_audit.intercept.observer import Observer

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from cl_audit.compat import aten_op_name, op_traits
+from cl_audit.compat.operators import aten_op_name, op_traits
 from cl_audit.enums import Phase
 from cl_audit.intercept.naming import python_op_name
 from cl_audit.intercept.tracking import nbytes

@@ -7,7 +7,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from cl_audit.compat import aten_op_name, is_operator
+from cl_audit.compat.operators import aten_op_name, is_operator
 from cl_audit.rule.conversions import is_copy_op
 
 __all__ = ["is_copy", "python_op_name"]

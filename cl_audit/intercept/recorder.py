@@ -16,8 +16,11 @@ from typing import Any
 
 import torch
 
-from cl_audit.compat import aten_op_name, current_autograd_node, is_fake, view_base
-from cl_audit.compat import storage_key as _storage_key
+from cl_audit.compat.autograd import current_autograd_node
+from cl_audit.compat.fake_base import is_fake
+from cl_audit.compat.operators import aten_op_name
+from cl_audit.compat.storage import storage_key as _storage_key
+from cl_audit.compat.storage import view_base
 from cl_audit.enums import Conversion, Phase
 from cl_audit.intercept.ledger import Ledger, OpRecord
 from cl_audit.intercept.naming import is_copy, python_op_name

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from cl_audit.compat import aten_op_name
+from cl_audit.compat.operators import aten_op_name
 from cl_audit.enums import Conversion, Phase, Provenance, RegainSource
 from cl_audit.intercept.naming import python_op_name
 from cl_audit.report import Finding, Producer, TensorSummary

@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
 
-from cl_audit.compat import TORCH_VERSION, torch_version
+from cl_audit.compat.versions import TORCH_VERSION, torch_version
 
 __all__ = [
     "ATTENTION_SOURCE",

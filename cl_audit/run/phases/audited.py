@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from cl_audit.compat import is_data_dependent_error, is_device_runtime_error
+from cl_audit.compat.failures import is_data_dependent_error, is_device_runtime_error
 from cl_audit.enums import Engine, Strategy
 from cl_audit.errors import ModelFailedError, UsageError
 from cl_audit.execution.audit_context import Audit, audit

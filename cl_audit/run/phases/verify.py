@@ -22,7 +22,7 @@ from torch import nn
 from cl_audit.compare.cost_sites import compare_ledgers
 from cl_audit.compare.remedies import Match, SiteContext, matches, site_contexts
 from cl_audit.compare.whatif import CHANGES, Change, WhatIf
-from cl_audit.compat import tensor_leaves
+from cl_audit.compat.pytree import tensor_leaves
 from cl_audit.enums import Evidence, RemedyStatus
 from cl_audit.errors import failure_summary
 from cl_audit.execution.plan import RunPlan
