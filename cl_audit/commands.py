@@ -37,7 +37,7 @@ from cl_audit.sweep.worker import SweepSettings
 
 if TYPE_CHECKING:
     from cl_audit.features.bench import BenchSettings
-    from cl_audit.features.ops_index import OpsIndex
+    from cl_audit.report.ops_report import OpsIndex
 
 __all__ = [
     "AuditOutputs",
@@ -355,7 +355,8 @@ def ops(
     printed (the rows matching ``patterns``; with ``loses`` those that lose channels_last or
     refuse it) and written whole to ``outputs`` (the operators ``patterns`` chose); with
     ``sources.sweeps``, the operations their losses cost most, beside the index's rows."""
-    from cl_audit.features.ops_index import rank_costs, select
+    from cl_audit.features.ops_index.probe import select
+    from cl_audit.features.ops_index.ranking import rank_costs
     from cl_audit.render.ops_table import render_op_costs, render_ops
 
     json_path = outputs.json
@@ -390,7 +391,7 @@ def ops(
 
 def _run_index(patterns: tuple[str, ...], device: str, dtype: DType, console: Console) -> OpsIndex:
     from cl_audit.compat.opinfo import module_entries, operator_entries, opinfo_problem
-    from cl_audit.features.ops_index import build_index, target_for
+    from cl_audit.features.ops_index.probe import build_index, target_for
 
     problem = opinfo_problem()
     if problem is not None:
@@ -407,7 +408,7 @@ def _run_index(patterns: tuple[str, ...], device: str, dtype: DType, console: Co
 
 def ops_diff(old: Path, new: Path, console: Console) -> None:
     """The operators whose behaviour differs between two saved indexes, printed."""
-    from cl_audit.features.ops_index import diff
+    from cl_audit.features.ops_index.diff import diff
     from cl_audit.render.ops_table import render_ops_diff
 
     before, after = read_ops(old), read_ops(new)

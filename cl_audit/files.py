@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Protocol
 
 from cl_audit.errors import UsageError
-from cl_audit.features.ops_index import OpsIndex
 from cl_audit.report import (
     REPORT_FORMAT,
     SWEEP_FORMAT,
@@ -20,6 +19,7 @@ from cl_audit.report import (
     decode_document,
     encode_document,
 )
+from cl_audit.report.ops_report import OpsIndex
 
 __all__ = [
     "check_folder",

@@ -197,8 +197,8 @@ def test_ops_page_filters_by_behaviour_and_text_and_renders_hostile_names_inert(
     """``cl-audit ops --html``: every row at its anchor, filtered by behaviour and by text;
     an operator named like a script is shown as text, not run."""
     from cl_audit.enums import OpBehaviour as B
-    from cl_audit.features.ops_index import OperatorRow, OpsIndex
     from cl_audit.render.html_ops import ops_html
+    from cl_audit.report.ops_report import OperatorRow, OpsIndex
 
     rows = tuple(
         OperatorRow(op, b, ((b, 2),), None)

@@ -22,23 +22,14 @@ from cl_audit.compat.cuda import fake_cuda_problem
 from cl_audit.compat.opinfo import OperatorEntry, Sample, opinfo_problem
 from cl_audit.enums import CostKind, OpBehaviour, Phase
 from cl_audit.errors import UsageError
-from cl_audit.features.ops_index import (
-    OperatorRow,
-    OpLink,
-    OpsIndex,
-    SampleResult,
-    build_index,
-    diff,
-    forward_of,
-    operator_row,
-    probe_sample,
-    rank_costs,
-    target_for,
-)
+from cl_audit.features.ops_index.diff import diff
+from cl_audit.features.ops_index.probe import build_index, operator_row, probe_sample, target_for
+from cl_audit.features.ops_index.ranking import OpLink, forward_of, rank_costs
 from cl_audit.render.html_ops import ops_html
 from cl_audit.render.ops_table import render_op_costs, render_ops
 from cl_audit.report import load_schema
 from cl_audit.report.envelope import OPS_VERSION
+from cl_audit.report.ops_report import OperatorRow, OpsIndex, SampleResult
 from cl_audit.report.verdict import Producer
 
 B = OpBehaviour

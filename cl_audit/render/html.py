@@ -11,7 +11,7 @@ import json
 from collections import defaultdict
 
 from cl_audit.enums import BucketMatch, Phase, Status, Verdict
-from cl_audit.features.ops_index import OpsIndex, report_links
+from cl_audit.features.ops_index.ranking import report_links
 from cl_audit.render import format_bytes
 from cl_audit.render import html_text as _e
 from cl_audit.render.html_compiled import compiled_section
@@ -37,6 +37,7 @@ from cl_audit.report import (
     by_call_site,
 )
 from cl_audit.report.distributed_report import DdpCheck, FsdpCheck
+from cl_audit.report.ops_report import OpsIndex
 from cl_audit.rule.layout import MemoryLayout
 
 __all__ = ["html_page", "model_html", "sweep_html"]

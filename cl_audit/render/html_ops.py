@@ -5,10 +5,11 @@ anchor ``op-<name>`` that a model report's links point to (``ops_anchor``)."""
 from __future__ import annotations
 
 from cl_audit.enums import OpBehaviour
-from cl_audit.features.ops_index import OperatorRow, OpLink, OpsIndex, SampleResult
+from cl_audit.features.ops_index.ranking import OpLink
 from cl_audit.render import format_bytes
 from cl_audit.render import html_text as _e
 from cl_audit.render.html import html_page
+from cl_audit.report.ops_report import OperatorRow, OpsIndex, SampleResult
 
 __all__ = ["links_section", "ops_anchor", "ops_html"]
 

@@ -9,7 +9,7 @@ from cl_audit.files import write_json, write_text
 from cl_audit.report import ModelReport, SweepReport
 
 if TYPE_CHECKING:
-    from cl_audit.features.ops_index import OpsIndex
+    from cl_audit.report.ops_report import OpsIndex
 
 __all__ = ["write_outputs"]
 

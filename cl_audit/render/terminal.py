@@ -20,7 +20,7 @@ from cl_audit.enums import (
     TensorMode,
     Verdict,
 )
-from cl_audit.features.ops_index import OpsIndex, report_links
+from cl_audit.features.ops_index.ranking import report_links
 from cl_audit.render import format_bytes
 from cl_audit.render.ops_table import render_op_links
 from cl_audit.report import (
@@ -43,6 +43,7 @@ from cl_audit.report import (
     by_call_site,
 )
 from cl_audit.report.distributed_report import DdpCheck, DdpRun, FsdpCheck, FsdpRun
+from cl_audit.report.ops_report import OpsIndex
 
 __all__ = [
     "compiled_text",

@@ -1,24 +1,11 @@
-"""The operator coverage index (``cl-audit ops``): what each operator returns for channels_last
-input, from the sample inputs of torch's own operator database (``cl_audit.compat.opinfo``).
-
-A sample counts when its first input is a 4-D or 5-D floating-point tensor. It runs twice: as
-the database gives it (NCHW), then with every 4-D and 5-D floating-point tensor among its
-arguments made channels_last (channels_last_3d), as a channels_last model hands them over (the
-data and the convolution weights alike). A sample that fails in NCHW is not counted. The
-channels_last call's first 4-D or 5-D output then says what the operator does
-(``OpBehaviour``): it keeps channels_last, loses it (NCHW strides), returns other strides, only
-follows its input (the NCHW call's output is not NCHW either: a view or a reordering), refuses
-(raises), or the input or output is both orders at once: size-1 dimensions, or no elements
-(ambiguous, naming which). An operator's behaviour is the worst of its samples', with that
-sample as the example; every count is kept.
-"""
+"""Runs the operator coverage index: each sample of torch's operator database in NCHW and in
+channels_last, on this device or on fake tensors of one it lacks, judged by its output's layout
+and its input gradient's; the rows and the index built from them."""
 
 from __future__ import annotations
 
 import contextlib
 import fnmatch
-import json
-import re
 import time
 import warnings
 from collections import Counter
@@ -42,102 +29,19 @@ from cl_audit.execution.audit_context import watching
 from cl_audit.execution.timing import Profiler, copies_by_call
 from cl_audit.intercept.dispatch import CALL_LABEL
 from cl_audit.predict.fake_tensors import KernelSourceMode
-from cl_audit.report import ModelReport, SweepReport
-from cl_audit.report.codec import decode, encode
-from cl_audit.report.envelope import (
-    OPS_FORMAT,
-    OPS_READABLE,
-    OPS_VERSION,
-    read_envelope,
-)
+from cl_audit.report.ops_report import WORST, OperatorRow, OpsIndex, SampleResult
 from cl_audit.rule.layout import MemoryLayout, layout_of
 
 __all__ = [
-    "OpChange",
-    "OpCost",
-    "OpLink",
-    "OperatorRow",
-    "OpsIndex",
-    "SampleResult",
+    "CPU",
     "Target",
     "build_index",
-    "diff",
     "operator_row",
     "probe_sample",
-    "rank_costs",
-    "report_links",
     "select",
     "target_for",
     "with_copies",
 ]
-
-_WORST = tuple(OpBehaviour)  # the enum's order: worst first
-
-
-@dataclass(frozen=True)
-class SampleResult:
-    """One sample's behaviour, its input's and output's shape and strides in channels_last
-    (the output None where it raised or returned no map), a note (which dimensions are
-    ambiguous, or the error's first line), the aten operation that made the output, and what
-    the backward hands the input for a channels_last gradient of that output (``gradient``:
-    keeps, loses, other or ambiguous; None where nothing was differentiated: no real kernel,
-    no gradient, or the backward failed)."""
-
-    behaviour: OpBehaviour
-    input_shape: tuple[int, ...]
-    input_strides: tuple[int, ...]
-    output_shape: tuple[int, ...] | None = None
-    output_strides: tuple[int, ...] | None = None
-    note: str | None = None
-    producer: str | None = None  # the aten operation that made the output (``aten.convolution``)
-    gradient: OpBehaviour | None = None  # the input gradient's, for a channels_last output's
-    gradient_strides: tuple[int, ...] | None = None
-    copied: int | None = None  # bytes its kernel copied beyond the NCHW call's (real kernels)
-
-
-@dataclass(frozen=True)
-class OperatorRow:
-    """An operator: its worst behaviour, how many samples behaved each way, and the example
-    (the first sample of the worst behaviour); ``error`` when its samples could not be made."""
-
-    op: str
-    behaviour: OpBehaviour | None
-    counts: tuple[tuple[OpBehaviour, int], ...]
-    example: SampleResult | None
-    error: str | None = None
-    aten_ops: tuple[str, ...] = ()  # what made its samples' outputs: how sweeps' sites join it
-    gradient: OpBehaviour | None = None  # the worst of its samples' input gradients
-    gradient_counts: tuple[tuple[OpBehaviour, int], ...] = ()
-
-
-@dataclass(frozen=True)
-class OpsIndex:
-    """The index of one torch release, device and dtype; ``without_map``: operators none of
-    whose samples has a 4-D or 5-D floating-point first input (not listed); ``predicted``:
-    run on fake tensors of a device this machine lacks (no kernel ran);
-    ``gradients_not_judged``: why no row has a gradient, when none was judged."""
-
-    torch: str
-    device: str
-    dtype: str
-    rows: tuple[OperatorRow, ...]
-    without_map: int
-    seconds: float
-    predicted: bool = False
-    gradients_not_judged: str | None = None
-
-    def count(self, behaviour: OpBehaviour) -> int:
-        return sum(row.behaviour is behaviour for row in self.rows)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"format": OPS_FORMAT, "version": OPS_VERSION, **encode(self)}
-
-    def to_json(self, indent: int | None = 2) -> str:
-        return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> OpsIndex:
-        return read_envelope(data, OPS_FORMAT, OPS_READABLE, lambda _: decode(cls, data))
 
 
 def _is_map(value: object) -> bool:
@@ -406,9 +310,9 @@ def operator_row(entry: OperatorEntry, target: Target = CPU) -> OperatorRow | No
     if not results:
         return None
     counts = Counter(r.behaviour for r in results)
-    worst = next(b for b in _WORST if counts[b])
+    worst = next(b for b in WORST if counts[b])
     example = next(r for r in results if r.behaviour is worst)
-    ordered = tuple((b, counts[b]) for b in _WORST if counts[b])
+    ordered = tuple((b, counts[b]) for b in WORST if counts[b])
     made = tuple(sorted({r.producer for r in results if r.producer is not None}))
     graded = Counter(r.gradient for r in results if r.gradient is not None)
     return OperatorRow(
@@ -417,8 +321,8 @@ def operator_row(entry: OperatorEntry, target: Target = CPU) -> OperatorRow | No
         ordered,
         example,
         aten_ops=made,
-        gradient=next((b for b in _WORST if graded[b]), None),
-        gradient_counts=tuple((b, graded[b]) for b in _WORST if graded[b]),
+        gradient=next((b for b in WORST if graded[b]), None),
+        gradient_counts=tuple((b, graded[b]) for b in WORST if graded[b]),
     )
 
 
@@ -460,206 +364,4 @@ def select(
         for row in index.rows
         if (not patterns or any(fnmatch.fnmatchcase(row.op, p) for p in patterns))
         and (not behaviours or row.behaviour in behaviours)
-    )
-
-
-@dataclass(frozen=True)
-class OpChange:
-    """An operator whose behaviour (or, with ``gradient``, its input gradient's) differs
-    between two indexes (None: absent from that index, its samples could not be made there,
-    or for a gradient, none judged)."""
-
-    op: str
-    old: OpBehaviour | None
-    new: OpBehaviour | None
-    gradient: bool = False
-
-    @property
-    def better(self) -> bool | None:
-        """True when the new behaviour is less bad (``OpBehaviour``'s order), False when worse,
-        None when one side has none."""
-        if self.old is None or self.new is None:
-            return None
-        return _WORST.index(self.new) > _WORST.index(self.old)
-
-
-def diff(old: OpsIndex, new: OpsIndex) -> tuple[OpChange, ...]:
-    """The operators whose behaviour differs from ``old`` to ``new`` (what a torch release
-    fixed or broke), by name; then, for operators in both, the gradients that differ, unless
-    one index judged none (``gradients_not_judged``)."""
-    before = {row.op: row for row in old.rows}
-    after = {row.op: row for row in new.rows}
-    was = {op: row.behaviour for op, row in before.items()}
-    now = {op: row.behaviour for op, row in after.items()}
-    behaviour = tuple(
-        OpChange(op, was.get(op), now.get(op))
-        for op in sorted(was.keys() | now.keys())
-        if was.get(op) != now.get(op)
-    )
-    if old.gradients_not_judged or new.gradients_not_judged:
-        return behaviour
-    gradients = tuple(
-        OpChange(op, before[op].gradient, after[op].gradient, gradient=True)
-        for op in sorted(before.keys() & after.keys())
-        if before[op].gradient != after[op].gradient
-    )
-    return behaviour + gradients
-
-
-@dataclass(frozen=True)
-class OpCost:
-    """An operation that lost channels_last across a registry: the Python and aten operation
-    that wrote the NCHW data a cost site converts (its fix site, else the site's own), how many
-    models it costs and the channels_last-only bytes, and the index's rows for it."""
-
-    python_op: str | None
-    aten_op: str | None
-    models: int
-    bytes: int
-    rows: tuple[OperatorRow, ...]
-    gradient: bool = False  # a backward operation: its rows' gradient column is what applies
-
-
-_PREFIXES = ("Tensor.", "torch.", "F.", "nn.functional.")
-
-
-def _bare(python_op: str) -> str:
-    for prefix in _PREFIXES:
-        if python_op.startswith(prefix):
-            return python_op[len(prefix) :]
-    return python_op
-
-
-_NODE = re.compile(r"([A-Z][A-Za-z0-9]*?)Backward\d*")
-
-
-def forward_of(python_op: str | None, aten_op: str | None) -> str | None:
-    """The aten operation whose backward a backward operation runs, or None for a forward one:
-    named by the autograd node running it (``NativeGroupNormBackward0`` runs
-    ``native_group_norm``'s: derivatives.yaml names a node after its operator, in CamelCase),
-    else by its own aten name (``aten.reflection_pad2d_backward``)."""
-    match = _NODE.fullmatch(python_op or "")
-    if match is not None:
-        snake = re.sub(r"(?<!^)(?=[A-Z])", "_", match[1]).lower()
-        return "aten." + re.sub(r"(\d)_d(?=_|$)", r"\1d", snake)  # Pad2D: pad2d
-    if aten_op is not None and aten_op.endswith("_backward"):
-        return aten_op.removesuffix("_backward")
-    return None
-
-
-def _rows_for(index: OpsIndex, python_op: str | None, aten_op: str | None) -> tuple:
-    """The index's rows for an operation: by name (``F.interpolate`` is
-    ``nn.functional.interpolate`` and its variants; those whose samples' outputs the same aten
-    operation made, where some are); by the aten operation alone only for a site without a
-    Python name; for a backward operation, the row of the operator whose backward it runs
-    (``forward_of``), whose gradient column applies."""
-    forward = forward_of(python_op, aten_op)
-    if forward is not None:  # the operator of that name (not those whose outputs it made:
-        name = forward.removeprefix("aten.")  # a view makes many, whose backward is their own)
-        return tuple(row for row in index.rows if _bare(row.op) == name)
-    if python_op is not None:
-        bare = _bare(python_op)
-        named = tuple(
-            row
-            for row in index.rows
-            if _bare(row.op) == bare or _bare(row.op).startswith(bare + ".")
-        )
-        exact = tuple(row for row in named if aten_op in row.aten_ops)
-        return exact or named
-    if aten_op is None:
-        return ()
-    return tuple(row for row in index.rows if aten_op in row.aten_ops)
-
-
-def rank_costs(index: OpsIndex, sweeps: Iterable[SweepReport]) -> tuple[OpCost, ...]:
-    """The operations whose losses cost the sweeps' models most, costliest first: each cost
-    site with channels_last-only bytes is charged to the operation that wrote its NCHW data."""
-    models: dict[tuple[str | None, str | None], set[str]] = {}
-    spent: Counter[tuple[str | None, str | None]] = Counter()
-    for sweep in sweeps:
-        for row in sweep.models:
-            for site in row.cost.sites if row.cost is not None else ():
-                if site.extra <= 0:
-                    continue
-                fix = site.fix_site
-                key = (fix.python_op, fix.aten_op) if fix else (site.op, site.aten_op)
-                models.setdefault(key, set()).add(row.key)
-                spent[key] += site.extra
-    return tuple(
-        OpCost(
-            python_op,
-            aten_op,
-            len(models[key]),
-            spent[key],
-            _rows_for(index, *key),
-            forward_of(*key) is not None,
-        )
-        for key, _ in spent.most_common()
-        for python_op, aten_op in (key,)
-    )
-
-
-@dataclass(frozen=True)
-class OpLink:
-    """An operation that lost channels_last in one model (an offender, or the operation a cost
-    site's channels_last-only bytes are charged to), with the bytes, and the index's rows for
-    it: does it always lose the format, or only with this model's arguments and strides?"""
-
-    python_op: str | None
-    aten_op: str | None
-    bytes: int
-    rows: tuple[OperatorRow, ...]
-    gradient: bool = False  # a backward operation: its rows' gradient column is what applies
-
-    @property
-    def reading(self) -> str:
-        """What the rows say of the loss, in a line."""
-        counts: Counter[OpBehaviour] = Counter()
-        for row in self.rows:
-            counts.update(dict(row.gradient_counts if self.gradient else row.counts))
-        total = sum(counts.values())
-        lost = sum(counts[b] for b in (OpBehaviour.REFUSES, OpBehaviour.LOSES, OpBehaviour.OTHER))
-        what = "its backward " if self.gradient else ""
-        if not total:
-            return f"not in the index (torch's database has no 4-D or 5-D sample of {what}it)"
-        samples = "its one sample" if total == 1 else f"all {total} of its samples"
-        if lost == total:
-            return (
-                f"{what}loses channels_last in {samples} in torch's database: the operator's to fix"
-            )
-        if lost:
-            return (
-                f"{what}loses channels_last in {lost} of its {total} samples in torch's "
-                "database: only with some arguments or strides"
-            )
-        return (
-            f"{what}keeps the order in {samples} in torch's database: lost with this model's "
-            "arguments or strides, or in its code"
-        )
-
-
-def report_links(index: OpsIndex, report: ModelReport) -> tuple[OpLink, ...]:
-    """Each operation that lost channels_last in ``report``, costliest first: the cost sites
-    with channels_last-only bytes, charged as ``rank_costs`` charges them, then the offenders
-    (the bytes they converted) not among them."""
-    spent: Counter[tuple[str | None, str | None]] = Counter()
-    for site in report.cost.sites if report.cost is not None else ():
-        if site.extra > 0:
-            fix = site.fix_site
-            spent[(fix.python_op, fix.aten_op) if fix else (site.op, site.aten_op)] += site.extra
-    converted: Counter[tuple[str | None, str | None]] = Counter()
-    for finding in report.offenders:
-        key = (finding.python_op, finding.aten_op)
-        if key not in spent:
-            converted[key] += finding.bytes_converted
-    return tuple(
-        OpLink(
-            python_op,
-            aten_op,
-            n,
-            _rows_for(index, python_op, aten_op),
-            forward_of(python_op, aten_op) is not None,
-        )
-        for ledger in (spent, converted)
-        for (python_op, aten_op), n in ledger.most_common()
     )

@@ -1,0 +1,89 @@
+"""The operator coverage index as a report (``cl-audit ops``): each operator's behaviour on
+channels_last input, from its samples, and the index of one torch release, device and dtype,
+with its JSON."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from cl_audit.enums import OpBehaviour
+from cl_audit.report.codec import decode, encode
+from cl_audit.report.envelope import (
+    OPS_FORMAT,
+    OPS_READABLE,
+    OPS_VERSION,
+    read_envelope,
+)
+
+__all__ = ["WORST", "OperatorRow", "OpsIndex", "SampleResult"]
+
+
+WORST = tuple(OpBehaviour)  # the enum's order: worst first
+
+
+@dataclass(frozen=True)
+class SampleResult:
+    """One sample's behaviour, its input's and output's shape and strides in channels_last
+    (the output None where it raised or returned no map), a note (which dimensions are
+    ambiguous, or the error's first line), the aten operation that made the output, and what
+    the backward hands the input for a channels_last gradient of that output (``gradient``:
+    keeps, loses, other or ambiguous; None where nothing was differentiated: no real kernel,
+    no gradient, or the backward failed)."""
+
+    behaviour: OpBehaviour
+    input_shape: tuple[int, ...]
+    input_strides: tuple[int, ...]
+    output_shape: tuple[int, ...] | None = None
+    output_strides: tuple[int, ...] | None = None
+    note: str | None = None
+    producer: str | None = None  # the aten operation that made the output (``aten.convolution``)
+    gradient: OpBehaviour | None = None  # the input gradient's, for a channels_last output's
+    gradient_strides: tuple[int, ...] | None = None
+    copied: int | None = None  # bytes its kernel copied beyond the NCHW call's (real kernels)
+
+
+@dataclass(frozen=True)
+class OperatorRow:
+    """An operator: its worst behaviour, how many samples behaved each way, and the example
+    (the first sample of the worst behaviour); ``error`` when its samples could not be made."""
+
+    op: str
+    behaviour: OpBehaviour | None
+    counts: tuple[tuple[OpBehaviour, int], ...]
+    example: SampleResult | None
+    error: str | None = None
+    aten_ops: tuple[str, ...] = ()  # what made its samples' outputs: how sweeps' sites join it
+    gradient: OpBehaviour | None = None  # the worst of its samples' input gradients
+    gradient_counts: tuple[tuple[OpBehaviour, int], ...] = ()
+
+
+@dataclass(frozen=True)
+class OpsIndex:
+    """The index of one torch release, device and dtype; ``without_map``: operators none of
+    whose samples has a 4-D or 5-D floating-point first input (not listed); ``predicted``:
+    run on fake tensors of a device this machine lacks (no kernel ran);
+    ``gradients_not_judged``: why no row has a gradient, when none was judged."""
+
+    torch: str
+    device: str
+    dtype: str
+    rows: tuple[OperatorRow, ...]
+    without_map: int
+    seconds: float
+    predicted: bool = False
+    gradients_not_judged: str | None = None
+
+    def count(self, behaviour: OpBehaviour) -> int:
+        return sum(row.behaviour is behaviour for row in self.rows)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": OPS_FORMAT, "version": OPS_VERSION, **encode(self)}
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> OpsIndex:
+        return read_envelope(data, OPS_FORMAT, OPS_READABLE, lambda _: decode(cls, data))
