@@ -208,7 +208,7 @@ def _sweep(
 ) -> Outcome:
     from cl_audit.render.outputs import write_outputs
     from cl_audit.render.progress import SweepProgress
-    from cl_audit.render.terminal import render_sweep
+    from cl_audit.render.terminal_sweep import render_sweep
 
     err = Console(stderr=True)
     baseline = read_sweep(baseline_path) if baseline_path is not None else None
@@ -243,7 +243,7 @@ def _sweep(
 
 def _gate(baseline: SweepReport, report: SweepReport, console: Console) -> Outcome:
     """New offences or failures against ``baseline`` offend; anything else is clean."""
-    from cl_audit.render.terminal import render_comparison
+    from cl_audit.render.terminal_sweep import render_comparison
 
     comparison = compare(baseline, report)
     render_comparison(comparison, console)

@@ -21,7 +21,8 @@ from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 
 from cl_audit.files import read_ops, read_report, write_text
-from cl_audit.render.html import model_html, sweep_html
+from cl_audit.render.html_model import model_html
+from cl_audit.render.html_sweep import sweep_html
 from cl_audit.report import ModelSource, SweepReport
 from cl_audit.settings import AuditSettings
 from cl_audit.sources import ModelRef, load_model

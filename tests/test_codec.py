@@ -33,7 +33,7 @@ from cl_audit.enums import (
     Verdict,
     WrapOrder,
 )
-from cl_audit.render.terminal import predicted_note
+from cl_audit.render.wording import predicted_note
 from cl_audit.report import (
     REPORT_VERSION,
     Compiled,

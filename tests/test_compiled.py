@@ -267,7 +267,7 @@ def test_compile_options_are_refused_where_they_cannot_take_effect():
 
 
 def test_the_html_report_shows_each_graph_and_its_deciding_convolution():
-    from cl_audit.render.html import model_html
+    from cl_audit.render.html_model import model_html
 
     model = Grouped().to(memory_format=torch.channels_last)
     report = audit_model(model, torch.randn(2, 3, 16, 16), train=True, compile=True)

@@ -17,7 +17,8 @@ import torch
 import toy_models
 from literal_reports import empty_sweep, finding, minor_sweep, row, sweep, training_sweep
 
-from cl_audit.render.html import model_html, sweep_html
+from cl_audit.render.html_model import model_html
+from cl_audit.render.html_sweep import sweep_html
 from cl_audit.report import ModelSource, Status
 from cl_audit.run.audit_module import audit_module
 from cl_audit.settings import AuditSettings

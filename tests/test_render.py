@@ -22,7 +22,8 @@ from literal_reports import (
 )
 from rich.console import Console
 
-from cl_audit.render.terminal import render_comparison, render_report, render_sweep
+from cl_audit.render.terminal import render_report
+from cl_audit.render.terminal_sweep import render_comparison, render_sweep
 from cl_audit.report import Status, compare
 
 GOLDEN = Path(__file__).with_name("golden")

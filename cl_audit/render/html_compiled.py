@@ -3,8 +3,10 @@ layout copies its lowering inserts, and the compiled copies beside the eager los
 
 from __future__ import annotations
 
-from cl_audit.render import format_bytes
-from cl_audit.render import html_text as _e
+from cl_audit.render.html_page import esc
+from cl_audit.render.wording import (
+    format_bytes,
+)
 from cl_audit.report import Compiled, CompiledGraph
 
 __all__ = ["compiled_section"]
@@ -21,17 +23,17 @@ def compiled_section(compiled: Compiled) -> str:
         convs = sorted(graph.convolutions, key=lambda c: (not c.deciding, -c.flop_share))
         rows = "".join(
             f"<tr><td>{'deciding' if c.deciding else ''}</td>"
-            f'<td><code class="site">{_e(c.call_site or "?")}</code></td>'
-            f"<td>{_e(c.module_path or '?')}</td><td>{_e(c.kind.value)}</td>"
+            f'<td><code class="site">{esc(c.call_site or "?")}</code></td>'
+            f"<td>{esc(c.module_path or '?')}</td><td>{esc(c.kind.value)}</td>"
             f'<td class="num">{c.in_per_group}</td><td class="num">{c.groups}</td>'
-            f'<td class="num">{c.out_channels}</td><td>{_e("x".join(map(str, c.kernel)))}</td>'
+            f'<td class="num">{c.out_channels}</td><td>{esc("x".join(map(str, c.kernel)))}</td>'
             f'<td class="num" data-value="{c.flop_share}">{c.flop_share:.1%}</td></tr>'
             for c in convs
         )
         graphs.append(
-            f"<p><b>graph {graph.index} ({_e(graph.label)}, {graph.nodes} nodes): layout "
+            f"<p><b>graph {graph.index} ({esc(graph.label)}, {graph.nodes} nodes): layout "
             f'optimisation <span class="{style}">{state}</span></b>: '
-            f"{_e(graph.reason)}{_e(forced)}</p>"
+            f"{esc(graph.reason)}{esc(forced)}</p>"
             + (
                 f"<details{' open' if graph.deciding else ''}><summary>{len(convs)} "
                 "convolutions</summary>"
@@ -45,8 +47,8 @@ def compiled_section(compiled: Compiled) -> str:
             + _copies_html(graph)
         )
     return (
-        f'<p class="dim">torch {_e(compiled.torch)}: {_e(compiled.basis)}; {len(compiled.graphs)} '
-        f"graph(s) captured and lowered in {compiled.seconds:.1f} s</p>"
+        f'<p class="dim">torch {esc(compiled.torch)}: {esc(compiled.basis)}; '
+        f"{len(compiled.graphs)} graph(s) captured and lowered in {compiled.seconds:.1f} s</p>"
         + "".join(graphs)
         + _sites_html(compiled)
     )
@@ -55,30 +57,30 @@ def compiled_section(compiled: Compiled) -> str:
 def _copies_html(graph: CompiledGraph) -> str:
     """The layout copies a graph's lowering inserts (and under the forced decision)."""
     if graph.conversions is None:
-        return f'<p class="dim">lowering: {_e(graph.lowering_error or "")}</p>'
+        return f'<p class="dim">lowering: {esc(graph.lowering_error or "")}</p>'
     total = sum(c.bytes for c in graph.conversions)
     forced = ""
     if graph.forced_conversions is not None and graph.forced != graph.layout_optimization:
         forced_total = sum(c.bytes for c in graph.forced_conversions)
         forced = f"; forced: {len(graph.forced_conversions)} ({format_bytes(forced_total)})"
     rows = "".join(
-        f'<tr><td><code class="site">{_e(c.call_site or "?")}</code></td>'
-        f"<td>{_e(c.module_path or '?')}</td><td>{_e(c.producer or 'graph input')}</td>"
-        f"<td>{_e(c.consumer)}</td>"
-        f'<td><code class="site">{_e(c.consumer_site or "?")}</code></td>'
-        f"<td>{_e(c.kind.value)}</td><td>{_e(str(list(c.shape)))}</td>"
+        f'<tr><td><code class="site">{esc(c.call_site or "?")}</code></td>'
+        f"<td>{esc(c.module_path or '?')}</td><td>{esc(c.producer or 'graph input')}</td>"
+        f"<td>{esc(c.consumer)}</td>"
+        f'<td><code class="site">{esc(c.consumer_site or "?")}</code></td>'
+        f"<td>{esc(c.kind.value)}</td><td>{esc(str(list(c.shape)))}</td>"
         f'<td class="num" data-value="{c.bytes}">{format_bytes(c.bytes)}</td></tr>'
         for c in graph.conversions
     )
     return (
         f"<details><summary>lowering: {len(graph.conversions)} layout copies "
-        f"({format_bytes(total)}){_e(forced)}</summary>"
+        f"({format_bytes(total)}){esc(forced)}</summary>"
         f'<table class="sortable" id="compiled-copies-{graph.index}"><thead><tr>'
         "<th>data made at</th><th>module</th><th>made by</th><th>copied for</th>"
         '<th>at</th><th>kind</th><th>shape</th><th class="num">bytes</th></tr></thead>'
         f"<tbody>{rows}</tbody></table></details>"
         if graph.conversions
-        else f'<p class="dim">lowering: no layout copy{_e(forced)}</p>'
+        else f'<p class="dim">lowering: no layout copy{esc(forced)}</p>'
     )
 
 
@@ -87,9 +89,9 @@ def _sites_html(compiled: Compiled) -> str:
     if compiled.sites is None:
         return ""
     rows = "".join(
-        f"<tr><td>{_e(s.fate.value)}</td>"
-        f'<td><code class="site">{_e(s.call_site or "?")}</code></td>'
-        f"<td>{_e(s.module_path or '?')}</td>"
+        f"<tr><td>{esc(s.fate.value)}</td>"
+        f'<td><code class="site">{esc(s.call_site or "?")}</code></td>'
+        f"<td>{esc(s.module_path or '?')}</td>"
         f'<td class="num">{s.eager_losses}</td>'
         f'<td class="num" data-value="{s.eager_bytes}">{format_bytes(s.eager_bytes)}</td>'
         f'<td class="num">{s.compiled_copies}</td>'

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from cl_audit.enums import OpBehaviour
 from cl_audit.features.ops_index.ranking import OpLink
-from cl_audit.render import format_bytes
-from cl_audit.render import html_text as _e
-from cl_audit.render.html import html_page
+from cl_audit.render.html_page import esc, html_page
+from cl_audit.render.wording import (
+    format_bytes,
+)
 from cl_audit.report.ops_report import OperatorRow, OpsIndex, SampleResult
 
 __all__ = ["links_section", "ops_anchor", "ops_html"]
@@ -39,9 +40,9 @@ def _example(e: SampleResult | None) -> str:
         return "<td></td><td></td><td></td>"
     copied = "" if not e.copied else f" ({format_bytes(e.copied)} copied inside)"
     return (
-        f'<td class="strides"><code>{_e(_strides(e.input_shape, e.input_strides))}</code></td>'
-        f'<td class="strides"><code>{_e(_strides(e.output_shape, e.output_strides))}</code></td>'
-        f"<td>{_e((e.note or '') + copied)}</td>"
+        f'<td class="strides"><code>{esc(_strides(e.input_shape, e.input_strides))}</code></td>'
+        f'<td class="strides"><code>{esc(_strides(e.output_shape, e.output_strides))}</code></td>'
+        f"<td>{esc((e.note or '') + copied)}</td>"
     )
 
 
@@ -50,13 +51,13 @@ def _row(row: OperatorRow) -> str:
     style = _STYLE.get(row.behaviour, "") if row.behaviour else "verdict-bad"
     counts = ", ".join(f"{b.value} {n}" for b, n in row.counts)
     gradient = ", ".join(f"{b.value} {n}" for b, n in row.gradient_counts)
-    example = f"<td colspan=3>{_e(row.error)}</td>" if row.error else _example(row.example)
+    example = f"<td colspan=3>{esc(row.error)}</td>" if row.error else _example(row.example)
     return (
-        f'<tr id="{_e(ops_anchor(row.op))}" data-status="{_e(word)}">'
-        f'<td class="opname"><code>{_e(row.op)}</code></td>'
-        f'<td class="{style}" data-value="{_ORDER.get(row.behaviour, -1)}">{_e(word)}</td>'
-        f"<td>{_e(counts)}</td><td>{_e(gradient)}</td>"
-        f"<td>{_e(', '.join(row.aten_ops))}</td>{example}</tr>"
+        f'<tr id="{esc(ops_anchor(row.op))}" data-status="{esc(word)}">'
+        f'<td class="opname"><code>{esc(row.op)}</code></td>'
+        f'<td class="{style}" data-value="{_ORDER.get(row.behaviour, -1)}">{esc(word)}</td>'
+        f"<td>{esc(counts)}</td><td>{esc(gradient)}</td>"
+        f"<td>{esc(', '.join(row.aten_ops))}</td>{example}</tr>"
     )
 
 
@@ -64,7 +65,7 @@ def ops_html(index: OpsIndex) -> str:
     """Every row of ``index``, worst first."""
     how = "predicted on fake tensors (no kernel ran)" if index.predicted else "eager"
     cards = "".join(
-        f'<div class="card"><b>{index.count(b)}</b>{_e(b.value)}</div>'
+        f'<div class="card"><b>{index.count(b)}</b>{esc(b.value)}</div>'
         for b in OpBehaviour
         if index.count(b)
     )
@@ -73,10 +74,10 @@ def ops_html(index: OpsIndex) -> str:
         _row(r) for r in sorted(index.rows, key=lambda r: (_ORDER.get(r.behaviour, -1), r.op))
     )
     unjudged = index.gradients_not_judged
-    note = f'<p class="dim">note: {_e(unjudged)}</p>' if unjudged else ""
+    note = f'<p class="dim">note: {esc(unjudged)}</p>' if unjudged else ""
     body = (
         f"<h1>cl-audit ops: {len(index.rows)} operators</h1>"
-        f'<p class="dim">torch {_e(index.torch)}, {_e(index.device)} {_e(index.dtype)}, {how}; '
+        f'<p class="dim">torch {esc(index.torch)}, {esc(index.device)} {esc(index.dtype)}, {how}; '
         f"{index.without_map} operators without a 4-D or 5-D sample; {index.seconds:.1f} s</p>"
         f"{note}"
         f'<div class="cards">{cards}</div>'
@@ -96,17 +97,17 @@ def links_section(index: OpsIndex, links: tuple[OpLink, ...]) -> str:
     ``index``, which follow (the anchors ``op-<name>``)."""
     how = ", predicted" if index.predicted else ""
     cells = "".join(
-        f'<tr><td><code class="op">{_e(link.python_op or "-")}</code> '
-        f'<span class="dim">{_e(link.aten_op or "")}</span></td>'
+        f'<tr><td><code class="op">{esc(link.python_op or "-")}</code> '
+        f'<span class="dim">{esc(link.aten_op or "")}</span></td>'
         f'<td class="num" data-value="{link.bytes}">{format_bytes(link.bytes)}</td><td>'
-        + ", ".join(f'<a href="#{_e(ops_anchor(r.op))}">{_e(r.op)}</a>' for r in link.rows)
-        + f"</td><td>{_e(link.reading)}</td></tr>"
+        + ", ".join(f'<a href="#{esc(ops_anchor(r.op))}">{esc(r.op)}</a>' for r in link.rows)
+        + f"</td><td>{esc(link.reading)}</td></tr>"
         for link in links
     )
     shown = {row.op: row for link in links for row in link.rows}
     rows = "".join(_row(r) for r in sorted(shown.values(), key=lambda r: r.op))
     return (
-        f'<p class="dim">torch {_e(index.torch)}, {_e(index.device)} {_e(index.dtype)}{how}: '
+        f'<p class="dim">torch {esc(index.torch)}, {esc(index.device)} {esc(index.dtype)}{how}: '
         "does each operation lose the format in torch's own samples too, or only here?</p>"
         '<table class="sortable" id="op-links"><thead><tr><th>operation</th>'
         '<th class="num">channels_last only</th><th>index rows</th><th>reading</th></tr>'

@@ -5,7 +5,7 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 
 from cl_audit.enums import Status
-from cl_audit.render import format_bytes
+from cl_audit.render.wording import format_bytes
 from cl_audit.report import SweepReport
 
 __all__ = ["junit_xml"]

@@ -9,7 +9,7 @@ from rich.table import Table
 from cl_audit.enums import OpBehaviour
 from cl_audit.features.ops_index.diff import OpChange
 from cl_audit.features.ops_index.ranking import OpCost, OpLink
-from cl_audit.render import format_bytes
+from cl_audit.render.wording import format_bytes
 from cl_audit.report.ops_report import OperatorRow, OpsIndex
 
 __all__ = ["render_op_costs", "render_op_links", "render_ops", "render_ops_diff"]

@@ -29,7 +29,8 @@ def write_outputs(
         write_json(json_path, report, "--json")
         written.append(json_path)
     if html is not None:
-        from cl_audit.render.html import model_html, sweep_html
+        from cl_audit.render.html_model import model_html
+        from cl_audit.render.html_sweep import sweep_html
 
         page = sweep_html(report) if isinstance(report, SweepReport) else model_html(report, index)
         write_text(html, page, "--html")

@@ -13,7 +13,7 @@ from rich.progress import (
 )
 
 from cl_audit.enums import Status
-from cl_audit.render import format_bytes
+from cl_audit.render.wording import format_bytes
 from cl_audit.report import ModelRow
 from cl_audit.sources import ModelRef
 

@@ -1,0 +1,370 @@
+"""The HTML report of one audit: the cost sites, the findings, the format timeline, the distributed
+checks and the operator index's links."""
+
+from __future__ import annotations
+
+from cl_audit.enums import BucketMatch, Phase, Verdict
+from cl_audit.features.ops_index.ranking import report_links
+from cl_audit.render.html_compiled import compiled_section
+from cl_audit.render.html_ops import links_section
+from cl_audit.render.html_page import esc, html_page, summary_cards
+from cl_audit.render.wording import (
+    cost_line,
+    ddp_run_line,
+    format_bytes,
+    fsdp_run_line,
+    predicted_note,
+    remedy_lines,
+    timing_line,
+    verify_text,
+)
+from cl_audit.report import (
+    CostSite,
+    Finding,
+    ModelReport,
+    Producer,
+    Remedy,
+    SiteGroup,
+    by_call_site,
+)
+from cl_audit.report.distributed_report import DdpCheck, FsdpCheck
+from cl_audit.report.ops_report import OpsIndex
+from cl_audit.rule.layout import MemoryLayout
+
+_MATCH_CLASSES = {
+    BucketMatch.MATCHES: "verdict-good",
+    BucketMatch.AMBIGUOUS: "verdict-minor",
+    BucketMatch.MISMATCHED: "verdict-bad",
+}
+
+
+__all__ = ["model_html"]
+
+
+_LAYOUT_COLOURS = {
+    MemoryLayout.CHANNELS_LAST: "#3b82c4",
+    MemoryLayout.CONTIGUOUS: "#e0a030",
+    MemoryLayout.AMBIGUOUS: "#b9c2cf",
+    MemoryLayout.OTHER: "#8a6fb3",
+}
+
+
+def _producer(producer: Producer | None, anchors: dict[tuple, str]) -> str:
+    if producer is None:
+        return ""
+    name = esc(producer.python_op or producer.aten_op)
+    where = f"{esc(producer.module_path or '(root)')} at <code>{esc(producer.call_site)}</code>"
+    anchor = anchors.get((producer.python_op, producer.aten_op, producer.call_site))
+    if anchor:
+        return f'<a href="#{anchor}" data-jump="{anchor}">{name}</a> in {where}'
+    return f"{name} in {where}"
+
+
+def _phase(finding: Finding) -> str:
+    """Training audits: the phase of a backward or optimizer event, under its op."""
+    if finding.phase is Phase.FORWARD:
+        return ""
+    return f'<br><span class="phase">{esc(finding.phase.value)}</span>'
+
+
+def _site_rows(groups: tuple[SiteGroup, ...], prefix: str, anchors: dict[tuple, str]) -> str:
+    rows = []
+    for index, group in enumerate(groups):
+        f = group.first
+        anchor = anchors.get((f.python_op, f.aten_op, f.call_site), f"{prefix}-{index}")
+        modules = "".join(
+            f"<li><code>{esc(path or '(root)')}</code></li>" for path in group.module_paths
+        )
+        folded = (
+            f"<details><summary>{len(group.module_paths)} modules ({esc(f.module_class)})"
+            f"</summary><ul>{modules}</ul></details>"
+        )
+        source, output = (f.inputs[0] if f.inputs else None), (f.outputs[0] if f.outputs else None)
+        strides = ""
+        if source is not None and output is not None:
+            strides = f"{esc(source.shape)}<br>{esc(source.strides)} &rarr; {esc(output.strides)}"
+        verdict = f.differential.value if f.differential else ""
+        rows.append(
+            f'<tr id="{esc(anchor)}"><td><code class="op">{esc(f.python_op or "")}</code><br>'
+            f'<code class="op">{esc(f.aten_op or "")}</code>{_phase(f)}</td>'
+            f'<td><code class="site">{esc(f.call_site)}</code></td>'
+            f"<td>{folded}</td><td>{strides}</td>"
+            f'<td class="num">{group.count}</td><td class="num">{group.round_trips}</td>'
+            f'<td class="num">{group.terminal}</td><td>{esc(verdict)}</td>'
+            f'<td class="num" data-value="{group.bytes_converted}">'
+            f"{format_bytes(group.bytes_converted)}{_time(group.time_ms)}</td>"
+            f"<td>{_producer(f.root_cause, anchors)}</td></tr>"
+        )
+    return "".join(rows)
+
+
+def _time(ms: float | None) -> str:
+    return "" if ms is None else f"<br>{ms:.2f} ms"
+
+
+_SITE_HEAD = (
+    "<thead><tr><th>op</th><th>call site</th><th>modules</th><th>tensor: in &rarr; out strides"
+    '</th><th class="num">count</th><th class="num">round trips</th><th class="num">terminal'
+    '</th><th>NCHW comparison</th><th class="num">converted</th><th>root cause</th></tr></thead>'
+)
+
+
+def _sites_table(findings: tuple[Finding, ...], prefix: str, anchors: dict[tuple, str]) -> str:
+    if not findings:
+        return '<p class="dim">none</p>'
+    body = _site_rows(by_call_site(findings), prefix, anchors)
+    return f'<table class="sortable" id="{esc(prefix)}">{_SITE_HEAD}<tbody>{body}</tbody></table>'
+
+
+def _timeline(report: ModelReport) -> str:
+    if not report.timeline:
+        return (
+            '<p class="dim">No timeline in this report: it is recorded when the audit is run '
+            "with --html.</p>"
+        )
+    cells = []
+    for index, event in enumerate(report.timeline):
+        mark = f" {event.mark.value}" if event.mark is not None else ""
+        tip = (
+            f"#{index} {event.op} in {event.module_path or '(root)'}: shape {event.shape}, "
+            f"strides {event.strides}, {event.layout.value}"
+            + (f", {event.mark.value}" if event.mark is not None else "")
+        )
+        cells.append(f'<div class="ev {event.layout.value}{mark}" title="{esc(tip)}"></div>')
+    legend = "".join(
+        f'<span><i style="background:{colour}"></i>{layout.value}</span>'
+        for layout, colour in _LAYOUT_COLOURS.items()
+    )
+    legend += (
+        '<span><i style="border-top:4px solid #d62d20"></i>loss</span>'
+        '<span><i style="border-top:4px solid #1e9e48"></i>regain</span>'
+    )
+    marks = sum(1 for e in report.timeline if e.mark is not None)
+    return (
+        f'<p class="dim">{len(report.timeline)} operations with a 4D/5D output, in order, '
+        f"coloured by the layout of their output; {marks} lost or regained the format. "
+        "Hover for op, module and strides.</p>"
+        f'<div class="legend">{legend}</div><div class="strip" id="timeline">{"".join(cells)}</div>'
+    )
+
+
+def _anchors(report: ModelReport) -> dict[tuple, str]:
+    """Where each site's row is, so root causes can link to the row of their producer."""
+    anchors: dict[tuple, str] = {}
+    for prefix, findings in (
+        ("offender", report.offenders),
+        ("parameter", report.parameter_conversions),
+        ("neutral", report.format_neutral),
+    ):
+        for index, group in enumerate(by_call_site(findings)):
+            f = group.first
+            anchors.setdefault((f.python_op, f.aten_op, f.call_site), f"{prefix}-{index}")
+    return anchors
+
+
+def _source(finding: Finding) -> str:
+    return finding.regain_source.value if finding.regain_source else ""
+
+
+_VERDICT_CLASSES = {
+    Verdict.OFFENDING: "verdict-bad", Verdict.MINOR: "verdict-minor", Verdict.CLEAN: "verdict-good"
+}  # fmt: skip
+
+
+def _producer_text(producer: Producer | None) -> str:
+    if producer is None:
+        return ""
+    op = producer.python_op or producer.aten_op or "?"
+    return f"{op} in {producer.module_path or '(root)'} at {producer.call_site or '?'}"
+
+
+def _fix_text(site: CostSite) -> str:
+    """The fix site, and where the NCHW data began when that was elsewhere."""
+    text = _producer_text(site.fix_site)
+    if site.root_cause is not None:
+        text += f"{'; ' if text else ''}NCHW since {_producer_text(site.root_cause)}"
+    return text
+
+
+def _remedy_cell(remedy: Remedy) -> str:
+    """The remedy and how far it is proven; the changes tried, under a fold."""
+    head, *trials = remedy_lines(remedy)
+    cell = f'<span class="remedy-{esc(remedy.status.value)}">{esc(head)}</span>'
+    if trials:
+        items = "".join(f"<li>{esc(trial.strip())}</li>" for trial in trials)
+        cell += f"<details><summary>changes tried</summary><ul>{items}</ul></details>"
+    return cell
+
+
+def _cost_section(report: ModelReport) -> str:
+    """The verdict's figures, then every site where the two runs copied different bytes, the
+    costliest first, with its fix site and remedy."""
+    cost = report.cost
+    if cost is None:
+        return (
+            f'<p class="dim">Cost not weighed ({esc(report.differential.status.value)}'
+            f"{': ' + esc(report.differential.message) if report.differential.message else ''})"
+            "; the verdict counts offenders.</p>"
+        )
+    lines = cost_line(cost, report.environment.train).split("\n")
+    tried = verify_text(cost)
+    rows = "".join(
+        f'<tr><td><code class="op">{esc(site.op)}</code></td><td>{esc(site.kind.value)}, '
+        f'{esc(site.phase.value)}</td><td><code class="site">{esc(site.where)}</code>'
+        f"</td><td>{esc(site.module_path or '(root)')}</td>"
+        f'<td class="num" data-value="{site.extra}">{format_bytes(site.extra)}</td>'
+        f'<td class="num" data-value="{site.saved}">{format_bytes(site.saved)}</td>'
+        f"<td>{esc(_fix_text(site))}</td><td>"
+        + (
+            _remedy_cell(site.remedy)
+            if site.remedy is not None
+            else ('<span class="dim">no known remedy</span>' if site.extra else "")
+        )
+        + "</td></tr>"
+        for site in cost.sites
+    )
+    mixed = "".join(
+        f'<tr><td><code class="op">{esc(m.op)}</code></td><td><code class="site">'
+        f"{esc(m.call_site or '?')}</code></td><td>{esc(m.module_path or '(root)')}</td>"
+        f'<td class="num">{m.count}</td><td class="num">{format_bytes(m.bytes_read)}</td></tr>'
+        for m in cost.mixed
+    )
+    return (
+        f'<p><b>{esc(lines[0])}</b><br><span class="dim">{esc(lines[1])}</span>'
+        + (f'<br><span class="dim">{esc(tried)}</span>' if tried else "")
+        + "</p>"
+        '<table class="sortable" id="cost"><thead><tr><th>op</th><th>kind</th><th>call site'
+        '</th><th>module</th><th class="num">channels_last only</th><th class="num">saved</th>'
+        "<th>NCHW-ordered data from (fix site)</th><th>remedy</th></tr></thead>"
+        f"<tbody>{rows}</tbody></table>"
+        + (
+            "<details><summary><b>Elementwise operations reading both orders</b> "
+            f"({len(cost.mixed)}: strided reads, no copy, not in the cost)</summary>"
+            '<table class="sortable" id="mixed"><thead><tr><th>op</th><th>call site</th>'
+            '<th>module</th><th class="num">count</th><th class="num">read strided</th></tr>'
+            f"</thead><tbody>{mixed}</tbody></table></details>"
+            if cost.mixed
+            else ""
+        )
+    )
+
+
+def _ddp_section(check: DdpCheck) -> str:
+    """The step under DDP: a line per configuration, then every 4-D and 5-D parameter's
+    strides against its bucket view in each."""
+    rows = "".join(
+        f"<tr><td>{esc(run.order.value)}</td><td>{run.bucket_view}</td>"
+        f"<td><code>{esc(p.name)}</code></td><td>{esc(p.shape)}</td><td>{esc(p.strides)}</td>"
+        f"<td>{esc(p.bucket_strides)}</td><td>{esc(p.grad_strides)}</td>"
+        f'<td class="{_MATCH_CLASSES[p.match]}">{esc(p.match.value)}</td></tr>'
+        for run in check.runs
+        for p in run.parameters
+    )
+    lines = "".join(f"<li>{esc(ddp_run_line(run))}</li>" for run in check.runs)
+    advice = f"<p><b>Remedy:</b> {esc(check.advice)}</p>" if check.advice else ""
+    agree = "" if check.ranks_agree else " The ranks disagree: rank 0's strides are shown."
+    return (
+        f"<h2>Under DDP ({esc(check.backend)}, {check.world_size} processes)</h2>"
+        f'<ul>{lines}</ul>{advice}<p class="dim">Each parameter\'s strides in the step against '
+        "its bucket view (laid out with the strides the parameter had when DDP was built) and "
+        f"its gradient's.{esc(agree)}</p>"
+        '<table class="sortable" id="ddp"><thead><tr><th>converted</th><th>bucket view</th>'
+        "<th>parameter</th><th>shape</th><th>strides</th><th>bucket view</th><th>gradient</th>"
+        f"<th>match</th></tr></thead><tbody>{rows}</tbody></table>"
+    )
+
+
+def _fsdp_section(check: FsdpCheck) -> str:
+    """The FSDP pre-flight: a line per wrapping, then each parameter's strides before and as
+    FSDP1 handed them back."""
+    lines = "".join(f"<li>{esc(fsdp_run_line(run))}</li>" for run in check.runs)
+    rows = "".join(
+        f"<tr><td>{esc(run.api)}</td><td>{esc(run.use_orig_params)}</td>"
+        f"<td><code>{esc(p.name)}</code></td><td>{esc(p.strides)}</td>"
+        f"<td>{esc(p.unflattened)}</td><td>{esc(p.name in run.refused)}</td>"
+        f"<td>{esc(p.kept)}</td></tr>"
+        for run in check.runs
+        for p in run.parameters
+    )
+    return (
+        f"<h2>FSDP pre-flight ({esc(check.backend)}, {check.world_size} processes)</h2>"
+        f"<ul>{lines}</ul>"
+        '<table class="sortable" id="fsdp"><thead><tr><th>api</th><th>use_orig_params</th>'
+        "<th>parameter</th><th>strides</th><th>handed back</th><th>refused</th>"
+        f"<th>channels_last kept</th></tr></thead><tbody>{rows}</tbody></table>"
+    )
+
+
+def _links(index: OpsIndex, report: ModelReport) -> str:
+    return "<h2>In torch's operator index</h2>" + links_section(index, report_links(index, report))
+
+
+def model_html(report: ModelReport, index: OpsIndex | None = None) -> str:
+    """One audit: the verdict and the cost by site with fix sites and remedies, then the
+    offenders by call site with links to their root causes, the lists kept apart, the
+    regains, and the format timeline; with ``index``, the operations that lost the format
+    linked to their rows of the operator index."""
+    s, env = report.summary, report.environment
+    verdict = report.verdict.value
+    anchors = _anchors(report)
+    cards = summary_cards(
+        (
+            ("losses (offenders)", s.losses),
+            ("round trips", s.round_trips),
+            ("terminal", s.terminal_conversions),
+            ("regains", s.regains),
+            ("converted", format_bytes(s.bytes_converted)),
+            ("parameter conversions", s.parameter_conversions),
+            ("format-neutral", s.format_neutral),
+        )
+    )
+    regains = "".join(
+        f'<tr><td><code class="op">{esc(f.op)}</code></td>'
+        f'<td><code class="site">{esc(f.call_site)}</code></td>'
+        f"<td>{esc(f.module_path or '(root)')}</td><td>{esc(_source(f))}</td>"
+        f'<td class="num">{f.count}</td><td>{esc(f.provenance.value)}</td>'
+        f"<td>{_producer(f.root_cause, anchors)}</td></tr>"
+        for f in report.regains
+    )
+    predicted = predicted_note(report)
+    if env.train:
+        predicted += f"; a training step (optimizer {env.optimizer})"
+    body = (
+        f'<h1>cl-audit: {esc(report.model or "(unnamed)")} <span class="'
+        f'{_VERDICT_CLASSES[report.verdict]}">{verdict}</span></h1>'
+        f'<p class="dim">input {esc(report.input_shape)}, {esc(env.device)} {esc(env.dtype)}'
+        f"{', autocast ' + esc(env.autocast) if env.autocast else ''}, "
+        f"engine {esc(env.engine.value)}, "
+        f"{esc(env.mode.value)} mode{predicted}; {s.calls_checked} calls checked; NCHW comparison "
+        f"{esc(report.differential.status.value)}"
+        f"{': ' + esc(report.differential.message) if report.differential.message else ''}; "
+        f"cl-audit {esc(env.tool)}, torch {esc(env.torch)}</p>"
+        f'<div class="cards">{cards}</div>'
+        + (f"<p>{esc(timing_line(report.timing))}</p>" if report.timing else "")
+        + "<h2>What channels_last costs, against NCHW</h2>"
+        + _cost_section(report)
+        + (
+            "<h2>torch.compile: Inductor's layout decision per graph</h2>"
+            + compiled_section(report.compiled)
+            if report.compiled is not None
+            else ""
+        )
+        + (_links(index, report) if index is not None else "")
+        + (_ddp_section(report.ddp) if report.ddp is not None else "")
+        + (_fsdp_section(report.fsdp) if report.fsdp is not None else "")
+        + "<h2>Offenders, by operation and call site</h2>"
+        + _sites_table(report.offenders, "offender", anchors)
+        + "<h2>Format timeline</h2>"
+        + _timeline(report)
+        + "<details><summary><b>Conversions of parameter-derived data</b> "
+        f"({s.parameter_conversions}, {format_bytes(s.parameter_bytes)} per forward)</summary>"
+        + _sites_table(report.parameter_conversions, "parameter", anchors)
+        + "</details><details><summary><b>Format-neutral losses</b> "
+        f"({s.format_neutral}, the same copy happens in NCHW)</summary>"
+        + _sites_table(report.format_neutral, "neutral", anchors)
+        + f"</details><details><summary><b>Regains</b> ({len(report.regains)} sites)</summary>"
+        '<table class="sortable" id="regains"><thead><tr><th>op</th><th>call site</th>'
+        '<th>module</th><th>source</th><th class="num">count</th><th>provenance</th>'
+        f"<th>root cause</th></tr></thead><tbody>{regains}</tbody></table></details>"
+    )
+    return html_page(f"cl-audit: {report.model or 'report'}", body, report.to_dict())

@@ -1,0 +1,112 @@
+"""The HTML page every report is drawn on: one self-contained file, its style and its sorting
+script, and escaping."""
+
+from __future__ import annotations
+
+import json
+from html import escape
+
+__all__ = ["esc", "html_page", "summary_cards"]
+
+
+def esc(value: object) -> str:
+    """A value as escaped HTML text (None: empty), quotes too: safe in attributes."""
+    return escape("" if value is None else str(value), quote=True)
+
+
+_CSS = """
+body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#1d2330;background:#fff}
+h1{font-size:1.4em;margin:0 0 .3em}h2{font-size:1.1em;margin:1.6em 0 .4em}
+.verdict-bad{color:#b3261e}.verdict-good{color:#1e7d32}.dim{color:#667}
+table{border-collapse:collapse;margin:.4em 0;width:100%}
+th,td{border:1px solid #d7dae0;padding:.25em .45em;text-align:left;vertical-align:top}
+th{background:#f1f3f6;cursor:pointer;user-select:none;white-space:nowrap}
+td.num,th.num{text-align:right}code{font-size:.92em;overflow-wrap:anywhere}code.op,code.site{white-space:nowrap;overflow-wrap:normal}
+.verdict-minor{color:#a86400}
+.remedy-verified{color:#1e7d32}.remedy-refuted{color:#a86400}
+tr.target{outline:2px solid #f0a020}
+.cards{display:flex;gap:.6em;flex-wrap:wrap}.card{border:1px solid #d7dae0;border-radius:6px;
+padding:.4em .8em}.card b{display:block;font-size:1.3em}
+.strip{display:flex;flex-wrap:wrap;gap:1px;margin:.4em 0}
+.ev{width:9px;height:22px;border-top:5px solid transparent}
+.ev.channels_last{background:#3b82c4}.ev.contiguous{background:#e0a030}
+.ev.ambiguous{background:#b9c2cf}.ev.other{background:#8a6fb3}
+.ev.loss{border-top-color:#d62d20}.ev.regain{border-top-color:#1e9e48}
+.legend span{display:inline-block;margin-right:1em}.legend i{display:inline-block;width:12px;
+height:12px;margin-right:.3em;vertical-align:middle}
+.heat{width:auto}.heat td.cell{width:1.6em;text-align:center;cursor:pointer;font-size:.8em}
+.heat th.rot{writing-mode:vertical-rl;transform:rotate(180deg);cursor:default}
+input[type=search],select{font:inherit;padding:.2em .4em;margin-right:.6em}
+td.strides{white-space:nowrap}td.opname{min-width:18em}
+details{margin:.3em 0}.phase{font-size:.8em;color:#fff;background:#6b5ba8;padding:0 .3em;
+border-radius:3px}
+"""
+
+
+_SCRIPT = """
+document.querySelectorAll('table.sortable').forEach(function (table) {
+  table.querySelectorAll('th').forEach(function (th, column) {
+    th.addEventListener('click', function () {
+      var body = table.tBodies[0];
+      var rows = Array.prototype.slice.call(body.rows);
+      var numeric = th.classList.contains('num');
+      var descending = th.dataset.order !== 'desc';
+      th.dataset.order = descending ? 'desc' : 'asc';
+      rows.sort(function (a, b) {
+        var x = a.cells[column].dataset.value || a.cells[column].textContent;
+        var y = b.cells[column].dataset.value || b.cells[column].textContent;
+        var order = numeric ? parseFloat(x) - parseFloat(y) : x.localeCompare(y);
+        return descending ? -order : order;
+      });
+      rows.forEach(function (row) { body.appendChild(row); });
+    });
+  });
+});
+function applyFilter() {
+  var text = document.getElementById('filter');
+  var status = document.getElementById('status-filter');
+  if (!text) { return; }
+  var needle = text.value.toLowerCase();
+  document.querySelectorAll('table.filterable tbody tr').forEach(function (row) {
+    var matches = row.textContent.toLowerCase().indexOf(needle) >= 0;
+    var wanted = !status.value || row.dataset.status === status.value;
+    row.style.display = matches && wanted ? '' : 'none';
+  });
+}
+['filter', 'status-filter'].forEach(function (id) {
+  var input = document.getElementById(id);
+  if (input) { input.addEventListener('input', applyFilter); }
+});
+document.querySelectorAll('[data-jump]').forEach(function (cell) {
+  cell.addEventListener('click', function () {
+    var target = document.getElementById(cell.dataset.jump);
+    if (!target) { return; }
+    if (target.tagName === 'DETAILS') { target.open = true; }
+    target.scrollIntoView();
+    document.querySelectorAll('.target').forEach(function (t) { t.classList.remove('target'); });
+    target.classList.add('target');
+  });
+});
+"""
+
+
+def summary_cards(pairs: tuple[tuple[str, object], ...]) -> str:
+    return "".join(
+        f'<div class="card"><b>{esc(value)}</b>{esc(label)}</div>' for label, value in pairs
+    )
+
+
+def html_page(title: str, body: str, data: dict[str, object]) -> str:
+    """A self-contained page: ``body``, the shared style and script, ``data`` embedded."""
+    embedded = (
+        json.dumps(data, allow_nan=False)
+        .replace("&", "\\u0026")
+        .replace("<", "\\u003c")
+        .replace(">", "\\u003e")
+    )
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>{esc(title)}</title><style>{_CSS}</style></head><body>\n{body}\n"
+        f'<script type="application/json" id="cl-audit-data">{embedded}</script>\n'
+        f"<script>{_SCRIPT}</script></body></html>\n"
+    )

@@ -1,0 +1,144 @@
+"""The HTML report of a sweep: the models, the heatmap of operators by model, the findings."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from cl_audit.enums import Status
+from cl_audit.render.html_model import _sites_table
+from cl_audit.render.html_page import esc, html_page, summary_cards
+from cl_audit.render.wording import (
+    format_bytes,
+    operator_examples,
+)
+from cl_audit.report import (
+    ModelRow,
+    SweepReport,
+)
+
+__all__ = ["sweep_html"]
+
+
+def _model_row(row: ModelRow) -> str:
+    s = row.summary
+    converted = s.bytes_converted if s else 0
+    extra = row.cost.extra_bytes if row.cost else 0
+    share = row.cost.share if row.cost else 0.0
+    return (
+        f'<tr data-status="{esc(row.status.value)}"><td><a href="#model-{esc(row.key)}" '
+        f'data-jump="model-{esc(row.key)}">{esc(row.name)}</a></td><td>{esc(row.source.value)}</td>'
+        f"<td>{esc(row.status.value)}</td><td>{esc(row.mode.value)}</td>"
+        f"<td>{esc(row.verdict.value if row.verdict else '')}</td>"
+        f'<td class="num" data-value="{extra}">{format_bytes(extra)}</td>'
+        f'<td class="num" data-value="{share}">{share:.2%}</td>'
+        f'<td class="num">{len(row.offenders)}</td>'
+        f'<td class="num">{s.losses if s else 0}</td>'
+        f'<td class="num" data-value="{converted}">{format_bytes(converted)}</td>'
+        f'<td class="num">{s.parameter_conversions if s else 0}</td>'
+        f'<td class="num">{s.format_neutral if s else 0}</td>'
+        f"<td>{esc(row.message or '')}</td></tr>"
+    )
+
+
+def _heatmap(report: SweepReport) -> str:
+    """Offending models by operator: the channels_last-only bytes of each model's cost sites at
+    each op where the sweep weighed a cost, else its offender events (reports before costs)."""
+    offending = [row for row in report.models if row.offending]
+    values: dict[str, dict[str, int]] = {row.key: defaultdict(int) for row in offending}
+    for row in offending:
+        for site in row.cost.sites if row.cost is not None else ():
+            values[row.key][site.aten_op or site.op] += site.extra
+        for finding in row.offenders if row.cost is None else ():
+            values[row.key][finding.op_id] += finding.count
+    ops = [cov.op for cov in report.operators if any(v.get(cov.op) for v in values.values())]
+    if not ops:
+        return '<p class="dim">No model offends at a located operation.</p>'
+    peak = max(n for per_op in values.values() for n in per_op.values())
+    weighed = any(row.cost is not None for row in offending)
+    head = "".join(f'<th class="rot" title="{esc(op)}">{esc(op)}</th>' for op in ops)
+    rows = []
+    for row in offending:
+        cells = []
+        for op in ops:
+            n = values[row.key].get(op, 0)
+            style = f' style="background:rgba(214,45,32,{0.15 + 0.85 * n / peak:.2f})"' if n else ""
+            shown = (format_bytes(n) if weighed else str(n)) if n else ""
+            cells.append(
+                f'<td class="cell"{style} title="{esc(row.name)} / {esc(op)}: {esc(shown)}" '
+                f'data-jump="model-{esc(row.key)}">{esc(shown)}</td>'
+            )
+        rows.append(
+            f'<tr><th data-jump="model-{esc(row.key)}">{esc(row.name)}</th>{"".join(cells)}</tr>'
+        )
+    return (
+        f'<table class="heat" id="heatmap"><thead><tr><th>model</th>{head}</tr></thead>'
+        f"<tbody>{''.join(rows)}</tbody></table>"
+    )
+
+
+def _findings_by_model(report: SweepReport) -> str:
+    parts = []
+    for row in report.models:
+        if not row.offending:
+            continue
+        table = _sites_table(row.offenders, f"sites-{row.key}", {})
+        parts.append(
+            f'<details id="model-{esc(row.key)}"><summary><b>{esc(row.name)}</b> '
+            f"({esc(row.source.value)}, {len(row.offenders)} offender findings)</summary>"
+            f"{table}</details>"
+        )
+    return "".join(parts)
+
+
+def sweep_html(report: SweepReport) -> str:
+    """A sweep: status counts, the models (sortable, filterable), the operator index, and the
+    models by operators matrix of the offending models, each linked to its findings."""
+    s, env = report.summary, report.environment
+    cards = summary_cards(
+        (
+            ("models", s.models),
+            ("offending", s.offending),
+            ("minor", s.minor),
+            ("clean", s.clean),
+            ("failed", s.failed),
+            ("skipped", s.skipped),
+        )
+    )
+    statuses = "".join(f'<option value="{st.value}">{st.value}</option>' for st in Status)
+    examples = operator_examples(report)
+    operators = "".join(
+        f'<tr><td><code class="op">{esc(c.op)}</code></td>'
+        f'<td class="num" data-value="{c.extra_bytes}">{format_bytes(c.extra_bytes)}</td>'
+        f'<td class="num">{c.cost_models}</td><td>{esc(", ".join(c.python_ops))}</td>'
+        f'<td class="num">{c.models}</td><td class="num">{c.events}</td>'
+        f'<td class="num" data-value="{c.bytes_converted}">{format_bytes(c.bytes_converted)}</td>'
+        f'<td class="num">{c.parameter_models}</td><td class="num">{c.neutral_models}</td>'
+        f"<td>{esc(', '.join(examples.get(c.op, ())[:3]))}</td></tr>"
+        for c in report.operators
+    )
+    body = (
+        f"<h1>cl-audit sweep: {s.models} models</h1>"
+        f'<p class="dim">{esc(env.device)} {esc(env.dtype)}, {esc(env.mode.value)} mode, engine '
+        f"{esc(env.engine.value)}; cl-audit {esc(env.tool)}, torch {esc(env.torch)}</p>"
+        f'<div class="cards">{cards}</div><h2>Models</h2>'
+        '<input type="search" id="filter" placeholder="filter models">'
+        f'<select id="status-filter"><option value="">any status</option>{statuses}</select>'
+        '<table class="sortable filterable" id="models"><thead><tr><th>model</th><th>source</th>'
+        '<th>status</th><th>mode</th><th>verdict</th><th class="num">channels_last only</th>'
+        '<th class="num">share</th><th class="num">offender sites</th>'
+        '<th class="num">losses</th><th class="num">converted</th>'
+        '<th class="num">parameter</th><th class="num">neutral</th><th>message</th></tr>'
+        f"</thead><tbody>{''.join(_model_row(r) for r in report.models)}</tbody></table>"
+        "<h2>Operator coverage, by channels_last-only cost</h2>"
+        '<table class="sortable" id="operators"><thead><tr><th>op</th><th class="num">'
+        'channels_last only</th><th class="num">cost models</th><th>Python-level calls'
+        '</th><th class="num">offender models</th><th class="num">events</th>'
+        '<th class="num">converted'
+        '</th><th class="num">parameter models</th><th class="num">neutral models</th>'
+        f"<th>for example</th></tr></thead><tbody>{operators}</tbody></table>"
+        "<h2>Offending models by operator</h2>"
+        + _heatmap(report)
+        + "<h2>Findings of each offending model</h2>"
+        + _findings_by_model(report)
+    )
+    return html_page("cl-audit sweep", body, report.to_dict())

@@ -1,0 +1,86 @@
+"""The terminal report of a sweep, and of a comparison with a baseline."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from cl_audit.render.wording import (
+    format_bytes,
+    operator_examples,
+)
+from cl_audit.report import (
+    Comparison,
+    SweepReport,
+)
+
+__all__ = ["render_comparison", "render_sweep"]
+
+
+def render_sweep(report: SweepReport, console: Console, top: int = 10) -> None:
+    """The sweep summary, the worst operators, and the models that failed."""
+    s = report.summary
+    env = report.environment
+    text = Text(
+        f"{s.models} models: {s.offending} offending, {s.minor} minor, {s.clean} clean, "
+        f"{s.failed} failed, "
+        f"{s.skipped} skipped  ({env.device} {env.dtype}, {env.mode.value} mode, "
+        f"engine {env.engine.value})"
+    )
+    if s.cached:
+        text.append(f"\n{s.cached} of them reused from the cache, {s.models - s.cached} audited")
+    console.print(Panel(text, title="cl-audit sweep", expand=False))
+    costly = [cov for cov in report.operators if cov.extra_bytes or cov.models]
+    if costly:
+        table = Table(
+            title=f"Operations by channels_last-only cost (of {len(costly)})", expand=True
+        )
+        table.add_column("op", style="bold", no_wrap=True)
+        table.add_column("extra", justify="right", no_wrap=True)
+        table.add_column("models\ncost/offender", justify="right", no_wrap=True)
+        table.add_column("offender\nevents", justify="right", no_wrap=True)
+        table.add_column("for example", overflow="fold")
+        examples = operator_examples(report)
+        for cov in costly[:top]:
+            more = len(cov.python_ops) - 2
+            name = "\n".join((cov.op, *cov.python_ops[:2], *[f"+{more} more"] * (more > 0)))
+            models = list(dict.fromkeys(e.split(":", 1)[0] for e in examples.get(cov.op, ())))
+            table.add_row(
+                name,
+                format_bytes(cov.extra_bytes),
+                f"{cov.cost_models} / {cov.models}",
+                str(cov.events),
+                "\n".join(models[:3]),
+            )
+        console.print(table)
+    parameter = sum(1 for r in report.models if r.parameter_conversions)
+    neutral = sum(1 for r in report.models if r.format_neutral)
+    console.print(
+        f"{parameter} models convert parameter-derived data, {neutral} have format-neutral "
+        "losses (not offenders; see the JSON report)"
+    )
+    failed = [r for r in report.models if r.status.failed]
+    for row in failed[:top]:
+        console.print(
+            f"[red]{row.status.value}[/red] {row.key} "
+            f"({row.stage.value if row.stage else '?'}): {row.message}",
+            highlight=False,
+        )
+    if len(failed) > top:
+        console.print(f"... and {len(failed) - top} more failed models (see the JSON report)")
+
+
+def render_comparison(comparison: Comparison, console: Console) -> None:
+    for label, items, style in (
+        ("new offence", [f"{k} {op}" for k, op in comparison.new_offences], "red"),
+        ("new failure", list(comparison.new_failures), "red"),
+        ("cost grew past the gate", list(comparison.grown_costs), "red"),
+        ("fixed", [f"{k} {op}" for k, op in comparison.fixed_offences], "green"),
+        ("no longer failing", list(comparison.fixed_failures), "green"),
+    ):
+        for item in items:
+            console.print(f"[{style}]{label}:[/{style}] {item}", highlight=False)
+    if not comparison.regressed:
+        console.print("[green]no new offences or failures against the baseline[/green]")

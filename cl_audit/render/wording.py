@@ -1,0 +1,219 @@
+"""The wording of every report section, one place for the terminal and the HTML renderers: sizes,
+the cost line, remedies and their trials, the gate, timing, the distributed runs' lines and the
+sweep's operator examples."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from cl_audit.enums import (
+    BucketMatch,
+    Evidence,
+    RemedyStatus,
+    TensorMode,
+)
+from cl_audit.report import (
+    Cost,
+    CostSite,
+    ModelReport,
+    Remedy,
+    SweepReport,
+    Timing,
+    Trial,
+)
+from cl_audit.report.distributed_report import DdpRun, FsdpRun
+
+
+def format_bytes(n: int) -> str:
+    if n < 0:
+        return "-" + format_bytes(-n)
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")
+
+
+__all__ = [
+    "cost_line",
+    "ddp_run_line",
+    "format_bytes",
+    "fsdp_run_line",
+    "gate_batch_text",
+    "module_text",
+    "operator_examples",
+    "predicted_note",
+    "remedy_head",
+    "remedy_lines",
+    "timing_line",
+    "trial_figures",
+    "trial_text",
+    "verify_text",
+]
+
+
+def cost_line(cost: Cost, train: bool) -> str:
+    """The verdict's figures: "channels_last adds 48 MiB per forward (13%) at 9 sites; saves 0"."""
+    unit = "training step" if train else "forward"
+    sites = sum(1 for s in cost.sites if s.extra)
+    saving = sum(1 for s in cost.sites if s.saved)
+    gate = cost.gate
+    return (
+        f"channels_last adds {format_bytes(cost.extra_bytes)} per {unit} ({cost.share:.2%} of "
+        f"{format_bytes(cost.bytes_written)} written) at {sites} site{'s' * (sites != 1)}; "
+        f"saves {format_bytes(cost.saved_bytes)}"
+        + (f" at {saving} site{'s' * (saving != 1)}" if saving else "")
+        + f"; net {format_bytes(cost.net_bytes)}"
+        + (" (the gate weighs what channels_last adds: a saving elsewhere removes no copy)"
+           if cost.saved_bytes else "")
+        + "\n"
+        f"gate: {gate.share:.0%} and {format_bytes(gate.bytes)}{gate_batch_text(cost)}; copies "
+        "inside kernels "
+        + ("measured by the profiler" if cost.kernel_copies is Evidence.MEASURED
+           else "predicted from strides and the kernels measured on this torch and device")
+    )  # fmt: skip
+
+
+def remedy_head(remedy: Remedy) -> str:
+    """A remedy's advice in plain text and how far it is proven."""
+    reference = f" ({remedy.reference})"
+    if remedy.status is RemedyStatus.VERIFIED:
+        return f"remedy, verified on this model: {remedy.advice}{reference}"
+    if remedy.status is RemedyStatus.REFUTED:
+        return f"no tried fix holds for {remedy.pattern}{reference}"
+    note = f", {remedy.note}" if remedy.note else ""
+    return f"remedy (a lead{note}): {remedy.advice}{reference}"
+
+
+def remedy_lines(remedy: Remedy) -> list[str]:
+    """``remedy_head``, then a line per change tried ("  held: ...", "  failed: ...")."""
+    return [remedy_head(remedy), *(f"  {trial_text(trial)}" for trial in remedy.evidence)]
+
+
+def trial_text(trial: Trial) -> str:
+    """What one change did: "held: drop the .contiguous(): output max |diff| 0 (tolerance
+    1e-05); here 2.3 MiB -> 0 B, elsewhere +0 B", or why it failed."""
+    if trial.failure is not None:
+        return f"failed: {trial.change}: {trial.failure}"
+    return f"{'held' if trial.holds else 'failed'}: {trial.change}: {trial_figures(trial)}"
+
+
+def trial_figures(trial: Trial) -> str:
+    """A change's figures: the output's difference and the bytes at its sites and elsewhere."""
+    moved = trial.moved_bytes or 0
+    return (
+        f"output max |diff| {trial.max_abs_diff or 0:.3g} (tolerance {trial.tolerance or 0:.3g});"
+        f" here {format_bytes(trial.site_bytes_before)} -> "
+        f"{format_bytes(trial.site_bytes_after or 0)}, elsewhere "
+        f"{'+' if moved >= 0 else '-'}{format_bytes(abs(moved))}"
+    )
+
+
+def verify_text(cost: Cost) -> str | None:
+    """ "remedies tried in what-if runs (4.9 s): 1 verified, 2 refuted", or None when none
+    ran."""
+    if cost.verify_seconds is None:
+        return None
+    counts = Counter(
+        s.remedy.status for s in cost.sites if s.remedy is not None and s.remedy.evidence
+    )
+    found = ", ".join(f"{status.value} at {n} site{'s' * (n != 1)}" for status, n in counts.items())
+    return f"remedies tried in what-if runs ({cost.verify_seconds:.1f} s): {found or 'none'}"
+
+
+def gate_batch_text(cost: Cost) -> str:
+    """Where the gate judged: " at batch 32 (projected from batch 2: 4.9 MiB of 151 MiB,
+    3.24%)", or at the audited batch."""
+    at = cost.at_gate
+    if not at.projected:
+        return "" if at.batch is None else f" at the audited batch {at.batch}"
+    return (
+        f" at batch {at.batch} (projected from batch {cost.batch}: adds "
+        f"{format_bytes(at.extra_bytes)} of {format_bytes(at.bytes_written)}, {at.share:.2%})"
+    )
+
+
+_PREDICTED = {
+    TensorMode.FAKE: ", fake tensors (predicted)",
+    TensorMode.FAKE_STEP: ", predicted for {device}: fake tensors, the backward run node by node",
+    TensorMode.REPLAYED: ", predicted for {device} from a traced step (replayed on fake tensors)",
+}
+
+
+def predicted_note(report: ModelReport) -> str:
+    """How a predicted report was made (empty for an eager one)."""
+    env = report.environment
+    return _PREDICTED.get(env.mode, "").format(device=env.device)
+
+
+def timing_line(timing: Timing) -> str:
+    """``--time``: the step and what the flagged operations take of it."""
+    rounds = len(timing.rounds_ms)
+    return (
+        f"step {timing.step_ms:.1f} ms (median of {rounds}, {timing.threads} threads); losses "
+        f"{timing.losses_ms:.2f} ms = {timing.share:.1%} of it (offenders {timing.offenders_ms:.2f}"
+        f", parameter {timing.parameter_ms:.2f}); regaining operations, whole, "
+        f"{timing.regains_ms:.2f} ms = {timing.regain_share:.1%} ({timing.clock} profiler)"
+    )
+
+
+def ddp_run_line(run: DdpRun) -> str:
+    """One DDP configuration in a line: its parameters against the buckets, and DDP's word."""
+    counts = (
+        ", ".join(f"{run.count(m)} {m.value}" for m in BucketMatch if run.count(m))
+        or "no 4-D or 5-D parameter"
+    )
+    said = f"; DDP warns: {run.warning[:60]}" if run.warning else "; no warning"
+    return (
+        f"converted {run.order.value} wrapping, gradient_as_bucket_view={run.bucket_view}: "
+        f"{counts}; {format_bytes(run.copied)} copied in the step{said}"
+    )
+
+
+def fsdp_run_line(run: FsdpRun, top: int = 4) -> str:
+    """One FSDP wrapping in a line: what FSDP2 refused, or what FSDP1 handed back."""
+    if run.api == "fsdp2":
+        head = "FSDP2 (fully_shard)"
+        if run.error:
+            return f"{head}: {run.error}"
+        if not run.refused:
+            return f"{head}: takes every parameter"
+        names = ", ".join(run.refused[:top]) + (" ..." if len(run.refused) > top else "")
+        return (
+            f"{head}: refuses {len(run.refused)} of {len(run.parameters)} 4-D/5-D parameters "
+            f"({names}): {run.message}; wraps once they are made contiguous"
+        )
+    head = f"FSDP1 (use_orig_params={run.use_orig_params})"
+    if run.error:
+        return f"{head}: {run.error}"
+    lost = [p.name for p in run.parameters if p.kept is False]
+    kept = sum(p.kept is True for p in run.parameters)
+    text = f"{head}: {kept} of {len(run.parameters)} parameters come back channels_last"
+    if lost:
+        text += f"; {len(lost)} come back in another order ({', '.join(lost[:top])})"
+    return text + " after unflattening"
+
+
+def operator_examples(report: SweepReport, per_op: int = 5) -> dict[str, tuple[str, ...]]:
+    """Places ("model:module.path") for each operator of the coverage: its offender examples,
+    then its cost sites (a training sweep's kernel copies are cost sites with no offender)."""
+    places = {cov.op: list(cov.examples) for cov in report.operators}
+    for row in report.models:
+        costliest: dict[str, CostSite] = {}  # one place per model: its costliest site at the op
+        for site in row.cost.sites if row.cost is not None and row.offending else ():
+            op = site.aten_op or site.op
+            if site.extra > (costliest[op].extra if op in costliest else 0):
+                costliest[op] = site
+        for op, site in costliest.items():
+            known = places.setdefault(op, [])
+            if len(known) < per_op and not any(p.startswith(f"{row.name}:") for p in known):
+                known.append(f"{row.name}:{site.module_path}")
+    return {op: tuple(found) for op, found in places.items()}
+
+
+def module_text(module_path: str | None, module_class: str | None) -> str:
+    """A module as reports name it: its path and class."""
+    if module_path is None:
+        return module_class or "?"
+    return f"{module_path or '(root)'} ({module_class})"
