@@ -14,7 +14,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import torch
 from rich.console import Console
 
 from cl_audit.enums import DType, OpBehaviour, Outcome, TensorMode, Verdict
@@ -29,7 +28,6 @@ from cl_audit.files import (
     write_text,
 )
 from cl_audit.report import SweepReport, compare, merge
-from cl_audit.settings import AuditSettings
 from cl_audit.sources import BuildOptions, ModelRef, load_model
 from cl_audit.sweep import api as sweep_api
 from cl_audit.sweep.selection import Selection, select
@@ -117,8 +115,8 @@ def audit(
         settings = replace(sweep.audit, verify=verify is not False)
         index = None if outputs.ops_index is None else read_ops(outputs.ops_index)
         distributed = distributed or Distributed()
-        distributed.check(settings)
         plan = plan_run(settings)
+        distributed.check(plan)
         return _single(refs[0], plan, outputs, show_all, console, index, distributed)
     if distributed is not None and distributed.flags:
         flags = " and ".join(distributed.flags)
@@ -152,16 +150,17 @@ class Distributed:
     def flags(self) -> tuple[str, ...]:
         return tuple(f for f, on in (("--ddp", self.ddp), ("--fsdp", self.fsdp)) if on)
 
-    def check(self, settings: AuditSettings) -> None:
+    def check(self, plan: RunPlan) -> None:
         """Refuse what the checks cannot run, before any model runs."""
         if not self.flags:
             return
         flags = " and ".join(self.flags)
+        settings = plan.settings
         if not settings.train:
             raise UsageError(f"{flags} check a training step: give --train too")
         if settings.tensor_mode is not TensorMode.EAGER:
             raise UsageError(f"{flags} run for real on gloo processes: drop --fake")
-        if torch.device(settings.device).type != "cpu":
+        if plan.device.type != "cpu":
             raise UsageError(f"{flags} run on gloo processes on this CPU: drop --device")
 
 
@@ -185,12 +184,12 @@ def _single(
             from cl_audit.features.distributed import ddp_check
 
             with console.status("the training step under DDP (gloo, 2 processes)"):
-                report = replace(report, ddp=ddp_check(ref, plan.settings))
+                report = replace(report, ddp=ddp_check(ref, plan))
         if distributed.fsdp:
             from cl_audit.features.distributed import fsdp_check
 
             with console.status("the FSDP pre-flight (gloo, 2 processes)"):
-                report = replace(report, fsdp=fsdp_check(ref, plan.settings))
+                report = replace(report, fsdp=fsdp_check(ref, plan))
     render_report(report, console, show_all, index)
     _wrote(write_outputs(report, outputs.json, outputs.html, index=index))
     return Outcome.OFFENDING if report.verdict is Verdict.OFFENDING else Outcome.CLEAN

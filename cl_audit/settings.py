@@ -6,17 +6,12 @@ once into the run plan that every audit (the Python API, the CLI, the sweep work
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 
-from cl_audit.compat.cuda import cuda_present
-from cl_audit.compat.inductor import compile_problem
 from cl_audit.enums import Amp, DType, Engine, Optimizer, Strategy, TensorMode
 from cl_audit.errors import UsageError
-from cl_audit.report.environment import autocast_name
 from cl_audit.report.verdict import GATE_BATCH, Gate
 
 __all__ = [
@@ -27,7 +22,6 @@ __all__ = [
     "Optimizer",
     "Strategy",
     "TensorMode",
-    "autocast_for",
     "check_engine",
     "parse_engine",
     "parse_input_size",
@@ -72,16 +66,13 @@ class AuditSettings:
         """Combinations that cannot take effect are refused once, here, with the reason."""
         check_engine(self.engine, train=self.train, time=self.time)
         if self.gate.share < 0 or self.gate.bytes < 0:
-            raise UsageError("--fail-share and --fail-bytes cannot be negative")
+            raise UsageError("`fail_share` and `fail_bytes` cannot be negative")
         if self.gate.batch is not None and self.gate.batch < 1:
-            raise UsageError(f"--gate-batch {self.gate.batch}: a batch is at least 1")
+            raise UsageError(f"`gate_batch` {self.gate.batch}: a batch is at least 1")
         if self.force_layout_opt and not self.compile:
-            raise UsageError("--force-layout-opt decides --compile's graphs again: add --compile")
-        problem = compile_problem() if self.compile else None
-        if problem is not None:
-            raise UsageError(problem)
+            raise UsageError("`force_layout_opt` decides `compile`'s graphs again: add `compile`")
         if self.time and self.predicted:
-            raise UsageError("--time measures kernels, and fake tensors run none: drop --fake")
+            raise UsageError("`time` measures kernels, and fake tensors run none: drop `fake`")
 
     @property
     def bfloat16(self) -> bool:
@@ -96,41 +87,6 @@ class AuditSettings:
     def input_shape(self, model_shape: tuple[int, ...]) -> tuple[int, ...]:
         """The batched input shape, from ``input_size`` or the model's per-sample shape."""
         return (self.batch_size or DEFAULT_BATCH, *(self.input_size or model_shape))
-
-    @property
-    def autocast_description(self) -> str | None:
-        """As the report writes it, e.g. "cpu:bfloat16"."""
-        if self.amp is None:
-            return None
-        return autocast_name(torch.device(self.device).type, self.amp.torch_dtype)
-
-
-def autocast_for(
-    device: str, amp: Amp | None, fake: bool
-) -> contextlib.AbstractContextManager[object]:
-    """``torch.autocast`` for the device; on fake CUDA without a GPU, the same state set
-    directly, since ``torch.autocast("cuda")`` disables itself when CUDA is absent."""
-    if amp is None:
-        return contextlib.nullcontext()
-    device_type = torch.device(device).type
-    if device_type == "cuda" and fake and not cuda_present():
-        return _fake_cuda_autocast(amp.torch_dtype)
-    return torch.autocast(device_type, dtype=amp.torch_dtype)
-
-
-@contextlib.contextmanager
-def _fake_cuda_autocast(dtype: torch.dtype) -> Iterator[None]:
-    """Autocast for fake CUDA tensors on a machine without CUDA: the public switches that
-    ``torch.autocast`` uses, restored on exit. A test proves a convolution's output dtype."""
-    enabled, previous = torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda")
-    torch.set_autocast_enabled("cuda", True)
-    torch.set_autocast_dtype("cuda", dtype)
-    try:
-        yield
-    finally:
-        torch.set_autocast_enabled("cuda", enabled)
-        torch.set_autocast_dtype("cuda", previous)
-        torch.clear_autocast_cache()
 
 
 _SIZE_UNITS = {"B": 1, "KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30, "KB": 1000, "MB": 10**6,
@@ -154,9 +110,9 @@ def parse_size(text: str, option: str = "--fail-bytes") -> int:
 def check_engine(engine: Engine, *, train: bool = False, time: bool = False) -> None:
     """Training and timing audits need the dispatch engine."""
     if train and engine is not Engine.DISPATCH:
-        raise UsageError("--train needs the dispatch engine: the patch engine cannot see backward")
+        raise UsageError("`train` needs `engine` dispatch: the patch engine sees no backward")
     if time and engine is not Engine.DISPATCH:
-        raise UsageError("--time needs the dispatch engine (it labels each aten call)")
+        raise UsageError("`time` needs `engine` dispatch (it labels each aten call)")
 
 
 def _device_type(text: str) -> str | None:
@@ -183,5 +139,5 @@ def parse_input_size(text: str) -> tuple[int, ...]:
     except ValueError:
         dims = ()
     if len(dims) not in (3, 4) or min(dims) < 1:
-        raise UsageError(f"--input-size {text!r}: expected CxHxW or CxTxHxW, e.g. 3x224x224")
+        raise UsageError(f"`input_size` {text!r}: expected CxHxW or CxTxHxW, e.g. 3x224x224")
     return dims

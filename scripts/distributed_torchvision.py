@@ -26,6 +26,7 @@ from compiled_torchvision import one_per_module
 
 from cl_audit.enums import BucketMatch, ModelSource, WrapOrder
 from cl_audit.errors import ModelFailedError
+from cl_audit.execution.plan import plan_run
 from cl_audit.features.distributed import ddp_check, fsdp_check
 from cl_audit.report.envelope import decode_document, encode_document
 from cl_audit.settings import AuditSettings
@@ -40,9 +41,9 @@ def _row(name: str, side: int | None) -> dict[str, object]:
     start = time.perf_counter()
     row: dict[str, object] = {"model": name, "input_size": size}
     try:
-        ddp = ddp_check(ref, settings)
+        ddp = ddp_check(ref, plan_run(settings))
         row["ddp"] = asdict(ddp) | {"advice": ddp.advice}
-        row["fsdp"] = asdict(fsdp_check(ref, settings))
+        row["fsdp"] = asdict(fsdp_check(ref, plan_run(settings)))
     except ModelFailedError as e:
         row["error"] = str(e)
     row["seconds"] = round(time.perf_counter() - start, 1)

@@ -215,7 +215,7 @@ def test_cli_bench_writes_schema_valid_json_and_dashboard_records(tmp_path):
         (["bench", "nope_net"], "unknown torchvision model"),
         (["resnet18", "resnet34", "--time"], "--time times one model"),
         (["resnet18", "--time", "--fake"], "fake tensors run none"),
-        (["resnet18", "--time", "--engine", "patch"], "dispatch engine"),
+        (["resnet18", "--time", "--engine", "patch"], "--time needs --engine dispatch"),
     ],
 )
 def test_cli_refuses_what_cannot_be_timed_with_exit_2(args, message):

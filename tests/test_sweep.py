@@ -328,7 +328,8 @@ def test_zero_filled_build_is_restored_by_identity_and_keeps_verdicts():
     import torch
 
     from cl_audit.settings import AuditSettings
-    from cl_audit.sources import BuildOptions, building, load_model
+    from cl_audit.sources import BuildOptions, load_model
+    from cl_audit.sources.refs import building
     from cl_audit.sources.source_audit import audit_loaded
 
     shufflenet = ModelRef(ModelSource.TORCHVISION, "shufflenet_v2_x0_5")

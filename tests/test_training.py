@@ -106,7 +106,7 @@ def test_fake_training_loses_the_format_where_eager_does_at_the_activations_back
 
 
 def test_training_refuses_what_it_cannot_do():
-    with pytest.raises(UsageError, match="dispatch engine"):
+    with pytest.raises(UsageError, match="`train` needs `engine` dispatch"):
         train(tm.ActivationBeforePool(), engine=Engine.PATCH)
 
 

@@ -14,16 +14,16 @@ __all__ = ["compare_ledgers"]
 
 
 def _kind(place: Place) -> CostKind:
-    _, parameter, in_kernel, *_ = place
-    if parameter:
+    if place.parameter:
         return CostKind.PARAMETER
-    return CostKind.KERNEL if in_kernel else CostKind.COPY
+    return CostKind.KERNEL if place.in_kernel else CostKind.COPY
 
 
 def _site(
     place: Place, cl: list[int], nchw: list[int], channels_last: Ledger, context: SiteContext
 ) -> CostSite:
-    phase, _, _, module_path, module_class, call_site, python_op, aten_op = place
+    module_path, call_site = place.module_path, place.call_site
+    python_op, aten_op = place.python_op, place.aten_op
     kind = _kind(place)
     causes = channels_last.causes.get(place)
     fix, root = causes.most_common(1)[0][0] if causes else (None, None)
@@ -37,11 +37,11 @@ def _site(
     remedy = remedy_for(kind, (python_op, aten_op), fix_ops, context) if costs else None
     return CostSite(
         kind=kind,
-        phase=phase,
+        phase=place.phase,
         op=python_op or aten_op or "?",
         aten_op=aten_op,
         module_path=module_path,
-        module_class=module_class,
+        module_class=place.module_class,
         call_site=call_site,
         channels_last_bytes=cl[1],
         nchw_bytes=nchw[1],
@@ -71,14 +71,18 @@ def compare_ledgers(
         for place in dict.fromkeys([*channels_last.copies, *nchw.copies])
     ]
     contexts = site_contexts(
-        ((place[3], _kind(place), place[6:8]) for place, cl, ref in places if cl[1] > ref[1]),
+        (
+            (place.module_path, _kind(place), (place.python_op, place.aten_op))
+            for place, cl, ref in places
+            if cl[1] > ref[1]
+        ),
         device,
     )
     plain = SiteContext(device)
     sites = tuple(
         sorted(
             (
-                _site(place, cl, ref, channels_last, contexts.get(place[3], plain))
+                _site(place, cl, ref, channels_last, contexts.get(place.module_path, plain))
                 for place, cl, ref in places
                 if cl[1] != ref[1]
             ),
@@ -87,10 +91,10 @@ def compare_ledgers(
     )
     mixed = tuple(
         MixedSite(
-            op=place[6] or place[7] or "?",
-            phase=place[0],
-            module_path=place[3],
-            call_site=place[5],
+            op=place.python_op or place.aten_op or "?",
+            phase=place.phase,
+            module_path=place.module_path,
+            call_site=place.call_site,
             count=entry[0],
             bytes_read=entry[1],
         )

@@ -15,12 +15,15 @@ import torch
 
 from cl_audit.compat.backward import backward_problem
 from cl_audit.compat.cuda import cuda_present, fake_cuda_problem
+from cl_audit.compat.inductor import compile_problem
 from cl_audit.enums import Engine, TensorMode, Workload
 from cl_audit.errors import UsageError
+from cl_audit.execution.autocast import autocast_for
 from cl_audit.execution.tensors import TENSORS, FakeStepTensors, Tensors
 from cl_audit.report import AppliedOverride
+from cl_audit.report.environment import autocast_name
 from cl_audit.report.sections import Conditions
-from cl_audit.settings import AuditSettings, autocast_for
+from cl_audit.settings import AuditSettings
 
 __all__ = ["RunPlan", "plan_run", "resolve_device"]
 
@@ -42,7 +45,7 @@ class RunPlan:
 
     def autocast(self) -> contextlib.AbstractContextManager[object]:
         """The settings' autocast on the plan's device (see ``autocast_for``)."""
-        return autocast_for(str(self.device), self.settings.amp, fake=self.tensors.predicted)
+        return autocast_for(self.device, self.settings.amp, fake=self.tensors.predicted)
 
     def conditions(
         self,
@@ -53,12 +56,13 @@ class RunPlan:
     ) -> Conditions:
         """How a run under this plan ran, as its report's environment records it (with a fake
         run's divergence table and the kernel-source overrides it applied)."""
+        amp = self.settings.amp
         return Conditions(
             engine=self.engine,
             mode=self.tensors.mode,
             device=device,
             dtype=dtype,
-            autocast=self.settings.autocast_description,
+            autocast=None if amp is None else autocast_name(self.device.type, amp.torch_dtype),
             fake_divergences=divergences,
             kernel_overrides=overrides,
         )
@@ -72,12 +76,15 @@ class RunPlan:
 def plan_run(settings: AuditSettings) -> RunPlan:
     """The plan of ``settings``; ``UsageError`` for a device that cannot run them."""
     device = resolve_device(settings.device, settings.tensor_mode, settings.bfloat16)
+    problem = compile_problem() if settings.compile else None
+    if problem is not None:
+        raise UsageError(problem)
     workload = Workload.TRAINING_STEP if settings.train else Workload.INFERENCE
     tensors = TENSORS[settings.tensor_mode]
     if tensors.predicted and workload.train:
         problem = backward_problem()
         if problem is not None:
-            raise UsageError(f"--train --fake: {problem}")
+            raise UsageError(f"`train` `fake`: {problem}")
         tensors = FAKE_STEP  # the backward node by node: torch's engine needs the device
     return RunPlan(settings, device, tensors, workload)
 
@@ -91,16 +98,16 @@ def resolve_device(
     try:
         device = torch.device(text)
     except RuntimeError:
-        raise UsageError(f"--device {text!r}: not a torch device") from None
+        raise UsageError(f"`device` {text!r}: not a torch device") from None
     if TENSORS[tensor_mode].predicted:
         if device.type not in ("cpu", "cuda"):
-            raise UsageError(f"--device {text!r}: fake mode models cpu and cuda only")
+            raise UsageError(f"`device` {text!r}: fake mode models cpu and cuda only")
         problem = fake_cuda_problem(bfloat16) if device.type == "cuda" else None
         if problem is not None:
-            raise UsageError(f"--fake --device {text}: no honest prediction here: {problem}")
+            raise UsageError(f"`fake` `device` {text}: no honest prediction here: {problem}")
     elif not _available(device.type):
         name = "CUDA" if device.type == "cuda" else device.type
-        raise UsageError(f"--device {text!r}: {name} is not available on this machine")
+        raise UsageError(f"`device` {text!r}: {name} is not available on this machine")
     return device
 
 

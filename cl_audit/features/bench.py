@@ -63,9 +63,9 @@ class BenchSettings:
 
     def __post_init__(self) -> None:
         if self.audit.predicted:
-            raise UsageError("bench times kernels, and fake tensors run none: drop --fake")
+            raise UsageError("bench times kernels, and fake tensors run none: drop `fake`")
         if self.rounds < 1 or self.steps_per_round < 1 or self.warmup < 0:
-            raise UsageError("bench: --rounds and --steps must be at least 1, --warmup at least 0")
+            raise UsageError("bench: `rounds` and `steps` must be at least 1, `warmup` at least 0")
 
 
 @dataclass

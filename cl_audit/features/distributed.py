@@ -33,7 +33,7 @@ from cl_audit.compat.process_group import fully_shard
 from cl_audit.enums import BucketMatch, Stage, WrapOrder
 from cl_audit.errors import ModelFailedError, UsageError, first_line
 from cl_audit.execution.convert import input_to_channels_last, to_channels_last
-from cl_audit.execution.plan import plan_run
+from cl_audit.execution.plan import RunPlan, plan_run
 from cl_audit.execution.timing import Profiler, copied_bytes
 from cl_audit.execution.training import training_loss
 from cl_audit.report.distributed_report import (
@@ -299,10 +299,11 @@ def _configuration(
     return run, agree
 
 
-def fsdp_check(ref: ModelRef, settings: AuditSettings, world_size: int = 2) -> FsdpCheck:
+def fsdp_check(ref: ModelRef, plan: RunPlan, world_size: int = 2) -> FsdpCheck:
     """The FSDP pre-flight of the model made channels_last, on ``world_size`` gloo processes:
     which parameters FSDP2 refuses, and the layouts FSDP1 hands back (rank 0's)."""
-    _check_gloo(settings, "--fsdp")
+    _check_gloo(plan.device, "--fsdp")
+    settings = plan.settings
     (first, *_) = _ranks("fsdp", ref, world_size, "under FSDP", (ref, settings))
     runs = tuple(
         FsdpRun(
@@ -327,19 +328,20 @@ def fsdp_check(ref: ModelRef, settings: AuditSettings, world_size: int = 2) -> F
     return FsdpCheck(world_size, _BACKEND, runs)
 
 
-def _check_gloo(settings: AuditSettings, flag: str) -> None:
+def _check_gloo(device: torch.device, flag: str) -> None:
     if not dist.is_available() or not dist.is_gloo_available():
         raise UsageError(
             f"{flag} needs torch.distributed's gloo, which torch {torch.__version__} lacks"
         )
-    if torch.device(settings.device).type != "cpu":
-        raise UsageError(f"{flag} runs on gloo processes on this CPU: drop --device")
+    if device.type != "cpu":
+        raise UsageError(f"{flag} runs on gloo processes on this CPU: drop `device`")
 
 
-def ddp_check(ref: ModelRef, settings: AuditSettings, world_size: int = 2) -> DdpCheck:
+def ddp_check(ref: ModelRef, plan: RunPlan, world_size: int = 2) -> DdpCheck:
     """The model's training step under DDP in each configuration, on ``world_size`` gloo
     processes on this CPU; ``UsageError`` where this torch has no gloo."""
-    _check_gloo(settings, "--ddp")
+    _check_gloo(plan.device, "--ddp")
+    settings = plan.settings
     found = [
         _configuration(ref, settings, world_size, order, bucket_view)
         for order in WrapOrder

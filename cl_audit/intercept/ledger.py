@@ -27,6 +27,8 @@ import bisect
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import Enum
+from typing import NamedTuple
 
 import torch
 
@@ -71,10 +73,35 @@ _ORDERED = (_CL, _CONTIGUOUS)
 # where its run began (``Origin.cause``)
 Cause = tuple[Producer, Producer | None]
 
-# (phase, parameter, in kernel, module path, module class, call site, Python op, aten op)
-Place = tuple[Phase, bool, bool, str | None, str | None, str | None, str | None, str | None]
 
-_COPY, _CONVERTS, _MIXED, _OTHER = range(4)
+class Place(NamedTuple):
+    """Where copies land: the key of the ledger's tables. Made only at operations that copy
+    (a few hundred a run), so a named tuple's construction (0.23 against 0.11 us a plain
+    tuple's, measured) costs nothing that shows; it hashes and compares as a tuple."""
+
+    phase: Phase
+    parameter: bool  # every input it copied is parameter-derived
+    in_kernel: bool  # a conversion inside a kernel, not an explicit copy
+    module_path: str | None
+    module_class: str | None
+    call_site: str | None
+    python_op: str | None
+    aten_op: str | None
+
+
+class _Kind(Enum):
+    """How the ledger reads an operation (decided once per operator, ``Ledger._kind``): an
+    explicit copy, a kernel that may convert its input, an elementwise or strided read (mixed
+    inputs copy nothing), or anything else (reductions, views, metadata). Compared by
+    identity on every operation: 12 ns, as fast as the small ints it replaced (14 ns)."""
+
+    COPY = "copy"
+    CONVERTS = "converts"
+    MIXED = "mixed"
+    OTHER = "other"
+
+
+_COPY, _CONVERTS, _MIXED, _OTHER = _Kind.COPY, _Kind.CONVERTS, _Kind.MIXED, _Kind.OTHER
 
 
 @dataclass(slots=True)
@@ -129,7 +156,7 @@ class Ledger:
         self._calls: dict[int, Place] = {}  # call number -> place of a predicted conversion
         self._explicit: set[int] = set()  # call numbers of explicit copies
         self._sizes: dict[int, int] = {}  # call number -> element size of its first float input
-        self._kinds: dict[object, tuple[int, bool]] = {}  # op -> (kind, in place)
+        self._kinds: dict[object, tuple[_Kind, bool]] = {}  # op -> (kind, in place)
         self._phases: list[tuple[int, Phase]] = []
         # the backward's outputs (bytes, elements, the outputs they were made from), and the
         # latest output held by each storage (fake storages are reused within a step)
@@ -150,7 +177,7 @@ class Ledger:
             known = self._strided[aten_op] = found or {}
         return known
 
-    def _kind(self, aten_op: object) -> tuple[int, bool]:
+    def _kind(self, aten_op: object) -> tuple[_Kind, bool]:
         known = self._kinds.get(aten_op)
         if known is None:
             name = aten_op_name(aten_op)
@@ -195,9 +222,9 @@ class Ledger:
                 self._backward_outputs(outputs, out_keys, in_keys, in_place)
         if phase is Phase.OPTIMIZER and self._latest:
             self._gradients(in_keys)
-        if kind == _OTHER or not outputs:  # no output (``_foreach_add_``): nothing converted
+        if kind is _OTHER or not outputs:  # no output (``_foreach_add_``): nothing converted
             return
-        if kind == _COPY:
+        if kind is _COPY:
             if written:
                 self._explicit.add(call)
                 parameters = record.parameters
@@ -214,7 +241,7 @@ class Ledger:
                 if layout in _ORDERED and tensor.numel():
                     spatial_out = layout
                     break
-        if kind == _MIXED:
+        if kind is _MIXED:
             if spatial_out is not None:
                 other = _CONTIGUOUS if spatial_out is _CL else _CL  # the other order
                 read = nbytes(
@@ -324,7 +351,7 @@ class Ledger:
             if place is None:
                 self.unlocated += copied
                 phase = self._phase_of(call)
-                place = (phase, False, True, None, None, None, None, names.get(call))
+                place = Place(phase, False, True, None, None, None, None, names.get(call))
             entry = self.copies.setdefault(place, [0, 0])
             entry[0] += 1
             entry[1] += copied
@@ -336,7 +363,7 @@ class Ledger:
     def _place(self, record: OpRecord, parameter: bool, in_kernel: bool) -> Place:
         location = record.locate()
         python_op = record.python_op
-        return (
+        return Place(
             record.phase,
             parameter,
             in_kernel,

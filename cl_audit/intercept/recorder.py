@@ -24,23 +24,18 @@ from cl_audit.compat.storage import view_base
 from cl_audit.enums import Conversion, Phase
 from cl_audit.intercept.ledger import Ledger, OpRecord
 from cl_audit.intercept.naming import is_copy, python_op_name
+from cl_audit.intercept.origins import Origins
 from cl_audit.intercept.tracking import (
-    Occurrence,
     Origin,
     Tallies,
-    merge_origins,
-    nbytes,
-    producer_of,
     tensor_arguments,
 )
-from cl_audit.report import Finding, TimelineEvent
+from cl_audit.report import TimelineEvent
 from cl_audit.rule.attribution import Location, ModuleNames, locate
 from cl_audit.rule.conversions import (
     SPATIAL_RANKS,
     is_loss,
     is_regain,
-    provenance,
-    regain_source,
 )
 from cl_audit.rule.layout import MemoryLayout, layout_of
 
@@ -55,20 +50,6 @@ _OTHER = MemoryLayout.OTHER
 _SPATIAL_RANKS = SPATIAL_RANKS
 _Tensor = torch.Tensor
 _SEQUENCES = (list, tuple)
-
-
-def _writes_order(
-    output: torch.Tensor, inputs: list[torch.Tensor], contiguous: list[torch.Tensor]
-) -> bool:
-    """Whether an operation chose the memory order of its new ``output`` rather than keeping
-    its input's: it did unless it read a contiguous map of the output's rank (a convolution,
-    pool or pointwise operation in NCHW keeps that order) or an input of the output's shape
-    and strides (a pointwise operation on tokens)."""
-    rank = output.dim()
-    if any(t.dim() == rank for t in contiguous):
-        return False
-    shape, strides = output.shape, output.stride()
-    return not any(t.shape == shape and t.stride() == strides for t in inputs)
 
 
 def _operands(
@@ -88,7 +69,7 @@ def _operands(
     return None
 
 
-class Recorder:
+class Recorder(Origins):
     """Applies the rule to each operation and accumulates findings.
 
     ``parameters``: the model's parameters and buffers (real or fake tensors), the seed of
@@ -116,6 +97,11 @@ class Recorder:
         self.phase = Phase.FORWARD
         self.training = training
         self._node: object | None = None  # the node a node-by-node backward runs
+        # The observe this run needs, chosen once for the engines to call on every operation:
+        # the ledger's alone (no rule), the rule (the common case), or the rule with the
+        # timeline and a training step's naming around it (``_observe_more``). One attribute
+        # lookup either way; per-operation tests of ``rule`` and ``timeline`` stay out of the
+        # common path, and each variant reads as the steps it takes.
         if not rule:
             self.observe = self._observe_ledger  # type: ignore[method-assign]
         elif timeline or training:
@@ -305,21 +291,6 @@ class Recorder:
                 ):
                     reshaped.append(tensor)
 
-    def _origins_read(self, inputs: list[torch.Tensor], in_keys: list[int]) -> list[Origin]:
-        """The origins of the tracked contiguous data among the inputs, each once, first first;
-        an input read as channels_last is not contiguous data."""
-        origins = self._origins
-        found: list[Origin] = []
-        for tensor, key in zip(inputs, in_keys, strict=True):
-            origin = origins.get(key)
-            if (
-                origin is not None
-                and all(origin is not f for f in found)
-                and layout_of(tensor) is not _CL
-            ):
-                found.append(origin)
-        return found
-
     def _outputs_may_convert(
         self,
         outputs: list[torch.Tensor],
@@ -341,62 +312,6 @@ class Recorder:
             elif layout is _OTHER and (sources or reshaped):  # maybe a stack of channels_last maps
                 return True
         return False
-
-    def _carry_origins(
-        self,
-        aten_op: object,
-        python_op: object,
-        inputs: list[torch.Tensor],
-        contiguous: list[torch.Tensor],
-        found: list[Origin],
-        new: list[tuple[torch.Tensor, int]],
-    ) -> None:
-        """Data derived from tracked data: its new outputs, unless channels_last, carry on the
-        origins it read, merged. An output whose order this operation chose (``_writes_order``)
-        names it as the writer, the fix site of what converts the data later."""
-        origin = merge_origins(found)
-        origins = self._origins
-        written: Origin | None = None
-        for t, key in new:
-            if layout_of(t) is _CL:
-                continue
-            if _writes_order(t, inputs, contiguous):
-                if written is None:
-                    producer = producer_of(aten_op, python_op, self.locate())
-                    written = Origin(origin.producer, origin.occurrences, origin.view, producer)
-                origins[key] = written
-            else:
-                origins[key] = origin
-
-    def _start_tracking(
-        self,
-        aten_op: object,
-        python_op: object,
-        outputs: list[torch.Tensor],
-        out_keys: list[int],
-        new: list[tuple[torch.Tensor, int]],
-        sources: list[torch.Tensor],
-    ) -> None:
-        """Track contiguous 4D/5D data that appears from untracked data, this operation its
-        producer: a new tensor, or a view giving data that was not contiguous 4D/5D (tokens,
-        windows) that shape. A view of channels_last data (a map permuted to NHWC, as
-        LayerNorm2d does) is the channels_last order itself, never NCHW-ordered data: no
-        producer, so no root cause or fix site is a permute."""
-        new_keys = {key for _, key in new}
-        spatial_contiguous = [
-            key
-            for t, key in zip(outputs, out_keys, strict=True)
-            if t.dim() in _SPATIAL_RANKS
-            and layout_of(t) is _CONTIGUOUS
-            and t.numel()
-            and (key in new_keys or not sources)
-        ]
-        if not spatial_contiguous:
-            return
-        view = not any(key in new_keys for key in spatial_contiguous)
-        origin = Origin(producer_of(aten_op, python_op, self.locate()), (), view)
-        for key in spatial_contiguous:
-            self._origins[key] = origin
 
     def _observe_more(
         self, aten_op: object, python_op: object, args: Any, kwargs: Any, result: Any
@@ -488,98 +403,6 @@ class Recorder:
         location = locate(self._names)
         self._learn_roots()  # an audit without a model learns it from the stack
         return location
-
-    def _origins_of(self, tensors: list[torch.Tensor]) -> list[Origin]:
-        found: list[Origin] = []
-        for tensor in tensors:
-            origin = self._origins.get(_storage_key(tensor))
-            if origin is not None and all(origin is not f for f in found):
-                found.append(origin)
-        return found
-
-    def _record_loss(
-        self,
-        aten_op: object,
-        python_op: object,
-        inputs: list[torch.Tensor],
-        outputs: list[torch.Tensor],
-        lost: list[tuple[torch.Tensor, int]],
-        sources: list[torch.Tensor],
-        reshaped: list[torch.Tensor],
-        contiguous: list[torch.Tensor],
-        found: list[Origin],
-    ) -> None:
-        location = self.locate()
-        producer = producer_of(aten_op, python_op, location)
-        mixed = bool(sources and contiguous)
-        root = next(iter(self._origins_of(contiguous)), None) if mixed else None
-        tally = self._tallies.of(
-            self.phase,
-            Conversion.LOSS,
-            producer,
-            inputs,
-            outputs,
-            mixed,
-            None if root is None else root.producer,
-            provenance(all(_storage_key(t) in self._parameters for t in sources + reshaped)),
-            None,
-        )
-        tally.count += 1
-        tally.calls.append(self.calls_checked)
-        self._mark = Conversion.LOSS
-        tally.bytes_converted += nbytes([t for t, _ in lost])
-        # Downstream, the contiguous data still traces back to the root cause, if there is one,
-        # and derives from this occurrence and from the losses its inputs derive from.
-        occurrences = merge_origins([Origin(producer, (Occurrence(tally),)), *found]).occurrences
-        if root is None:
-            origin = Origin(producer, occurrences)
-        else:  # the NCHW input's writer is the fix
-            origin = Origin(root.producer, occurrences, root.view, root.writer)
-        for _, key in lost:
-            self._origins[key] = origin
-
-    def _record_regain(
-        self,
-        aten_op: object,
-        python_op: object,
-        inputs: list[torch.Tensor],
-        outputs: list[torch.Tensor],
-        regained: list[torch.Tensor],
-        contiguous: list[torch.Tensor],
-    ) -> None:
-        location = self.locate()
-        producer = producer_of(aten_op, python_op, location)
-        found = self._origins_of(contiguous)
-        from_loss = next((o for o in found if o.occurrences), None)
-        cause = from_loss or (found[0] if found else None)
-        tally = self._tallies.of(
-            self.phase,
-            Conversion.REGAIN,
-            producer,
-            inputs,
-            outputs,
-            False,
-            None if cause is None else cause.producer,
-            provenance(all(_storage_key(t) in self._parameters for t in contiguous)),
-            regain_source(from_loss is not None, cause is not None),
-        )
-        tally.count += 1
-        tally.calls.append(self.calls_checked)
-        self._mark = Conversion.REGAIN
-        tally.bytes_converted += nbytes(regained)
-        for origin in found:
-            for occurrence in origin.occurrences:
-                if not occurrence.regained:
-                    occurrence.regained = True
-                    occurrence.tally.round_trips += 1
-
-    def findings(
-        self, call_times: dict[int, float] | None = None
-    ) -> tuple[list[Finding], list[Finding]]:
-        """(losses, regains), most bytes first; losses of either provenance. ``call_times``
-        (milliseconds by call number, ``calls_checked`` when the call was observed) gives each
-        finding the time of its calls."""
-        return self._tallies.findings(call_times)
 
     def _op_names(self) -> set[str]:
         return {

@@ -52,6 +52,12 @@ class Gate:
     time_share: float = 0.01
     batch: int | None = None
 
+    @classmethod
+    def of(cls, fail_share: float, fail_bytes: int, gate_batch: int | None) -> Gate:
+        """The gate as users give it: ``fail_share`` in percent of the bytes written,
+        ``fail_bytes`` extra bytes, at batch ``gate_batch``."""
+        return cls(share=fail_share / 100, bytes=fail_bytes, batch=gate_batch)
+
     def verdict(self, extra: int, written: int, time_share: float | None = None) -> Verdict:
         if extra <= 0:
             return Verdict.CLEAN

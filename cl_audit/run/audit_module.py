@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from itertools import chain
 from typing import Any
 
@@ -26,10 +27,7 @@ from cl_audit.execution.plan import RunPlan, plan_run
 from cl_audit.report import ModelReport
 from cl_audit.report.environment import dtype_name
 from cl_audit.report.verdict import GATE_BATCH, Gate
-from cl_audit.run.phases.audited import run_audited
-from cl_audit.run.phases.compare import compare
-from cl_audit.run.phases.compile import compile_phase
-from cl_audit.run.phases.verify import verify
+from cl_audit.run.phases import PHASES, Sections, Subject
 from cl_audit.settings import AuditSettings, parse_engine
 
 __all__ = ["audit_model", "audit_module"]
@@ -66,11 +64,12 @@ def audit_module(
             forward = run.converted()
         except Exception as e:
             raise ModelFailedError(Stage.SETUP, label, e) from e
-        audited = run_audited(plan, run, forward, model, label, loss)
-        comparison = verify(plan, run, model, forward, compare(plan, run, model, audited, loss))
-        compiled = None
-        if plan.settings.compile:
-            compiled = compile_phase(plan, model, example, comparison.offenders, label)
+        subject = Subject(plan, run, model, forward, label, loss)
+        done = Sections()
+        for section, phase in PHASES:
+            done = replace(done, **{section: phase(subject, done)})
+    audited, comparison = done.audited, done.comparison
+    assert audited is not None and comparison is not None
     dtype = None if first is None else dtype_name(first.dtype)
     return assemble(
         audited.observed,
@@ -81,7 +80,7 @@ def audit_module(
         training=audited.training,
         timing=audited.timing,
         comparison=comparison,
-        compiled=compiled,
+        compiled=done.compiled,
     )
 
 
@@ -175,7 +174,7 @@ def audit_model(
         engine=parse_engine(engine),
         strategy=strategy,
         differential=differential,
-        gate=Gate(share=fail_share / 100, bytes=fail_bytes, batch=gate_batch),
+        gate=Gate.of(fail_share, fail_bytes, gate_batch),
         amp=None if amp is None else Amp(amp),
         train=train,
         optimizer=Optimizer(optimizer),

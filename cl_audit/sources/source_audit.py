@@ -13,7 +13,7 @@ from cl_audit.execution.plan import RunPlan, plan_run
 from cl_audit.report import ModelReport
 from cl_audit.run.audit_module import audit_module
 from cl_audit.settings import AuditSettings
-from cl_audit.sources import LoadedModel
+from cl_audit.sources.refs import LoadedModel
 
 __all__ = ["audit_loaded", "prepare"]
 

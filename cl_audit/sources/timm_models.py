@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from cl_audit.enums import Stage
 from cl_audit.errors import ModelFailedError, UsageError
-from cl_audit.sources import (
+from cl_audit.sources.refs import (
     BuildOptions,
     LoadedModel,
     building,

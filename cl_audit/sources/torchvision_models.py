@@ -12,7 +12,7 @@ import torch
 from cl_audit.enums import Stage
 from cl_audit.errors import ModelFailedError, UsageError
 from cl_audit.execution.inputs import Example
-from cl_audit.sources import (
+from cl_audit.sources.refs import (
     BuildOptions,
     LoadedModel,
     building,

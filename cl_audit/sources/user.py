@@ -22,7 +22,7 @@ from torch import nn
 from cl_audit.enums import Stage
 from cl_audit.errors import ModelFailedError, UsageError
 from cl_audit.execution.inputs import example_of, is_shape
-from cl_audit.sources import BuildOptions, LoadedModel
+from cl_audit.sources.refs import BuildOptions, LoadedModel
 
 __all__ = ["build"]
 

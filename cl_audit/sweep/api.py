@@ -132,7 +132,7 @@ def audit_models(
         audit=AuditSettings(
             device=device,
             tensor_mode=TensorMode.FAKE if fake else TensorMode.EAGER,
-            gate=Gate(share=fail_share / 100, bytes=fail_bytes, batch=gate_batch),
+            gate=Gate.of(fail_share, fail_bytes, gate_batch),
             amp=None if amp is None else Amp(amp),
             train=train,
             optimizer=Optimizer(optimizer),

@@ -1,3 +1,23 @@
-"""The phases of one audit, each taking the run plan and returning its own section: the audited
-run (``audited``), the NCHW comparison (``compare``) and Inductor's layout decisions
-(``compile``); ``run.audit_module`` runs them and ``execution.assemble`` builds the report."""
+"""The phases of one audit, in the order ``run.audit_module`` walks them (``PHASES``): the audited
+run in channels_last (``audited``), the same forward or step in NCHW with the cost and the
+verdict (``compare``), the cost sites' remedies tried in what-if runs (``verify``) and, with
+``compile``, Inductor's layout decisions (``compile``). Each takes the ``Subject`` and the
+``Sections`` the phases before it returned, and returns the section it is listed with."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from cl_audit.run.phases import audited, compare, compile, verify
+from cl_audit.run.phases.subject import Sections, Subject
+
+__all__ = ["PHASES", "Sections", "Subject"]
+
+# (the section it returns, the phase), in order
+PHASES: tuple[tuple[str, Callable[[Subject, Sections], Any]], ...] = (
+    ("audited", audited.run_audited),
+    ("comparison", compare.compare),
+    ("comparison", verify.verify),
+    ("compiled", compile.compile_phase),
+)

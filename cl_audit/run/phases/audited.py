@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -16,39 +15,24 @@ from cl_audit.enums import Engine, Strategy
 from cl_audit.errors import ModelFailedError, UsageError
 from cl_audit.execution.audit_context import Audit, audit
 from cl_audit.execution.plan import RunPlan
-from cl_audit.execution.tensors import Forward, TensorRun
+from cl_audit.execution.tensors import TensorRun
 from cl_audit.execution.timing import Profiler, call_times, copies_by_call, step_timing, timed_ms
 from cl_audit.intercept.ledger import Ledger
 from cl_audit.intercept.observer import Observer
 from cl_audit.predict.divergences import kernel_copy_table
-from cl_audit.report import Timing
-from cl_audit.report.sections import Observed, Training
+from cl_audit.report.sections import Training
+from cl_audit.run.phases.subject import Audited, Sections, Subject
 
 __all__ = ["COMPARED", "Audited", "instrumented", "run_audited"]
 
 COMPARED = (Strategy.CHANNELS_LAST, Strategy.CONV_WEIGHTS)  # strategies run again in NCHW
 
 
-@dataclass(frozen=True)
-class Audited:
-    """The audited run's sections, and its cost ledger for the comparison."""
-
-    observed: Observed
-    training: Training | None
-    timing: Timing | None
-    ledger: Ledger | None
-
-
-def run_audited(
-    plan: RunPlan,
-    run: TensorRun,
-    forward: Forward,
-    model: nn.Module,
-    label: str,
-    loss: Callable[[Any], torch.Tensor] | None,
-) -> Audited:
+def run_audited(subject: Subject, done: Sections) -> Audited:
     """The converted model's forward or step, audited; ``ModelFailedError`` naming the stage
     (and a hint where one is known) when the model fails."""
+    plan, run, forward, model = subject.plan, subject.run, subject.forward, subject.model
+    label, loss = subject.label, subject.loss
     settings = plan.settings
     step = run.stepper(plan, forward, loss)
     ledger = _ledger(plan)

@@ -4,35 +4,27 @@ sorts the terminal losses by their NCHW counterparts (``compare.differential``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 import torch
-from torch import nn
 
 from cl_audit.compare.cost_sites import compare_ledgers
 from cl_audit.compare.differential import CounterpartWatcher, classify_terminal
 from cl_audit.enums import DifferentialStatus
 from cl_audit.execution.audit_context import watching
-from cl_audit.execution.plan import RunPlan
-from cl_audit.execution.tensors import TensorRun
 from cl_audit.report import DifferentialRun, Finding
 from cl_audit.report.sections import Comparison
 from cl_audit.rule.attribution import ModuleNames
-from cl_audit.run.phases.audited import COMPARED, Audited, instrumented
+from cl_audit.run.phases.audited import COMPARED, instrumented
+from cl_audit.run.phases.subject import Sections, Subject
 
 __all__ = ["compare"]
 
 
-def compare(
-    plan: RunPlan,
-    run: TensorRun,
-    model: nn.Module,
-    audited: Audited,
-    loss: Callable[[Any], torch.Tensor] | None,
-) -> Comparison:
+def compare(subject: Subject, done: Sections) -> Comparison:
     """The comparison's section. The patch engine, which sees no aten operation, only sorts
     terminal losses; a failed NCHW run is reported, with no cost weighed."""
+    plan, run, model, loss = subject.plan, subject.run, subject.model, subject.loss
+    audited = done.audited
+    assert audited is not None  # the audited run comes first
     settings = plan.settings
     offenders = audited.observed.offenders
     if not settings.differential:

@@ -3,28 +3,29 @@ eager audit's losses."""
 
 from __future__ import annotations
 
-from torch import nn
-
 from cl_audit.compiled.graphs import beside_eager, compiled_layouts
 from cl_audit.enums import Stage
 from cl_audit.errors import ModelFailedError
-from cl_audit.execution.inputs import Example
-from cl_audit.execution.plan import RunPlan
-from cl_audit.report import Compiled, Finding
+from cl_audit.report import Compiled
+from cl_audit.run.phases.subject import Sections, Subject
 
 __all__ = ["compile_phase"]
 
 
-def compile_phase(
-    plan: RunPlan, model: nn.Module, example: Example, losses: tuple[Finding, ...], label: str
-) -> Compiled:
-    """The compiled section; ``ModelFailedError`` at the compile stage when capture fails."""
+def compile_phase(subject: Subject, done: Sections) -> Compiled | None:
+    """The compiled section, with ``compile`` (else None); ``ModelFailedError`` at the compile
+    stage when capture fails."""
+    plan, model, example = subject.plan, subject.model, subject.run.example
     settings = plan.settings
+    if not settings.compile:
+        return None
+    assert done.comparison is not None  # set beside the eager losses
+    losses = done.comparison.offenders
     try:
         compiled = compiled_layouts(
             model,
             example,
-            device=str(plan.device),
+            device=plan.device,
             train=plan.workload.train,
             amp=settings.amp,
             strategy=settings.strategy,
@@ -32,5 +33,5 @@ def compile_phase(
             force=settings.force_layout_opt,
         )
     except Exception as e:  # the settings refused a torch that cannot capture (UsageError)
-        raise ModelFailedError(Stage.COMPILE, label, e) from e
+        raise ModelFailedError(Stage.COMPILE, subject.label, e) from e
     return beside_eager(compiled, losses)

@@ -31,6 +31,7 @@ from cl_audit.intercept.ledger import Ledger
 from cl_audit.report.sections import Comparison
 from cl_audit.report.verdict import Cost, CostSite, Remedy, Trial
 from cl_audit.run.phases.audited import instrumented
+from cl_audit.run.phases.subject import Sections, Subject
 
 __all__ = ["TRIED_SITES", "verify"]
 
@@ -54,10 +55,11 @@ def _untried(plan: RunPlan) -> str | None:
     return None
 
 
-def verify(
-    plan: RunPlan, run: TensorRun, model: nn.Module, forward: Forward, comparison: Comparison
-) -> Comparison:
+def verify(subject: Subject, done: Sections) -> Comparison:
     """The comparison with its cost sites' remedies tried (see the module docstring)."""
+    plan, run, model, forward = subject.plan, subject.run, subject.model, subject.forward
+    comparison = done.comparison
+    assert comparison is not None  # the NCHW comparison comes first
     cost = comparison.cost
     if cost is None or not any(site.remedy for site in cost.sites):
         return comparison
