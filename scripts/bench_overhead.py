@@ -3,8 +3,9 @@
 For each model and engine: a plain forward and an audited forward (batch 2, 224 px,
 channels_last, one thread) back to back, --repeats pairs; the ratio is the median of the pairs'
 ratios. The budget's guard, ``dispatch_over_bare_modes``: the dispatch audit paired directly
-with the bare modes (its floor: the same two modes passing every call through unchecked). Then the cost per intercepted call: a loop of 2,000 ``relu`` on a (2, 8, 4, 4)
-channels_last tensor, audited minus plain, per call.
+with the bare modes (its floor: the same two modes passing every call through unchecked).
+Then the cost per intercepted call: a loop of 2,000 ``relu`` on a (2, 8, 4, 4) channels_last
+tensor, audited minus plain, per call.
 
     python scripts/bench_overhead.py --out reports/bench-overhead.json
 """
