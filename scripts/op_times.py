@@ -1,7 +1,8 @@
 """Measure the operation time table that cl-audit's speed prediction reads, on this machine.
 
-    python scripts/op_times.py --device cpu  --out cl_audit/speed/tables/   # here
-    python scripts/op_times.py --device cuda --out $OUT/                     # on a GPU
+    python scripts/op_times.py --device cpu --out reports/speed/cpu-raw.json     # measure
+    python scripts/op_times.py --compact reports/speed/cpu-raw.json* \
+        --out cl_audit/predict/tables/                          # the table cl-audit reads
 
 Three parts, each written as it goes (a JSON line per measurement in ``<out>.jsonl``, the
 whole table rewritten atomically after every part), so a run cut short keeps what it measured:
@@ -19,12 +20,18 @@ whole table rewritten atomically after every part), so a run cut short keeps wha
 Timing: CUDA events around ``reps`` calls after the calls were warmed (``cudnn.benchmark`` on,
 as users set it: the first call of a shape autotunes), the host's own time per call beside;
 the CPU the wall clock. Each number is the median of ``--repeats`` alternated measurements.
-Nothing here imports cl-audit: the table is raw measurements; ``cl_audit.speed`` reads it.
+Nothing here imports cl-audit. ``--compact`` turns one or more raw files (a lease may measure
+in parts; ``.gz`` too) into the table ``cl_audit.predict.speed_table`` reads, named by device,
+torch release and backend library, with the machine written inside: the launch cost, each aten
+operation's own time per call in the probes' profiles (device time on CUDA, CPU time on the
+CPU) with its input's elements and channels, the dense and the converting copies, and the
+convolution grid.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import math
 import os
@@ -187,13 +194,31 @@ class Writer:
 
 def measure_launch(clock: Clock, device: str) -> dict:
     """A chain of tiny additions: host microseconds per call, and the device's (on CUDA, the
-    kernels queued back to back: the larger of the launch and the kernel)."""
+    kernels queued back to back: the larger of the launch and the kernel); and a deep stack of
+    tiny modules (a ReLU each), per module: a model's operation as Python calls it, under no
+    gradient (``module_us``) and forward and backward (``module_step_us``)."""
     a = torch.ones(8, device=device)
     b = torch.ones(8, device=device)
     for _ in range(50):
         torch.add(a, b)
     ms, host = clock.time(lambda: torch.add(a, b), 2000)
-    return {"host_us": host, "device_us": ms * 1e3}
+    depth = 64
+    stack = torch.nn.Sequential(*(torch.nn.ReLU() for _ in range(depth))).to(device)
+    x = torch.ones(8, device=device, requires_grad=True)
+
+    def forward() -> None:
+        with torch.no_grad():
+            stack(x)
+
+    def step() -> None:
+        stack(x).sum().backward()
+
+    for call in (forward, step, forward, step):
+        call()
+    forward_ms, _ = clock.time(forward, 50)
+    step_ms, _ = clock.time(step, 50)
+    return {"host_us": host, "device_us": ms * 1e3, "module_us": forward_ms * 1e3 / depth,
+            "module_step_us": step_ms * 1e3 / depth}  # fmt: skip
 
 
 # -- 2. probes -----------------------------------------------------------------------------
@@ -204,6 +229,7 @@ def _probes(c: int, device: str, dtype: torch.dtype) -> dict[str, Callable[..., 
     models call them; norms' parameters in float32 as under autocast."""
     f32 = {"device": device, "dtype": torch.float32}
     weight, bias = torch.ones(c, **f32), torch.zeros(c, **f32)
+    mean, var = torch.zeros(c, **f32), torch.ones(c, **f32)
     scale = torch.rand(1, c, 1, 1, device=device, dtype=dtype)
     groups = 32 if c % 32 == 0 else 1
     return {
@@ -213,6 +239,7 @@ def _probes(c: int, device: str, dtype: torch.dtype) -> dict[str, Callable[..., 
         "add": lambda x, y: x + y,
         "mul_channel_scale": lambda x, y: x * scale,
         "batch_norm": lambda x, y: F.batch_norm(x, None, None, weight, bias, training=True),
+        "batch_norm_eval": lambda x, y: F.batch_norm(x, mean, var, weight, bias, training=False),
         "group_norm": lambda x, y: F.group_norm(x, groups, weight, bias),
         "layer_norm_channels": lambda x, y: F.layer_norm(
             x.permute(0, 2, 3, 1), (c,), weight, bias
@@ -245,13 +272,18 @@ def _in_layout(t: torch.Tensor, layout: str) -> torch.Tensor:
     return t.contiguous(memory_format=CL) if layout == "channels_last" else t.contiguous()
 
 
+PROFILED_CALLS = 5  # a probe's step profiled this many times: each operation's time a mean
+
+
 def _aten_profile(call: Callable[[], object], device: str) -> list[dict]:
-    """Each aten operation's own time in one profiled call, with its input shapes."""
+    """Each aten operation's own time over ``PROFILED_CALLS`` profiled calls, with its input
+    shapes (its calls counted: the table divides by them)."""
     activities = [torch.profiler.ProfilerActivity.CPU]
     if device == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     with torch.profiler.profile(activities=activities, record_shapes=True) as prof:
-        call()
+        for _ in range(PROFILED_CALLS):
+            call()
         if device == "cuda":
             torch.cuda.synchronize()
     return profile_rows(prof, device)
@@ -460,10 +492,154 @@ def measure_convs(
     return done
 
 
+# -- the table ----------------------------------------------------------------------------
+
+TABLE_FORMAT, TABLE_VERSION = "cl-audit.speed-table", 1
+# A probe's leaf gradient accumulated into the leaf's layout (``add_``, ``copy_``, ``fill_``)
+# is the probe's own bookkeeping, no operation of a model's: left out of the operations' rows.
+_BOOKKEEPING = {"aten::add_", "aten::copy_", "aten::fill_", "aten::zero_"}
+
+
+def _elements(shapes: list[list[int]]) -> int:
+    return sum(math.prod(s) for s in shapes if s)
+
+
+def _op_rows(probe: dict, layout: str, device: str) -> list[dict]:
+    """The operations of one probe's profiled step: each one's own time per call, with its
+    inputs' elements and the map's channels; the copies of ``clone`` (dense) and
+    ``to_other_layout`` (converting) as the two kinds of copy."""
+    shape = probe["shape"]
+    rows = []
+    for r in probe[layout].get("profile", []):
+        us = r["self_device_us"] if device == "cuda" else r["self_cpu_us"]
+        if not us or r["calls"] < 1:
+            continue
+        op = r["op"]
+        if op == "aten::copy_" and probe["probe"] in ("clone", "to_other_layout"):
+            if probe["probe"] == "clone" and layout != "nchw":
+                continue  # its leaf's gradient copied too: the NCHW clone alone is one copy
+            op = "copy:dense" if probe["probe"] == "clone" else "copy:convert"
+        elif op in _BOOKKEEPING:
+            continue
+        elif probe["probe"].endswith("_eval"):
+            op += ":eval"  # the same operator in eval mode (running statistics): another cost
+        elements = _elements(r["shapes"]) or 2 * math.prod(shape)  # cat lists its inputs
+        rows.append({"op": op, "layout": layout, "dtype": probe["dtype"], "elements": elements,
+                     "channels": shape[1], "us": round(us / r["calls"], 3)})  # fmt: skip
+    return rows
+
+
+def _host_per_op(raws: list[dict], device: str) -> dict[str, float]:
+    """What each operation costs beyond its kernel, from the probes (median over them): on
+    CUDA the host's time per kernel launched (the probe's host time over its kernels), on the
+    CPU the wall time over the operations' own time, per operation; for a forward under no
+    gradient and for a training step's forward and backward."""
+    forward, step = [], []
+    for raw in raws:
+        for probe in raw["probes"]:
+            for layout in LAYOUTS if "error" not in probe else ():
+                timed, rows = probe[layout], probe[layout].get("profile", [])
+                own = "self_device_us" if device == "cuda" else "self_cpu_us"
+                per = raw.get("settings", {}).get("profiled_calls", 1)  # steps in a profile
+                calls = sum(r["calls"] for r in rows) / per
+                ahead = [r for r in rows if "backward" not in r["op"]
+                         and r["op"] not in _BOOKKEEPING]  # fmt: skip
+                ahead_calls = sum(r["calls"] for r in ahead) / per
+                if not calls or not ahead_calls:
+                    continue
+                if device == "cuda":
+                    step.append(timed["step_host_us"] / calls)
+                    forward.append(timed["forward_host_us"] / ahead_calls)
+                else:
+                    spent = sum(r[own] for r in rows)
+                    step.append(max(timed["step_ms"] * 1e3 - spent, 0.0) / calls)
+                    spent = sum(r[own] for r in ahead)
+                    forward.append(max(timed["forward_ms"] * 1e3 - spent, 0.0) / ahead_calls)
+    launches = [raw["launch"] for raw in raws if raw.get("launch", {}).get("module_us")]
+    if device == "cpu" and launches:  # the profiler's own cost hides the CPU's: a module's
+        return {
+            "forward_us": round(statistics.median(x["module_us"] for x in launches), 3),
+            "step_us": round(statistics.median(x["module_step_us"] for x in launches), 3),
+            "basis": "a deep stack of tiny modules, per module (op_times.measure_launch)",
+        }
+    if not step:
+        return {}
+    return {"forward_us": round(statistics.median(forward), 3),
+            "step_us": round(statistics.median(step), 3),
+            "basis": "the probes' host time per kernel launched"}  # fmt: skip
+
+
+def _conv_row(c: dict) -> dict:
+    keep = ("dtype", "cin", "cout", "groups", "kernel", "stride", "size", "out_size", "batch")
+    row = {k: c[k] for k in keep}
+    for layout in LAYOUTS:
+        row[layout] = {p: round(v["ms"], 5) for p, v in c[layout].items()}
+    return row
+
+
+def compact(paths: list[Path], out: Path) -> Path:
+    """One table from raw files of one device, torch release and backend (``--compact``)."""
+    raws = []
+    for path in paths:
+        opener = gzip.open if path.suffix == ".gz" else open
+        with opener(path, "rt") as f:
+            raws.append(json.load(f))
+    first = raws[0]
+    for raw in raws[1:]:
+        for key in ("device", "backend", "torch"):
+            if raw[key] != first[key]:
+                sys.exit(f"op_times --compact: {key} differs: {raw[key]} against {first[key]}")
+    device = first["device"]
+    name = f"{device_slug_of(first)}_torch-{first['torch'].split('+')[0]}_{first['backend']}"
+    ops, convs, seen = [], [], set()
+    for raw in raws:
+        for probe in raw["probes"]:
+            if "error" not in probe:
+                for layout in LAYOUTS:
+                    ops += _op_rows(probe, layout, device)
+        for c in raw["convolutions"]:
+            key = tuple(c[k] for k in ("dtype", "cin", "cout", "groups", "kernel", "stride",
+                                       "size", "batch"))  # fmt: skip
+            if "error" not in c and key not in seen:
+                seen.add(key)
+                convs.append(_conv_row(c))
+    launches = [raw["launch"] for raw in raws if raw.get("launch")]
+    table = {
+        "format": TABLE_FORMAT,
+        "version": TABLE_VERSION,
+        "name": name,
+        "device": device,
+        "backend": first["backend"],
+        "torch": first["torch"],
+        "machine": first["machine"],
+        "measured": sorted(raw["measured"] for raw in raws),
+        "script": [raw["script"] for raw in raws],
+        "settings": first["settings"],
+        "launch": {
+            k: round(statistics.median(x[k] for x in launches), 3) for k in ("host_us", "device_us")
+        },
+        "host": _host_per_op(raws, device),
+        "ops": ops,
+        "convolutions": convs,
+    }
+    target = out / f"{name}.json" if out.is_dir() else out
+    tmp = target.with_name(target.name + ".tmp")
+    tmp.write_text(json.dumps(table, indent=0, separators=(",", ":")) + "\n")
+    os.replace(tmp, target)
+    return target
+
+
+def device_slug_of(raw: dict) -> str:
+    if raw["device"] == "cuda":
+        return "cuda-" + re.sub(r"[^a-z0-9]+", "-", raw["machine"]["gpu"].lower()).strip("-")
+    return f"cpu-{raw['machine']['cores']}core"
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--device", choices=("cpu", "cuda"), required=True)
+    p.add_argument("--device", choices=("cpu", "cuda"))
     p.add_argument("--out", type=Path, required=True, help="a .json file or a folder")
+    p.add_argument("--compact", type=Path, nargs="+", help="raw files: make the table of them")
     p.add_argument("--dtypes", default=None, help="default: float16,bfloat16,float32 on "
                    "CUDA (the grid's share 1, 1/4, 1/4), float32 on the CPU")  # fmt: skip
     p.add_argument("--budget-s", type=float, default=600.0, help="the convolution grid's time")
@@ -485,6 +661,11 @@ def main() -> None:
         "dtype (default: CUDA's first dtype all, the others every fourth)",
     )
     a = p.parse_args()
+    if a.compact:
+        print(f"wrote {compact(a.compact, a.out)}")
+        return
+    if a.device is None:
+        sys.exit("op_times: --device cpu|cuda (or --compact RAW...)")
     if a.device == "cuda" and not torch.cuda.is_available():
         sys.exit("op_times: --device cuda, and torch sees no GPU")
     if a.threads:
@@ -510,6 +691,7 @@ def main() -> None:
             "grid_batch": batch,
             "tf32_convolutions": torch.backends.cudnn.allow_tf32,
             "autocast_probes": a.device == "cuda",
+            "profiled_calls": PROFILED_CALLS,
         },
     }
     writer = Writer(out, header)
@@ -517,10 +699,9 @@ def main() -> None:
     writer.add("launch", measure_launch(clock, a.device))
     writer.save()
     print(f"launch: {writer.table['launch']}", flush=True)
-    for i, dt in enumerate(dtypes):
+    for dt in dtypes:
         deadline = time.monotonic() + a.probe_budget_s / len(dtypes)
-        measure_probes(clock, a.device, dt, writer, a.repeats, a.device == "cuda" and i == 0,
-                       deadline)  # fmt: skip
+        measure_probes(clock, a.device, dt, writer, a.repeats, True, deadline)
         writer.save()
         print(f"probes {dt}: {time.monotonic() - start:.0f} s", flush=True)
     if a.every:

@@ -37,6 +37,7 @@ from cl_audit.enums import Phase
 from cl_audit.intercept.naming import python_op_name
 from cl_audit.intercept.tracking import nbytes
 from cl_audit.predict.divergences import KernelCopies
+from cl_audit.predict.speed_model import OpTimes
 from cl_audit.report import Producer
 from cl_audit.rule.attribution import Location
 from cl_audit.rule.conversions import COPY_ATEN_OPS, SPATIAL_RANKS
@@ -162,6 +163,7 @@ class Ledger:
         # latest output held by each storage (fake storages are reused within a step)
         self._backward: list[tuple[int, int, tuple[int, ...]]] = []
         self._latest: dict[int, int] = {}
+        self.times = OpTimes()  # what the speed prediction prices (``predict.speed_model``)
 
     def alike(self) -> Ledger:
         """An empty ledger that counts as this one does (for the NCHW run)."""
@@ -197,6 +199,7 @@ class Ledger:
 
     def observe(self, record: OpRecord) -> None:
         """One operation, after it ran."""
+        self.times.observe(record.aten_op, record.inputs, record.outputs)
         call, phase = record.call, record.phase
         if not self._phases or self._phases[-1][1] is not phase:
             self._phases.append((call, phase))
@@ -355,6 +358,10 @@ class Ledger:
             entry = self.copies.setdefault(place, [0, 0])
             entry[0] += 1
             entry[1] += copied
+
+    def converted_in_kernels(self) -> int:
+        """The bytes converted inside kernels (predicted, or measured and placed)."""
+        return sum(entry[1] for place, entry in self.copies.items() if place.in_kernel)
 
     def _phase_of(self, call: int) -> Phase:
         index = bisect.bisect_right(self._phases, call, key=lambda p: p[0]) - 1
