@@ -7,7 +7,6 @@ from enum import Enum
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from typer.core import TyperGroup
 
 from cl_audit import commands
@@ -27,13 +26,15 @@ from cl_audit.cli_options import (
     OptionalPath,
     OptionalText,
     Patterns,
+    console_beside,
     exit_codes,
     given,
     opt,
     settings_from,
 )
 from cl_audit.cli_tools import bench_command, merge_command, ops_app, render_command
-from cl_audit.enums import DType, Engine, Optimizer, Strategy, TensorMode
+from cl_audit.enums import DType, Engine, GateOn, Optimizer, Strategy, TensorMode
+from cl_audit.errors import terminated_as_interrupt
 from cl_audit.report.verdict import GATE_BATCH, Gate
 from cl_audit.settings import parse_size
 from cl_audit.sweep.api import CacheOptions
@@ -100,6 +101,12 @@ def audit_command(
     fail_share: Annotated[float, opt("PCT", "Offend at this % of bytes written...", min=0)] = 1.0,
     fail_bytes: Annotated[str, opt("SIZE", "...and this many extra bytes.")] = "1MiB",
     gate_batch: Annotated[int, opt("N", "...projected to this batch.", min=1)] = GATE_BATCH,
+    gate: Annotated[GateOn, opt(None, "Exit 1 on too many bytes, or on a slower step.")] = (
+        GateOn.BYTES
+    ),
+    fail_slowdown: Annotated[
+        float, opt("PCT", "Speed: within this %, no difference.", min=0)
+    ] = 5.0,
     train: Annotated[bool, opt(None, "Audit a training step, not inference.", "--train")] = False,
     ddp: Annotated[bool, opt(None, "With --train: also the step under DDP.", "--ddp")] = False,
     fsdp: Annotated[bool, opt(None, "With --train: also the FSDP pre-flight.", "--fsdp")] = False,
@@ -134,7 +141,7 @@ def audit_command(
     junit: Annotated[OptionalPath, opt("FILE", "Sweep: JUnit XML, a case per model.")] = None,
     baseline: Annotated[OptionalPath, opt("FILE", "Sweep: gate on an earlier sweep.")] = None,
 ) -> None:
-    console = Console(stderr=json_path is not None and str(json_path) == "-")
+    console = console_beside(json_path, html, junit)
     with exit_codes():
         settings = settings_from(
             ctx.params,
@@ -144,7 +151,7 @@ def audit_command(
             tensor_mode=TensorMode.FAKE if fake else TensorMode.EAGER,
             differential=differential,
             timeline=html is not None,
-            gate=Gate.of(fail_share, parse_size(fail_bytes), gate_batch),
+            gate=Gate.of(fail_share, parse_size(fail_bytes), gate_batch, gate, fail_slowdown),
             compile=compile_,
             force_layout_opt=force_layout_opt,
         )
@@ -177,4 +184,5 @@ app.add_typer(ops_app, name="ops")
 
 
 def main() -> None:
-    app(prog_name="cl-audit")
+    with terminated_as_interrupt():
+        app(prog_name="cl-audit")

@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 
 from cl_audit.enums import Amp, DType, Optimizer, Outcome
-from cl_audit.errors import ModelFailedError, UsageError
+from cl_audit.errors import ModelFailedError, Terminated, UsageError
 from cl_audit.settings import AuditSettings, parse_input_size
 
 __all__ = [
@@ -24,6 +24,7 @@ __all__ = [
     "MODELS_HELP",
     "NAMES_HELP",
     "as_flags",
+    "console_beside",
     "exit_codes",
     "given",
     "opt",
@@ -31,15 +32,18 @@ __all__ = [
 ]
 
 EXIT_USAGE = 2
-EXIT = {Outcome.CLEAN: 0, Outcome.OFFENDING: 1, Outcome.FAILED: 3, Outcome.INTERRUPTED: 130}
+EXIT = {Outcome.CLEAN: 0, Outcome.OFFENDING: 1, Outcome.FAILED: 3, Outcome.INTERRUPTED: 130,
+        Outcome.TERMINATED: 143}  # fmt: skip
 
 
 EXIT_CODES = (
     "Exit codes: 0 clean or minor, 1 offending: channels_last-only copies reach the"
-    " gate (--fail-share and --fail-bytes; with --baseline: new offences, grown costs or"
+    " gate (--fail-share and --fail-bytes; with --gate speed: channels_last's step slower than"
+    " NCHW's by more than --fail-slowdown; with --baseline: new offences, grown costs or"
     " failures), 2 usage error (unknown model, bad option, every model of a sweep skipped; an"
     " installed torch that cannot do what was asked), 3 the model failed to build or run (a"
-    " sweep: some model failed and none offended), 130 interrupted."
+    " sweep: some model failed and none offended), 130 interrupted (Ctrl-C), 143 terminated"
+    " (SIGTERM; a sweep keeps its partial report and checkpoint either way)."
 )
 
 
@@ -83,8 +87,16 @@ def exit_codes() -> Iterator[None]:
         raise _fail(as_flags(str(e)), EXIT_USAGE) from None
     except ModelFailedError as e:
         raise _fail(str(e), EXIT[Outcome.FAILED]) from None
+    except Terminated:
+        raise _fail("terminated (SIGTERM)", EXIT[Outcome.TERMINATED]) from None
     except KeyboardInterrupt:
         raise _fail("interrupted", EXIT[Outcome.INTERRUPTED]) from None
+
+
+def console_beside(*outputs: Path | None) -> Console:
+    """Where the terminal report goes: stderr when any output document goes to stdout ('-'),
+    so that stdout holds that document alone."""
+    return Console(stderr=any(o is not None and str(o) == "-" for o in outputs))
 
 
 def _fail(message: str, code: int) -> typer.Exit:
@@ -114,8 +126,8 @@ _FLAGS = {
     "force_layout_opt": "--force-layout-opt", "compile": "--compile", "time": "--time",
     "fake": "--fake", "train": "--train", "engine": "--engine", "input_size": "--input-size",
     "device": "--device", "rounds": "--rounds", "steps": "--steps", "warmup": "--warmup",
-    "gate": "--gate", "fail_slowdown": "--fail-slowdown", "convert": "--convert", "amp": "--amp",
-    "dtype": "--dtype", "verify": "--verify",
+    "gate": "--gate", "fail_slowdown": "--fail-slowdown", "differential": "--differential",
+    "convert": "--convert", "amp": "--amp", "dtype": "--dtype", "verify": "--verify",
 }  # fmt: skip
 
 

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from cl_audit import commands
+from cl_audit import commands, commands_tools
 from cl_audit.cli_options import (
     EXIT,
     MODELS_HELP,
@@ -24,6 +24,7 @@ from cl_audit.cli_options import (
     OptionalPaths,
     OptionalText,
     Patterns,
+    console_beside,
     exit_codes,
     opt,
     settings_from,
@@ -57,7 +58,7 @@ def bench_command(
     Exit codes: 0 benched, 2 usage error, 3 the model failed to build or run, 130 interrupted."""
     from cl_audit.features.bench import BenchSettings
 
-    console = Console(stderr=json_path is not None and str(json_path) == "-")
+    console = console_beside(json_path, dashboard_json)
     with exit_codes():
         settings = BenchSettings(
             settings_from(ctx.params),
@@ -67,7 +68,7 @@ def bench_command(
             threads=threads,
             attribute=attribute,
         )
-        commands.bench(model, timm_model, settings, json_path, dashboard_json, console)
+        commands_tools.bench(model, timm_model, settings, json_path, dashboard_json, console)
 
 
 ops_app = typer.Typer(rich_markup_mode=None, add_completion=False)
@@ -104,10 +105,10 @@ def ops_command(
     if ctx.invoked_subcommand is not None:
         return
     with exit_codes():
-        console = Console(stderr=json_path is not None and str(json_path) == "-")
-        sources = commands.OpsSources(index_path, tuple(from_sweep or ()))
-        outputs = commands.OpsOutputs(json_path, html_path)
-        commands.ops(tuple(op or ()), loses, device, dtype, outputs, sources, console)
+        console = console_beside(json_path, html_path)
+        sources = commands_tools.OpsSources(index_path, tuple(from_sweep or ()))
+        outputs = commands_tools.OpsOutputs(json_path, html_path)
+        commands_tools.ops(tuple(op or ()), loses, device, dtype, outputs, sources, console)
 
 
 @ops_app.command("diff")
@@ -120,7 +121,7 @@ def ops_diff_command(
 
     Exit codes: 0 compared, 2 unreadable index."""
     with exit_codes():
-        commands.ops_diff(old, new, Console())
+        commands_tools.ops_diff(old, new, Console())
 
 
 def merge_command(
@@ -151,4 +152,4 @@ def render_command(
 
     Exit codes: 0 written, 2 unreadable report or index, or unwritable path."""
     with exit_codes():
-        commands.render(report_path, html, ops_index)
+        commands_tools.render(report_path, html, ops_index)

@@ -6,48 +6,39 @@ model against sweep, gates on baselines and writes every output; the CLI maps th
 from __future__ import annotations
 
 import contextlib
-import fnmatch
-import itertools
-import json
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rich.console import Console
 
-from cl_audit.enums import DType, OpBehaviour, Outcome, TensorMode, Verdict
-from cl_audit.errors import UsageError
+from cl_audit.enums import Outcome, TensorMode
+from cl_audit.errors import ModelFailedError, UsageError
 from cl_audit.execution.plan import RunPlan, plan_run
 from cl_audit.files import (
     check_writable,
     read_ops,
-    read_report,
     read_sweep,
     write_json,
-    write_text,
 )
-from cl_audit.report import SweepReport, compare, merge
+from cl_audit.report import FailedRun, SweepReport, compare, merge
 from cl_audit.sources import BuildOptions, ModelRef, load_model
 from cl_audit.sweep import api as sweep_api
-from cl_audit.sweep.selection import Selection, select
+from cl_audit.sweep.selection import Selection
 from cl_audit.sweep.worker import SweepSettings
 
 if TYPE_CHECKING:
-    from cl_audit.features.bench import BenchSettings
     from cl_audit.report.ops_report import OpsIndex
 
 __all__ = [
     "AuditOutputs",
     "Distributed",
-    "OpsOutputs",
-    "OpsSources",
     "audit",
-    "bench",
     "merge_reports",
-    "ops",
-    "ops_diff",
-    "render",
+    "models_print_to_stderr",
+    "wrote",
 ]
 
 # Options that only a sweep uses; given for one model they are reported as not applied.
@@ -108,7 +99,8 @@ def audit(
         if unapplied:
             flags = ", ".join("--" + o.replace("_", "-") for o in unapplied)
             Console(stderr=True).print(
-                f"note: {flags} apply to sweeps (several models, or --junit, --baseline, "
+                f"note: {flags} {'applies' if len(unapplied) == 1 else 'apply'} to sweeps "
+                "(several models, or --junit, --baseline, "
                 "--shard, --resume): not applied to one model",
                 highlight=False,
             )
@@ -177,7 +169,7 @@ def _single(
     from cl_audit.render.terminal import render_report
     from cl_audit.sources.source_audit import audit_loaded
 
-    with _models_print_to_stderr():
+    with models_print_to_stderr(), _failure_written(ref, outputs):
         loaded = load_model(ref, BuildOptions(meta=plan.tensors.on_meta))
         report = audit_loaded(loaded, plan)
         if distributed.ddp:
@@ -191,8 +183,22 @@ def _single(
             with console.status("the FSDP pre-flight (gloo, 2 processes)"):
                 report = replace(report, fsdp=fsdp_check(ref, plan))
     render_report(report, console, show_all, index)
-    _wrote(write_outputs(report, outputs.json, outputs.html, index=index))
-    return Outcome.OFFENDING if report.verdict is Verdict.OFFENDING else Outcome.CLEAN
+    wrote(write_outputs(report, outputs.json, outputs.html, index=index))
+    return Outcome.OFFENDING if report.offending else Outcome.CLEAN
+
+
+@contextlib.contextmanager
+def _failure_written(ref: ModelRef, outputs: AuditOutputs) -> Iterator[None]:
+    """A model that fails to build or run leaves a report saying so where its JSON and HTML
+    were asked for (``FailedRun``), so that no earlier run's verdict stays there; the failure
+    goes on (exit 3)."""
+    try:
+        yield
+    except ModelFailedError as e:
+        from cl_audit.render.outputs import write_failure
+
+        write_failure(FailedRun(ref.name, e.stage, str(e)), outputs.json, outputs.html)
+        raise
 
 
 def _sweep(
@@ -211,7 +217,7 @@ def _sweep(
 
     err = Console(stderr=True)
     baseline = read_sweep(baseline_path) if baseline_path is not None else None
-    with _models_print_to_stderr():
+    with models_print_to_stderr():
         outcome = sweep_api.sweep(
             refs,
             settings,
@@ -226,15 +232,16 @@ def _sweep(
     report = outcome.report
     render_sweep(report, console)
     try:
-        _wrote(write_outputs(report, outputs.json, outputs.html, outputs.junit))
+        wrote(write_outputs(report, outputs.json, outputs.html, outputs.junit))
     except UsageError as e:  # checked before the sweep, so a full disk: every row is kept
         raise UsageError(f"{e}; every row is in the checkpoint {outcome.checkpoint}") from None
     if outcome.interrupted:
+        how = "terminated (SIGTERM)" if outcome.terminated else "interrupted"
         err.print(
-            f"interrupted: {report.summary.models} of {outcome.selected} models done; "
+            f"{how}: {report.summary.models} of {outcome.selected} models done; "
             f"checkpoint {outcome.checkpoint} (--resume continues it)"
         )
-        return Outcome.INTERRUPTED
+        return Outcome.TERMINATED if outcome.terminated else Outcome.INTERRUPTED
     if baseline is not None:
         return _gate(baseline, report, console)
     return _verdict(report)
@@ -261,52 +268,6 @@ def _verdict(report: SweepReport) -> Outcome:
     return Outcome.CLEAN
 
 
-def bench(
-    model: str | None,
-    timm_model: str | None,
-    settings: BenchSettings,
-    json_path: Path | None,
-    dashboard_json: Path | None,
-    console: Console,
-) -> None:
-    """Bench one model and write its outputs."""
-    from cl_audit.features.bench import bench_module
-    from cl_audit.render.bench_table import render_bench
-    from cl_audit.report.bench_report import dashboard_records
-    from cl_audit.sources.source_audit import prepare
-
-    specs = [spec for spec in (model, timm_model) if spec]
-    if len(specs) != 1:
-        raise UsageError("bench one model: a torchvision name, module:factory, or --timm NAME")
-    refs = select([model] if model else [], [timm_model] if timm_model else [], [], [])
-    if len(refs) != 1:
-        raise UsageError(f"bench one model: {specs[0]!r} selects {len(refs)}")
-    for path, option in ((json_path, "--json"), (dashboard_json, "--dashboard-json")):
-        check_writable(path, option)
-    (ref,) = refs
-    plan = plan_run(settings.audit)
-    with _models_print_to_stderr():
-        loaded = load_model(ref)
-        module, example = prepare(loaded, plan)
-        report = bench_module(
-            module,
-            example,
-            settings,
-            name=loaded.name,
-            source=ref.source.value,
-            loss=loaded.loss,
-            plan=plan,
-        )
-    render_bench(report, console)
-    if json_path is not None:
-        write_json(json_path, report, "--json")
-        _wrote((json_path,))
-    if dashboard_json is not None:
-        records = dashboard_records(report, ref.source.value)
-        write_text(dashboard_json, json.dumps(records, indent=2) + "\n", "--dashboard-json")
-        _wrote((dashboard_json,))
-
-
 def merge_reports(
     paths: list[Path], output: Path, *, force: bool, baseline: Path | None, console: Console
 ) -> Outcome:
@@ -314,7 +275,7 @@ def merge_reports(
     previous = read_sweep(baseline) if baseline is not None else None
     merged = merge([read_sweep(path) for path in paths], force=force)
     write_json(output, merged, "--output")
-    _wrote((output,))
+    wrote((output,))
     s = merged.summary
     console.print(
         f"merged {len(paths)} reports: {s.models} models, {s.offending} offending, "
@@ -323,120 +284,13 @@ def merge_reports(
     return Outcome.CLEAN if previous is None else _gate(previous, merged, console)
 
 
-@dataclass(frozen=True)
-class OpsSources:
-    """Where ``cl-audit ops`` reads from besides torch: a saved index to use instead of
-    running one, and sweep reports whose losses it ranks."""
-
-    index: Path | None = None
-    sweeps: tuple[Path, ...] = ()
-
-
-@dataclass(frozen=True)
-class OpsOutputs:
-    """Where ``cl-audit ops`` writes the index besides the terminal: JSON ('-': stdout), HTML."""
-
-    json: Path | None = None
-    html: Path | None = None
-
-
-def ops(
-    patterns: tuple[str, ...],
-    loses: bool,
-    device: str,
-    dtype: DType,
-    outputs: OpsOutputs,
-    sources: OpsSources,
-    console: Console,
-) -> None:
-    """The operator coverage index of the installed torch on ``device`` (predicted on fake
-    tensors for a CUDA device this machine lacks), or the one saved at ``sources.index``,
-    printed (the rows matching ``patterns``; with ``loses`` those that lose channels_last or
-    refuse it) and written whole to ``outputs`` (the operators ``patterns`` chose); with
-    ``sources.sweeps``, the operations their losses cost most, beside the index's rows."""
-    from cl_audit.features.ops_index.probe import select
-    from cl_audit.features.ops_index.ranking import rank_costs
-    from cl_audit.render.ops_table import render_op_costs, render_ops
-
-    json_path = outputs.json
-    if json_path is not None and str(json_path) != "-":
-        check_writable(json_path, "--json")
-    if outputs.html is not None:
-        check_writable(outputs.html, "--html")
-    sweeps = [read_sweep(path) for path in sources.sweeps]
-    if sources.index is not None:
-        if device != "cpu" or dtype is not DType.FLOAT32:
-            raise UsageError("--index reads a saved index: --device and --dtype do not apply")
-        index = read_ops(sources.index)
-    else:
-        index = _run_index(patterns, device, dtype, console)
-    wanted = (OpBehaviour.LOSES, OpBehaviour.REFUSES) if loses else ()
-    rows = select(index, patterns, wanted)
-    if not select(index, patterns):
-        raise UsageError(f"no operator with a 4-D or 5-D sample matches {', '.join(patterns)}")
-    if sweeps:
-        render_op_costs(index, rank_costs(index, sweeps), console)
-    else:
-        render_ops(index, rows, console)
-    if json_path is not None:
-        write_json(json_path, index, "--json")
-        _wrote((json_path,))
-    if outputs.html is not None:
-        from cl_audit.render.html_ops import ops_html
-
-        write_text(outputs.html, ops_html(index), "--html")
-        _wrote((outputs.html,))
-
-
-def _run_index(patterns: tuple[str, ...], device: str, dtype: DType, console: Console) -> OpsIndex:
-    from cl_audit.compat.opinfo import module_entries, operator_entries, opinfo_problem
-    from cl_audit.features.ops_index.probe import build_index, target_for
-
-    problem = opinfo_problem()
-    if problem is not None:
-        raise UsageError(problem)
-    target = target_for(device)
-    entries = itertools.chain(
-        operator_entries("cpu", dtype.torch_dtype), module_entries("cpu", dtype.torch_dtype)
-    )
-    if patterns:  # only the operators asked for are run
-        entries = (e for e in entries if any(fnmatch.fnmatchcase(e.name, p) for p in patterns))
-    with console.status("running every operator's samples"):
-        return build_index(entries, target, dtype.torch_dtype)
-
-
-def ops_diff(old: Path, new: Path, console: Console) -> None:
-    """The operators whose behaviour differs between two saved indexes, printed."""
-    from cl_audit.features.ops_index.diff import diff
-    from cl_audit.render.ops_table import render_ops_diff
-
-    before, after = read_ops(old), read_ops(new)
-    render_ops_diff(before, after, diff(before, after), console)
-
-
-def render(report_path: Path, html: Path, ops_index: Path | None = None) -> None:
-    """A saved report (any version, model or sweep) as one self-contained HTML file; a model's
-    linked to the rows of the operator index saved at ``ops_index``."""
-    from cl_audit.render.outputs import write_outputs
-
-    check_writable(html, "--html")
-    report = read_report(report_path)
-    index = None if ops_index is None else read_ops(ops_index)
-    if index is not None and isinstance(report, SweepReport):
-        raise UsageError(
-            "--ops-index links one model's report; for a sweep: "
-            "cl-audit ops --index FILE --from-sweep REPORT"
-        )
-    _wrote(write_outputs(report, html=html, index=index))
-
-
-def _models_print_to_stderr() -> contextlib.AbstractContextManager[object]:
+def models_print_to_stderr() -> contextlib.AbstractContextManager[object]:
     """What models and their libraries print while they are built and run goes to stderr:
     stdout is cl-audit's (``--json -`` stays pure JSON; Ultralytics announces its settings)."""
     return contextlib.redirect_stdout(sys.stderr)
 
 
-def _wrote(paths: tuple[Path, ...]) -> None:
+def wrote(paths: tuple[Path, ...]) -> None:
     """Say on stderr which files were written (not stdout's '-')."""
     for path in paths:
         if str(path) != "-":

@@ -213,6 +213,7 @@ class Stage(str, Enum):
     BUILD = "build"
     SETUP = "setup"
     FORWARD = "forward"
+    LOSS = "loss"  # the training step's loss of the forward's output (reports from 13)
     BACKWARD = "backward"
     STEP = "step"
     COMPILE = "compile"  # --compile: Dynamo's and AOTAutograd's capture of the graphs
@@ -226,6 +227,7 @@ class Outcome(str, Enum):
     OFFENDING = "offending"  # an offending verdict; with a baseline new offences, costs, failures
     FAILED = "failed"  # a sweep in which some model failed and none offended
     INTERRUPTED = "interrupted"
+    TERMINATED = "terminated"  # SIGTERM: as interrupted, with its own exit code
 
 
 @unique
@@ -335,3 +337,45 @@ class BucketMatch(str, Enum):
     MATCHES = "matches"
     MISMATCHED = "mismatched"  # differ in a dimension of size over 1: DDP copies across orders
     AMBIGUOUS = "ambiguous"  # differ only in size-1 dimensions (a 1x1 kernel, N1HW, NC11)
+
+
+@unique
+class SpeedClass(str, Enum):
+    """What a step's time is spent on, by operation (``predict.speed_model``)."""
+
+    CONV_FORWARD = "convolution forward"
+    CONV_INPUT_GRAD = "convolution input gradient"
+    CONV_WEIGHT_GRAD = "convolution weight gradient"
+    CONV_GRADIENTS = "convolution gradients"  # measured: the profiler holds both in one operation
+    NORMALISATION = "normalisation"
+    ATTENTION = "attention"
+    ELEMENTWISE = "elementwise and pooling"
+    CONVERSION = "conversions"
+    OTHER = "the rest"
+
+
+@unique
+class SpeedVerdict(str, Enum):
+    """Whether channels_last pays, within the gate's band (``Gate.slowdown``)."""
+
+    FASTER = "faster"
+    SLOWER = "slower"
+    NO_DIFFERENCE = "no difference"
+    INCONCLUSIVE = "inconclusive"  # measured rounds spread across the band
+    UNKNOWN = "unknown"  # neither measured nor predictable: no table, or no NCHW run
+
+
+@unique
+class SpeedBasis(str, Enum):
+    """Where a speed verdict comes from."""
+
+    MEASURED = "measured"  # both layouts timed here, in alternating rounds
+    PREDICTED = "predicted"  # an operation time table applied to the runs' operations
+
+
+@unique
+class GateOn(str, Enum):
+    """What exit 1 means: channels_last copies too much (the default), or runs slower."""
+
+    BYTES = "bytes"
+    SPEED = "speed"

@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import traceback
+from collections.abc import Iterator
 
 from cl_audit.enums import Stage
 
 __all__ = [
-    "AuditError", "ModelFailedError", "Stage", "UsageError", "failure_summary", "first_line",
+    "AuditError",
+    "ModelFailedError",
+    "Stage",
+    "Terminated",
+    "UsageError",
+    "failure_summary",
+    "first_line",
     "mark_failure",
+    "terminated_as_interrupt",
 ]  # fmt: skip
 
 _FAILED_IN = "_cl_audit_failed_in"  # (operation, call site) on an exception, innermost first
@@ -86,3 +96,27 @@ def failure_site(error: BaseException) -> str | None:
 
     frames = tuple((f.filename, f.lineno or 0) for f in traceback.extract_tb(error.__traceback__))
     return frames_call_site(frames)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (what CI runners send on a timeout), handled as Ctrl-C is: the partial report
+    and the checkpoint are kept (``terminated_as_interrupt``); exit 143 rather than 130."""
+
+
+@contextlib.contextmanager
+def terminated_as_interrupt() -> Iterator[None]:
+    """SIGTERM raises ``Terminated`` in the main thread inside (the previous handler back on
+    exit); a sweep's forked workers take the default back (``sweep.runner``)."""
+
+    def handler(signum: int, frame: object) -> None:
+        raise Terminated
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread: left as it is
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

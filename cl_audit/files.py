@@ -1,13 +1,19 @@
-"""Reading and writing reports: '-' is stdout, a name ending in .gz is gzip-compressed."""
+"""Reading and writing reports: '-' is stdout, a name ending in .gz is gzip-compressed.
+
+Every file is written whole or not at all: to a temporary file in the target's folder, flushed
+to the disk, then renamed over the target, so a failure (a full disk, a signal) leaves the
+previous file as it was. A target that is not a regular file (a device, a pipe) is written in
+place: nothing can be renamed over it."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from cl_audit.errors import UsageError
 from cl_audit.report import (
@@ -18,6 +24,14 @@ from cl_audit.report import (
     SweepReport,
     decode_document,
     encode_document,
+    load_schema,
+)
+from cl_audit.report.envelope import (
+    OPS_FORMAT,
+    OPS_READABLE,
+    REPORT_READABLE,
+    SWEEP_READABLE,
+    check_envelope,
 )
 from cl_audit.report.ops_report import OpsIndex
 
@@ -100,24 +114,101 @@ def write_json(path: Path, document: _Document, option: str) -> None:
 
 
 def write_text(path: Path, text: str, option: str) -> None:
-    """Write ``text`` to ``path`` (gzip for .gz, stdout for '-'); ``option`` names the flag in
-    the error of an unwritable path."""
+    """Write ``text`` to ``path`` whole or not at all (gzip for .gz, stdout for '-');
+    ``option`` names the flag in the error (``UsageError``, one line) of a path or a stream
+    that cannot take it."""
     if str(path) == "-":
-        sys.stdout.write(text)
+        try:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+        except (OSError, ValueError) as e:  # a full or closed stdout
+            _silence_stdout()
+            reason = e.strerror if isinstance(e, OSError) else "closed"
+            raise UsageError(f"{option} -: standard output refused it ({reason})") from None
         return
+    data = encode_document(text, compress=path.suffix == ".gz")
+    if path.exists() and not path.is_file():  # a device or a pipe: nothing to rename over it
+        try:
+            with open(path, "wb") as stream:
+                stream.write(data)
+        except OSError as e:
+            raise UsageError(f"{option} {path}: {e.strerror}") from None
+        return
+    _replace(path, data, option)
+
+
+def _silence_stdout() -> None:
+    """Standard output pointed at the null device: what is still buffered for it (and the
+    interpreter's flush at exit) goes nowhere, instead of failing again."""
+    with contextlib.suppress(OSError, ValueError):
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+        os.close(null)
+
+
+def _replace(path: Path, data: bytes, option: str) -> None:
+    """``data`` in a temporary file beside ``path``, synced, then renamed over it, with the
+    mode a new file gets (or the old file's); the temporary file removed on any failure."""
     try:
-        if path.suffix == ".gz":
-            path.write_bytes(encode_document(text, compress=True))
-        else:
-            path.write_text(text)
+        fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     except OSError as e:
-        raise UsageError(f"{option} {path}: {e.strerror}") from None
+        raise UsageError(
+            f"{option} {path}: cannot create a file in {str(path.parent)!r} ({e.strerror})"
+        ) from None
+    try:
+        with os.fdopen(fd, "wb") as stream:
+            stream.write(data)
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.chmod(name, _mode(path))
+        os.replace(name, path)
+    except BaseException as e:
+        with contextlib.suppress(OSError):
+            os.unlink(name)
+        if isinstance(e, OSError):
+            raise UsageError(f"{option} {path}: {e.strerror}") from None
+        raise
+
+
+def _mode(path: Path) -> int:
+    """The old file's permissions, or a new file's under the process's umask."""
+    try:
+        return path.stat().st_mode & 0o7777
+    except OSError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
+def _valid(data: Any, kind: str) -> Any:
+    """``data`` if the shipped JSON Schema of its format's version (``kind``: report, sweep,
+    ops) takes it; ``ReportFormatError`` naming the first thing it refuses otherwise (a
+    document the reader could read but which no cl-audit wrote: negative counts, unknown
+    verdicts). Envelope checks (format, version) come first, from the reader's own words."""
+    import jsonschema
+
+    formats = {"report": (REPORT_FORMAT, REPORT_READABLE), "sweep": (SWEEP_FORMAT, SWEEP_READABLE),
+               "ops": (OPS_FORMAT, OPS_READABLE)}  # fmt: skip
+    version = check_envelope(data, *formats[kind])  # the reader's own words first
+    if kind == "report" and data.get("status") == "error":
+        return data  # a failed run's report: the reader says what it is
+    schema = load_schema(kind, version)
+    error = jsonschema.exceptions.best_match(
+        jsonschema.Draft202012Validator(schema).iter_errors(data)
+    )
+    if error is not None:
+        where = "/".join(map(str, error.absolute_path)) or "the document"
+        raise ReportFormatError(
+            f"not a valid {kind} of version {version}: {where}: {error.message}"
+        )
+    return data
 
 
 def read_sweep(path: Path) -> SweepReport:
-    """A sweep report written by ``--json`` (any readable version, gzip or not)."""
+    """A sweep report written by ``--json`` (any readable version, gzip or not, valid under
+    its version's schema)."""
     try:
-        return SweepReport.from_bytes(path.read_bytes())
+        return SweepReport.from_dict(_valid(decode_document(path.read_bytes()), "sweep"))
     except OSError as e:
         raise UsageError(f"{path}: {e.strerror}") from None
     except ReportFormatError as e:
@@ -125,9 +216,10 @@ def read_sweep(path: Path) -> SweepReport:
 
 
 def read_ops(path: Path) -> OpsIndex:
-    """An operator coverage index written by ``cl-audit ops --json`` (gzip or not)."""
+    """An operator coverage index written by ``cl-audit ops --json`` (gzip or not, valid under
+    its version's schema)."""
     try:
-        return OpsIndex.from_dict(decode_document(path.read_bytes()))
+        return OpsIndex.from_dict(_valid(decode_document(path.read_bytes()), "ops"))
     except OSError as e:
         raise UsageError(f"{path}: {e.strerror}") from None
     except ReportFormatError as e:
@@ -135,14 +227,15 @@ def read_ops(path: Path) -> OpsIndex:
 
 
 def read_report(path: Path) -> ModelReport | SweepReport:
-    """A model or sweep report written by ``--json`` (any readable version, gzip or not)."""
+    """A model or sweep report written by ``--json`` (any readable version, gzip or not, valid
+    under its version's schema)."""
     try:
         data = decode_document(path.read_bytes())
         kind = data.get("format") if isinstance(data, dict) else None
         if kind == SWEEP_FORMAT:
-            return SweepReport.from_dict(data)
+            return SweepReport.from_dict(_valid(data, "sweep"))
         if kind == REPORT_FORMAT:
-            return ModelReport.from_dict(data)
+            return ModelReport.from_dict(_valid(data, "report"))
         raise ReportFormatError(f"format {kind!r} is not a cl-audit model or sweep report")
     except OSError as e:
         raise UsageError(f"{path}: {e.strerror}") from None

@@ -67,6 +67,8 @@ class AuditSettings:
         check_engine(self.engine, train=self.train, time=self.time)
         if self.gate.share < 0 or self.gate.bytes < 0:
             raise UsageError("`fail_share` and `fail_bytes` cannot be negative")
+        if not 0 <= self.gate.slowdown < 1:
+            raise UsageError(f"`fail_slowdown` {100 * self.gate.slowdown:g}: from 0 to under 100")
         if self.gate.batch is not None and self.gate.batch < 1:
             raise UsageError(f"`gate_batch` {self.gate.batch}: a batch is at least 1")
         if self.force_layout_opt and not self.compile:

@@ -191,8 +191,20 @@ _V7_COST = ("batch", "fixed_bytes", "fixed_written_bytes", "per_sample_bytes",
             "per_sample_written_bytes", "at_gate")  # fmt: skip
 
 
+def before_version_13(data: dict) -> dict:
+    """A report's (or a sweep row's) JSON as versions before 13 wrote it: no speed section,
+    the gate on bytes alone, no kernel-copy table named in the cost."""
+    data = {k: v for k, v in data.items() if k != "speed"}
+    if data.get("cost") is None:
+        return data
+    cost = {k: v for k, v in data["cost"].items() if k != "kernel_copy_table"}
+    cost["gate"] = {k: v for k, v in cost["gate"].items() if k not in ("on", "slowdown")}
+    return data | {"cost": cost}
+
+
 def before_version_11(data: dict) -> dict:
     """A report's JSON as versions before 11 wrote it: no DDP check, no FSDP pre-flight."""
+    data = before_version_13(data)
     return {k: v for k, v in data.items() if k not in ("ddp", "fsdp")}
 
 

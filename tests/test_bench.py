@@ -21,7 +21,8 @@ from typer.testing import CliRunner
 
 from cl_audit.cli import app
 from cl_audit.execution.convert import apply_strategy, strategy_input
-from cl_audit.features.bench import WARMUP_LIMIT, BenchSettings, bench_module
+from cl_audit.execution.rounds import WARMUP_LIMIT
+from cl_audit.features.bench import BenchSettings, bench_module
 from cl_audit.render.html_model import model_html
 from cl_audit.report import Conversion, RegainSource, load_schema
 from cl_audit.report.bench_report import BenchReport, StrategyTiming, dashboard_records

@@ -16,6 +16,7 @@ from literal_reports import (
     before_version_9,
     before_version_10,
     before_version_11,
+    before_version_13,
     model_report,
 )
 
@@ -246,8 +247,10 @@ def test_a_version_11_replayed_report_reads_and_renders_as_it_was_made():
     fake_step = current | {"environment": current["environment"] | {"mode": "fake-step"}}
     jsonschema.validate(fake_step, load_schema("report"))
     with pytest.raises(jsonschema.ValidationError):
-        jsonschema.validate(fake_step | {"version": 11}, load_schema("report", 11))
-    replayed = current | {
+        jsonschema.validate(
+            before_version_13(fake_step) | {"version": 11}, load_schema("report", 11)
+        )
+    replayed = before_version_13(current) | {
         "version": 11,
         "environment": current["environment"] | {"mode": "replayed"},
     }

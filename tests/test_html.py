@@ -171,10 +171,16 @@ def test_model_page_leads_with_the_verdict_the_cost_and_remedies_and_never_break
     assert len(rows) == 2 and "drop the .contiguous()" in rows[0].text + rows[1].text
     browser.set_window_size(420, 900)  # a narrow window: names wrap between cells, never inside
     lines = browser.execute_script(
-        "return Array.from(document.querySelectorAll('#cost code.op, #cost code.site'))"
+        "return Array.from(document.querySelectorAll('#cost code.op'))"
         ".map(c => c.getClientRects().length)"
     )
-    assert lines and set(lines) == {1}  # each name on one line box
+    assert lines and set(lines) == {1}  # each operation on one line box
+    # a call site (a path) may wrap, only after its separators (``breakable``)
+    sites = browser.execute_script(
+        "return Array.from(document.querySelectorAll('#cost code.site')).map(c => c.innerHTML)"
+    )
+    assert sites and all("<wbr>" in s for s in sites)
+    browser.set_window_size(1400, 1000)
 
 
 @pytest.mark.parametrize("shape", [training_sweep, minor_sweep, empty_sweep])
@@ -221,3 +227,73 @@ def test_ops_page_filters_by_behaviour_and_text_and_renders_hostile_names_inert(
     assert sorted(shown()) == sorted(["instance_norm", HOSTILE])
     browser.find_element("id", "filter").send_keys("norm")
     assert shown() == ["instance_norm"]
+
+
+def _speed_sweep():
+    """Three models with both verdicts (a speed section each) and one without a cost."""
+    import speed_models as sm
+
+    from cl_audit import audit_model
+    from cl_audit.report import ModelRow
+
+    rows = []
+    for name, model in (
+        ("thrash", sm.Thrash()),
+        ("steady", sm.Steady()),
+        ("convs", sm.Convolutions()),
+    ):
+        torch.manual_seed(0)
+        report = audit_model(model, torch.randn(2, 3, 48, 48), verify=False)
+        rows.append(ModelRow.from_report(report, name, ModelSource.USER, report_mode(report)))
+    rows.append(row("no_cost"))
+    return sweep(*rows)
+
+
+def report_mode(report):
+    from cl_audit.enums import Mode
+
+    return Mode.EAGER
+
+
+def test_the_sweep_page_plots_each_model_with_both_verdicts_once(browser, tmp_path):
+    """The scatter of byte share against speedup: a point per model that has both verdicts
+    (the control, a row without a cost or a speed, none), each titled by its model."""
+    load(browser, sweep_html(_speed_sweep()), tmp_path / "speed.html")
+    assert console_errors(browser) == []
+    titles = browser.execute_script(
+        "return Array.from(document.querySelectorAll('#speed-scatter circle.point'))"
+        ".map(c => c.querySelector('title').textContent.split(':')[0])"
+    )
+    assert sorted(titles) == ["convs", "steady", "thrash"]
+    heights = browser.execute_script(
+        "return Array.from(document.querySelectorAll('#speed-scatter circle.point'))"
+        ".map(c => [c.dataset.model, c.getBoundingClientRect().top])"
+    )
+    top = dict(heights)
+    assert top["user:thrash"] > top["user:steady"]  # slower: drawn lower
+    speed = browser.find_element("xpath", "//table[@id='models']//th[text()='speed']")
+    assert speed.is_displayed()
+
+
+def test_the_cost_table_fits_a_1280_pixel_window_with_long_call_sites(browser, tmp_path):
+    """Long call sites and fix sites wrap inside their columns: the page is no wider than the
+    window and no row grows past a fifth of its height (the control: the same report at 1400
+    px fits too)."""
+    report = shuffle_report()
+    long = "a/very/long/path/" * 8 + "module.py:123"
+    sites = tuple(replace(s, call_site=long) for s in report.cost.sites)
+    report = replace(report, cost=replace(report.cost, sites=sites))
+    assert sites and any(s.extra for s in sites)
+    try:
+        browser.set_window_size(1280, 1000)
+        load(browser, model_html(report), tmp_path / "wide.html")
+        width = browser.execute_script("return document.documentElement.scrollWidth")
+        inner = browser.execute_script("return window.innerWidth")
+        assert width <= inner, (width, inner)
+        tallest = browser.execute_script(
+            "return Math.max(...Array.from(document.querySelectorAll('#cost tbody tr'))"
+            ".map(r => r.getBoundingClientRect().height))"
+        )
+        assert tallest < 200, tallest
+    finally:
+        browser.set_window_size(1400, 1000)

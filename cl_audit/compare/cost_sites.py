@@ -108,6 +108,9 @@ def compare_ledgers(
         extra_bytes=sum(s.extra for s in sites),
         saved_bytes=sum(s.saved for s in sites),
         kernel_copies=Evidence.MEASURED if channels_last.measured else Evidence.PREDICTED,
+        kernel_copy_table=None
+        if channels_last.measured or channels_last.kernel_copies is None
+        else channels_last.kernel_copies.name,
         sites=sites,
         mixed=mixed,
         unlocated_bytes=channels_last.unlocated,

@@ -14,6 +14,7 @@ from cl_audit.report import (
 )
 from cl_audit.report.environment import probe
 from cl_audit.report.sections import Comparison, Conditions, Observed, Training
+from cl_audit.report.speed_report import Speed
 
 __all__ = ["assemble", "environment_of"]
 
@@ -47,6 +48,7 @@ def assemble(
     timing: Timing | None = None,
     comparison: Comparison | None = None,
     compiled: Compiled | None = None,
+    speed: Speed | None = None,
 ) -> ModelReport:
     """The report of one audit. The verdict is the cost's when the comparison weighed one, else
     offending for any offender; ``differential`` says why no comparison ran when none did."""
@@ -86,4 +88,5 @@ def assemble(
         timing=timing,
         cost=cost,
         compiled=compiled,
+        speed=speed,
     )

@@ -16,10 +16,11 @@ import torch
 from cl_audit.compat.backward import backward_problem
 from cl_audit.compat.cuda import cuda_present, fake_cuda_problem
 from cl_audit.compat.inductor import compile_problem
-from cl_audit.enums import Engine, TensorMode, Workload
+from cl_audit.enums import Engine, GateOn, TensorMode, Workload
 from cl_audit.errors import UsageError
 from cl_audit.execution.autocast import autocast_for
 from cl_audit.execution.tensors import TENSORS, FakeStepTensors, Tensors
+from cl_audit.predict.speed_table import table_for
 from cl_audit.report import AppliedOverride
 from cl_audit.report.environment import autocast_name
 from cl_audit.report.sections import Conditions
@@ -79,6 +80,8 @@ def plan_run(settings: AuditSettings) -> RunPlan:
     problem = compile_problem() if settings.compile else None
     if problem is not None:
         raise UsageError(problem)
+    if settings.gate.on is GateOn.SPEED:
+        _check_speed_gate(settings, device, TENSORS[settings.tensor_mode].predicted)
     workload = Workload.TRAINING_STEP if settings.train else Workload.INFERENCE
     tensors = TENSORS[settings.tensor_mode]
     if tensors.predicted and workload.train:
@@ -87,6 +90,24 @@ def plan_run(settings: AuditSettings) -> RunPlan:
             raise UsageError(f"`train` `fake`: {problem}")
         tensors = FAKE_STEP  # the backward node by node: torch's engine needs the device
     return RunPlan(settings, device, tensors, workload)
+
+
+def _check_speed_gate(settings: AuditSettings, device: torch.device, predicted: bool) -> None:
+    """A speed gate needs a speed verdict: the NCHW run, and measured (``time``, eager) or a
+    table of the device holding the dtype the operations compute in."""
+    if not settings.differential:
+        raise UsageError("`gate` speed compares with the NCHW run: keep `differential` on")
+    if settings.time and not predicted:
+        return
+    amp = settings.amp
+    dtype = str(amp.torch_dtype if amp else settings.dtype.torch_dtype).removeprefix("torch.")
+    table = table_for(device.type)
+    if table is None or dtype not in table.dtypes():
+        what = f"no {device.type} table" if table is None else f"{table.name} holds no {dtype}"
+        raise UsageError(
+            f"`gate` speed needs a speed verdict, and {what} to predict one from: give `time` "
+            f"to measure it here, or measure a table (scripts/op_times.py --device {device.type})"
+        )
 
 
 def resolve_device(

@@ -169,6 +169,7 @@ class Step:
         grad = torch.enable_grad() if train else torch.no_grad()
         with grad, plan.autocast(), self._backward.forward():
             output = forward()
+            self.stage = Stage.LOSS
             loss = self._loss(output) if train else None
         if loss is None:
             return

@@ -21,21 +21,18 @@ from typing import Any
 import torch
 from torch import nn
 
-from cl_audit.enums import Amp, Conversion, Stage, Strategy
-from cl_audit.errors import ModelFailedError, UsageError
+from cl_audit.enums import Conversion, Strategy
+from cl_audit.errors import UsageError
 from cl_audit.execution.assemble import environment_of
-from cl_audit.execution.convert import apply_strategy, strategy_input
 from cl_audit.execution.inputs import Example, example_of
 from cl_audit.execution.plan import RunPlan, plan_run
-from cl_audit.execution.timing import timed_ms
-from cl_audit.execution.training import Step
+from cl_audit.execution.rounds import alternate, configure
 from cl_audit.report import ModelReport, by_call_site
 from cl_audit.report.bench_report import (
     Attribution,
     BenchReport,
     FindingTime,
     StrategyTiming,
-    configuration_name,
 )
 from cl_audit.report.environment import dtype_name
 from cl_audit.report.sections import Training
@@ -68,19 +65,6 @@ class BenchSettings:
             raise UsageError("bench: `rounds` and `steps` must be at least 1, `warmup` at least 0")
 
 
-@dataclass
-class _Configuration:
-    name: str
-    strategy: Strategy
-    plan: RunPlan
-    step: Step
-    forward: Callable[[], object]
-
-    @property
-    def amp(self) -> Amp | None:
-        return self.plan.settings.amp
-
-
 def bench_module(
     model: nn.Module,
     inputs: tuple[Any, ...] | Example,
@@ -103,9 +87,16 @@ def bench_module(
         raise UsageError(f"bench {name}: the model's input holds no tensor")
     with _threads(settings.threads):
         configurations = [
-            _configure(model, example, plan, s, amp, loss) for s, amp in _configurations(settings)
+            configure(model, example, plan, s, amp, loss) for s, amp in _configurations(settings)
         ]
-        rounds, warmed = _alternate(configurations, settings, plan.device, name)
+        rounds, warmed = alternate(
+            configurations,
+            settings.rounds,
+            settings.warmup,
+            settings.steps_per_round,
+            plan.device,
+            name,
+        )
         attribution = None
         if settings.attribute and Strategy.CHANNELS_LAST in settings.strategies:
             cl = next(c for c in reversed(configurations) if c.strategy is Strategy.CHANNELS_LAST)
@@ -139,75 +130,6 @@ def bench_module(
 def _configurations(settings: BenchSettings) -> list[tuple[Strategy, bool]]:
     amps = (False, True) if settings.audit.amp is not None else (False,)
     return [(strategy, amp) for amp in amps for strategy in settings.strategies]
-
-
-def _configure(
-    model: nn.Module,
-    example: Example,
-    base: RunPlan,
-    strategy: Strategy,
-    amp: bool,
-    loss: Callable[[Any], torch.Tensor] | None,
-) -> _Configuration:
-    plan = base.changed(strategy=strategy, amp=base.settings.amp if amp else None)
-    name = configuration_name(strategy, plan.settings.amp and plan.settings.amp.value)
-    try:
-        copied = apply_strategy(copy.deepcopy(model), strategy).train(plan.workload.train)
-        converted = example.map(lambda x: strategy_input(x, strategy))
-    except Exception as e:
-        raise ModelFailedError(Stage.SETUP, name, e) from e
-    step = Step(plan, dict(copied.named_parameters()), loss)
-    return _Configuration(name, strategy, plan, step, lambda: converted.call(copied))
-
-
-WARMUP_LIMIT = 30  # warm-up steps per configuration at most, settled or not
-SETTLED = 0.10  # the last SETTLE_STEPS warm-up steps within 10% of each other
-SETTLE_STEPS = 3
-
-
-def _warm_up(c: _Configuration, least: int, device: torch.device) -> int:
-    """At least ``least`` untimed steps, then more until the last ``SETTLE_STEPS`` step times
-    lie within ``SETTLED`` of each other (caches, allocator and a loaded machine settle), at
-    most ``WARMUP_LIMIT`` in all; how many ran."""
-    times: list[float] = []
-    while len(times) < WARMUP_LIMIT:
-        times.append(timed_ms(lambda: c.step.run(c.forward, None), device))
-        last = times[-SETTLE_STEPS:]
-        if (
-            len(times) >= least
-            and len(last) == SETTLE_STEPS
-            and max(last) <= min(last) * (1 + SETTLED)
-        ):
-            break
-    return len(times)
-
-
-def _alternate(
-    configurations: list[_Configuration],
-    settings: BenchSettings,
-    device: torch.device,
-    label: str,
-) -> tuple[dict[str, tuple[float, ...]], dict[str, int]]:
-    """Warm-up until settled, then rounds that alternate between the configurations (rotating
-    the order); the rounds' times and the warm-up steps of each configuration."""
-    rounds: dict[str, list[float]] = {c.name: [] for c in configurations}
-    warmed: dict[str, int] = {}
-    current = configurations[0]
-    try:
-        for current in configurations:
-            warmed[current.name] = _warm_up(current, settings.warmup, device)
-        for index in range(settings.rounds):
-            shift = index % len(configurations)
-            for current in configurations[shift:] + configurations[:shift]:
-                c = current
-                total = sum(
-                    timed_ms(lambda c=c: c.step.run(c.forward, None), device)
-                    for _ in range(settings.steps_per_round)
-                )
-                rounds[c.name].append(total / settings.steps_per_round)
-    except Exception as e:
-        raise ModelFailedError(current.step.stage, f"{label} ({current.name})", e) from e
-    return {name: tuple(values) for name, values in rounds.items()}, warmed
 
 
 def attribute(report: ModelReport, configuration: str, step_ms: float) -> Attribution:

@@ -7,7 +7,7 @@ from cl_audit.enums import BucketMatch, Phase, Verdict
 from cl_audit.features.ops_index.ranking import report_links
 from cl_audit.render.html_compiled import compiled_section
 from cl_audit.render.html_ops import links_section
-from cl_audit.render.html_page import esc, html_page, summary_cards
+from cl_audit.render.html_page import breakable, esc, html_page, summary_cards
 from cl_audit.render.wording import (
     cost_line,
     ddp_run_line,
@@ -15,6 +15,7 @@ from cl_audit.render.wording import (
     fsdp_run_line,
     predicted_note,
     remedy_lines,
+    speed_lines,
     timing_line,
     verify_text,
 )
@@ -29,6 +30,7 @@ from cl_audit.report import (
 )
 from cl_audit.report.distributed_report import DdpCheck, FsdpCheck
 from cl_audit.report.ops_report import OpsIndex
+from cl_audit.report.speed_report import Speed
 from cl_audit.rule.layout import MemoryLayout
 
 _MATCH_CLASSES = {
@@ -210,7 +212,7 @@ def _cost_section(report: ModelReport) -> str:
     tried = verify_text(cost)
     rows = "".join(
         f'<tr><td><code class="op">{esc(site.op)}</code></td><td>{esc(site.kind.value)}, '
-        f'{esc(site.phase.value)}</td><td><code class="site">{esc(site.where)}</code>'
+        f'{esc(site.phase.value)}</td><td><code class="site">{breakable(site.where)}</code>'
         f"</td><td>{esc(site.module_path or '(root)')}</td>"
         f'<td class="num" data-value="{site.extra}">{format_bytes(site.extra)}</td>'
         f'<td class="num" data-value="{site.saved}">{format_bytes(site.saved)}</td>'
@@ -295,6 +297,26 @@ def _fsdp_section(check: FsdpCheck) -> str:
     )
 
 
+def _speed_section(speed: Speed) -> str:
+    """Does channels_last pay: the headline, the time by operation class, how it was had."""
+    rows = "".join(
+        f"<tr><td>{esc(c.speed_class.value)}</td>"
+        f'<td class="num" data-value="{c.channels_last_ms}">{c.channels_last_ms:.2f} ms</td>'
+        f'<td class="num" data-value="{c.nchw_ms}">{c.nchw_ms:.2f} ms</td>'
+        f'<td class="num">{f"{c.speedup:.2f}x" if c.speedup is not None else ""}</td></tr>'
+        for c in speed.classes
+    )
+    table = (
+        '<table class="sortable" id="speed"><thead><tr><th>class</th>'
+        '<th class="num">channels_last</th><th class="num">NCHW</th>'
+        f'<th class="num">speedup</th></tr></thead><tbody>{rows}</tbody></table>'
+        if rows
+        else ""
+    )
+    notes = "".join(f'<p class="dim">{esc(line)}</p>' for line in speed_lines(speed))
+    return f"<h2>Does channels_last pay?</h2><p>{esc(speed.headline())}</p>{table}{notes}"
+
+
 def _links(index: OpsIndex, report: ModelReport) -> str:
     return "<h2>In torch's operator index</h2>" + links_section(index, report_links(index, report))
 
@@ -343,6 +365,7 @@ def model_html(report: ModelReport, index: OpsIndex | None = None) -> str:
         + (f"<p>{esc(timing_line(report.timing))}</p>" if report.timing else "")
         + "<h2>What channels_last costs, against NCHW</h2>"
         + _cost_section(report)
+        + (_speed_section(report.speed) if report.speed is not None else "")
         + (
             "<h2>torch.compile: Inductor's layout decision per graph</h2>"
             + compiled_section(report.compiled)

@@ -99,7 +99,8 @@ def links_section(index: OpsIndex, links: tuple[OpLink, ...]) -> str:
     cells = "".join(
         f'<tr><td><code class="op">{esc(link.python_op or "-")}</code> '
         f'<span class="dim">{esc(link.aten_op or "")}</span></td>'
-        f'<td class="num" data-value="{link.bytes}">{format_bytes(link.bytes)}</td><td>'
+        f'<td class="num" data-value="{link.bytes}">{format_bytes(link.bytes)} '
+        f"{'channels_last only' if link.extra else 'converted'}</td><td>"
         + ", ".join(f'<a href="#{esc(ops_anchor(r.op))}">{esc(r.op)}</a>' for r in link.rows)
         + f"</td><td>{esc(link.reading)}</td></tr>"
         for link in links
@@ -110,7 +111,7 @@ def links_section(index: OpsIndex, links: tuple[OpLink, ...]) -> str:
         f'<p class="dim">torch {esc(index.torch)}, {esc(index.device)} {esc(index.dtype)}{how}: '
         "does each operation lose the format in torch's own samples too, or only here?</p>"
         '<table class="sortable" id="op-links"><thead><tr><th>operation</th>'
-        '<th class="num">channels_last only</th><th>index rows</th><th>reading</th></tr>'
+        '<th class="num">bytes</th><th>index rows</th><th>reading</th></tr>'
         f"</thead><tbody>{cells}</tbody></table>"
         '<table class="sortable" id="operators"><thead><tr><th>operator</th>'
         "<th>forward</th><th>samples</th><th>gradient</th><th>made by</th>"

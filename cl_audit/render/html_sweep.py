@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 
-from cl_audit.enums import Status
+from cl_audit.enums import Status, Verdict
 from cl_audit.render.html_model import _sites_table
 from cl_audit.render.html_page import esc, html_page, summary_cards
 from cl_audit.render.wording import (
@@ -36,14 +37,70 @@ def _model_row(row: ModelRow) -> str:
         f'<td class="num" data-value="{converted}">{format_bytes(converted)}</td>'
         f'<td class="num">{s.parameter_conversions if s else 0}</td>'
         f'<td class="num">{s.format_neutral if s else 0}</td>'
-        f"<td>{esc(row.message or '')}</td></tr>"
+        f"{_speed_cell(row)}<td>{esc(row.message or '')}</td></tr>"
+    )
+
+
+def _speed_cell(row: ModelRow) -> str:
+    speed = row.speed
+    if speed is None or speed.speedup is None:
+        return f'<td class="num" data-value="0">{esc(speed.verdict.value if speed else "")}</td>'
+    return (
+        f'<td class="num" data-value="{speed.speedup:.4f}" title="{esc(speed.verdict.value)}">'
+        f"{speed.speedup:.2f}x {esc(speed.verdict.value)}</td>"
+    )
+
+
+_SCATTER_W, _SCATTER_H, _MARGIN = 640, 360, 48
+_COLOURS = {"offending": "#d62d20", "minor": "#e0a030", "clean": "#3b82c4"}
+
+
+def _scatter(report: SweepReport) -> str:
+    """Each model that has both verdicts as a point: the share of its step's bytes that only
+    channels_last writes (across, log scale) against its speedup (up, log scale: above the
+    line, channels_last is faster), coloured by the byte verdict."""
+    points = [r for r in report.models
+              if r.cost is not None and r.speed is not None and r.speed.speedup]  # fmt: skip
+    if not points:
+        return '<p class="dim">No model has both a byte verdict and a speed verdict.</p>'
+    floor = 1e-5
+    shares = [max(r.cost.share, floor) for r in points]  # type: ignore[union-attr]
+    speeds = [r.speed.speedup for r in points]  # type: ignore[union-attr]
+    lo_x, hi_x = math.log10(min(shares)), math.log10(max(max(shares), 0.5))
+    lo_y = math.log2(min(min(speeds), 0.8))
+    hi_y = math.log2(max(max(speeds), 1.25))
+    width, height = _SCATTER_W - 2 * _MARGIN, _SCATTER_H - 2 * _MARGIN
+
+    def x(share: float) -> float:
+        return _MARGIN + width * (math.log10(share) - lo_x) / max(hi_x - lo_x, 1e-9)
+
+    def y(speedup: float) -> float:
+        return _MARGIN + height * (1 - (math.log2(speedup) - lo_y) / max(hi_y - lo_y, 1e-9))
+
+    dots = "".join(
+        f'<circle class="point" cx="{x(share):.1f}" cy="{y(speed):.1f}" r="4" '
+        f'fill="{_COLOURS.get(r.verdict.value if r.verdict else "", "#888")}" '
+        f'data-model="{esc(r.key)}"><title>{esc(r.name)}: {share:.2%} of the bytes, '
+        f"{speed:.2f}x ({esc(r.speed.verdict.value)})</title></circle>"  # type: ignore[union-attr]
+        for r, share, speed in zip(points, shares, speeds, strict=True)
+    )
+    even = y(1.0)
+    return (
+        f'<svg id="speed-scatter" width="{_SCATTER_W}" height="{_SCATTER_H}" role="img" '
+        'aria-label="byte share against speedup">'
+        f'<line x1="{_MARGIN}" x2="{_SCATTER_W - _MARGIN}" y1="{even:.1f}" y2="{even:.1f}" '
+        'stroke="#999" stroke-dasharray="4 3"/>'
+        f'<text x="{_MARGIN}" y="{_SCATTER_H - 10}" font-size="12">share of the bytes only '
+        "channels_last writes (log)</text>"
+        f'<text x="8" y="{_MARGIN - 14}" font-size="12">speedup: NCHW time / channels_last '
+        f"time (log; dashed: even)</text>{dots}</svg>"
     )
 
 
 def _heatmap(report: SweepReport) -> str:
     """Offending models by operator: the channels_last-only bytes of each model's cost sites at
     each op where the sweep weighed a cost, else its offender events (reports before costs)."""
-    offending = [row for row in report.models if row.offending]
+    offending = [row for row in report.models if row.verdict is Verdict.OFFENDING]
     values: dict[str, dict[str, int]] = {row.key: defaultdict(int) for row in offending}
     for row in offending:
         for site in row.cost.sites if row.cost is not None else ():
@@ -79,7 +136,7 @@ def _heatmap(report: SweepReport) -> str:
 def _findings_by_model(report: SweepReport) -> str:
     parts = []
     for row in report.models:
-        if not row.offending:
+        if row.verdict is not Verdict.OFFENDING:
             continue
         table = _sites_table(row.offenders, f"sites-{row.key}", {})
         parts.append(
@@ -127,9 +184,12 @@ def sweep_html(report: SweepReport) -> str:
         '<th>status</th><th>mode</th><th>verdict</th><th class="num">channels_last only</th>'
         '<th class="num">share</th><th class="num">offender sites</th>'
         '<th class="num">losses</th><th class="num">converted</th>'
-        '<th class="num">parameter</th><th class="num">neutral</th><th>message</th></tr>'
+        '<th class="num">parameter</th><th class="num">neutral</th><th class="num">speed</th>'
+        "<th>message</th></tr>"
         f"</thead><tbody>{''.join(_model_row(r) for r in report.models)}</tbody></table>"
-        "<h2>Operator coverage, by channels_last-only cost</h2>"
+        "<h2>Bytes against speed</h2>"
+        + _scatter(report)
+        + "<h2>Operator coverage, by channels_last-only cost</h2>"
         '<table class="sortable" id="operators"><thead><tr><th>op</th><th class="num">'
         'channels_last only</th><th class="num">cost models</th><th>Python-level calls'
         '</th><th class="num">offender models</th><th class="num">events</th>'

@@ -147,6 +147,12 @@ def render_op_costs(
         console.print(f"{top} of {len(costs)} operations shown", highlight=False)
 
 
+def _bytes_kind(link: OpLink) -> str:
+    """What a link's bytes are: only channels_last's (a cost site), or all it converted (an
+    offender that NCHW converts as much, no cost)."""
+    return "channels_last only" if link.extra else "converted"
+
+
 def render_op_links(index: OpsIndex, links: tuple[OpLink, ...], console: Console) -> None:
     """Each operation that lost channels_last in a model, beside its rows in ``index``."""
     if not links:
@@ -159,13 +165,13 @@ def render_op_links(index: OpsIndex, links: tuple[OpLink, ...], console: Console
     )
     table = Table(expand=True)
     table.add_column("operation", style="bold", overflow="fold", ratio=2)
-    table.add_column("channels_last only", justify="right", no_wrap=True)
+    table.add_column("bytes", justify="right", no_wrap=True)
     table.add_column("index rows", overflow="fold", ratio=2)
     table.add_column("reading", overflow="fold", ratio=3)
     for link in links:
         table.add_row(
             _operation(link.python_op, link.aten_op),
-            format_bytes(link.bytes),
+            f"{format_bytes(link.bytes)}\n{_bytes_kind(link)}",
             _rows_text(link.rows, link.gradient),
             link.reading,
         )

@@ -6,12 +6,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cl_audit.files import write_json, write_text
-from cl_audit.report import ModelReport, SweepReport
+from cl_audit.report import FailedRun, ModelReport, SweepReport
 
 if TYPE_CHECKING:
     from cl_audit.report.ops_report import OpsIndex
 
-__all__ = ["write_outputs"]
+__all__ = ["write_failure", "write_outputs"]
 
 
 def write_outputs(
@@ -41,3 +41,18 @@ def write_outputs(
         write_text(junit, junit_xml(report), "--junit")
         written.append(junit)
     return tuple(path for path in written if str(path) != "-")
+
+
+def write_failure(failed: FailedRun, json_path: Path | None, html: Path | None) -> None:
+    """A failed run's report where the JSON and HTML were asked for (see ``FailedRun``)."""
+    if json_path is not None:
+        write_json(json_path, failed, "--json")
+    if html is not None:
+        from cl_audit.render.html_page import esc, html_page
+
+        body = (
+            f'<h1>cl-audit: {esc(failed.model or "model")} <span class="verdict-bad">failed'
+            f"</span></h1><p>{esc(failed.stage.value)} failed: {esc(failed.message)}</p>"
+            '<p class="dim">No verdict: the model did not run to the end.</p>'
+        )
+        write_text(html, html_page(f"cl-audit: {failed.model}", body, failed.to_dict()), "--html")

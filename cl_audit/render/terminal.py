@@ -5,6 +5,7 @@ from __future__ import annotations
 from rich.console import Console, ConsoleOptions, Group, RenderResult
 from rich.markup import escape
 from rich.measure import Measurement
+from rich.padding import Padding
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
@@ -20,13 +21,17 @@ from cl_audit.render.terminal_features import (
     compiled_text,
     ddp_lines,
     fsdp_lines,
+    speed_table,
 )
 from cl_audit.render.wording import (
     cost_line,
     format_bytes,
+    headline,
     module_text,
+    plural,
     predicted_note,
     remedy_head,
+    speed_lines,
     timing_line,
     trial_figures,
     trial_text,
@@ -91,7 +96,8 @@ def summary_text(report: ModelReport) -> Text:
     s, env = report.summary, report.environment
     amp = f", autocast {env.autocast}" if env.autocast else ""
     mode = predicted_note(report)
-    lines = [
+    lines = [headline(report)] if report.cost is not None or report.speed is not None else []
+    lines += [
         f"model {report.model or '(unnamed)'}  input {'x'.join(map(str, report.input_shape or ()))}"
         f"  {env.device} {env.dtype}{amp}  engine {env.engine.value}{mode}",
     ]
@@ -102,13 +108,15 @@ def summary_text(report: ModelReport) -> Text:
     else:
         lines.append("cost not weighed: " + _differential_line(report))
     lines += [
-        f"{s.calls_checked} calls checked, {s.distinct_ops} distinct ops",
-        f"{s.losses} losses at {len(by_call_site(report.offenders))} call sites "
-        f"({s.offending_ops} distinct ops): "
-        f"{s.round_trips} round trips, {s.terminal_conversions} terminal; {s.regains} regains; "
-        f"{format_bytes(s.bytes_converted)} converted",
-        f"not offenders: {s.parameter_conversions} parameter conversions "
-        f"({format_bytes(s.parameter_bytes)}), {s.format_neutral} format-neutral losses "
+        f"{plural(s.calls_checked, 'call')} checked, {plural(s.distinct_ops, 'distinct op')}",
+        f"{plural(s.losses, 'loss', 'losses')} at "
+        f"{plural(len(by_call_site(report.offenders)), 'call site')} "
+        f"({plural(s.offending_ops, 'distinct op')}): "
+        f"{plural(s.round_trips, 'round trip')}, {s.terminal_conversions} terminal; "
+        f"{plural(s.regains, 'regain')}; {format_bytes(s.bytes_converted)} converted",
+        f"not offenders: {plural(s.parameter_conversions, 'parameter conversion')} "
+        f"({format_bytes(s.parameter_bytes)}), "
+        f"{plural(s.format_neutral, 'format-neutral loss', 'format-neutral losses')} "
         f"({format_bytes(s.format_neutral_bytes)})",
     ]
     if report.cost is not None and report.differential.unaligned:
@@ -274,8 +282,11 @@ def render_report(
     cost = report.cost
     if cost is not None and cost.extra_bytes:
         console.print(cost_table(cost.sites))
-        for line in trials_text(cost):
-            console.print(line, highlight=False, soft_wrap=True)
+        for line in trials_text(cost):  # wrapped at the terminal's width, indented alike
+            indent = len(line) - len(line.lstrip())
+            console.print(
+                Padding(line.lstrip(), (0, 0, 0, indent + 2 * (indent > 0))), highlight=False
+            )
     if cost is not None and cost.mixed:
         reads = sum(m.bytes_read for m in cost.mixed)
         console.print(
@@ -292,6 +303,12 @@ def render_report(
         console.print(offenders_table(report.format_neutral, title))
     if index is not None:
         render_op_links(index, report_links(index, report), console)
+    speed = report.speed
+    if speed is not None and speed.known and speed.classes:
+        console.print(speed_table(speed))
+    if speed is not None:
+        for line in speed_lines(speed):
+            console.print(line, highlight=False, style="dim")
     if report.compiled is not None:
         console.print(compiled_text(report.compiled))
     if report.ddp is not None:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from rich.table import Table
 from rich.text import Text
 
 from cl_audit.enums import (
@@ -22,8 +23,9 @@ from cl_audit.report import (
     CompiledSite,
 )
 from cl_audit.report.distributed_report import DdpCheck, FsdpCheck
+from cl_audit.report.speed_report import Speed
 
-__all__ = ["compiled_text", "ddp_lines", "fsdp_lines"]
+__all__ = ["compiled_text", "ddp_lines", "fsdp_lines", "speed_table"]
 
 
 def ddp_lines(check: DdpCheck, top: int = 5) -> list[str]:
@@ -159,3 +161,23 @@ def _sites_text(text: Text, sites: tuple[CompiledSite, ...], top: int) -> None:
             f"    {site.fate.value:<8}{site.call_site or '?'}: {eager}; {compiled}\n",
             style="red" if site.fate is Fate.ADDED else "dim",
         )
+
+
+def speed_table(speed: Speed) -> Table:
+    """The step's time by operation class in each layout (milliseconds), and the totals."""
+    basis = speed.basis.value if speed.basis else "unknown"
+    table = Table(title=f"Time by operation class, {basis} ({speed.device})", title_justify="left")
+    table.add_column("class", overflow="fold")
+    table.add_column("channels_last", justify="right")
+    table.add_column("NCHW", justify="right")
+    table.add_column("speedup", justify="right")
+    for c in speed.classes:
+        ratio = f"{c.speedup:.2f}x" if c.speedup is not None else "-"
+        table.add_row(
+            c.speed_class.value, f"{c.channels_last_ms:.2f} ms", f"{c.nchw_ms:.2f} ms", ratio
+        )
+    cl, nchw = speed.channels_last, speed.nchw
+    if cl is not None and nchw is not None:
+        total = f"{speed.speedup:.2f}x" if speed.speedup else "-"
+        table.add_row("step", f"{cl.ms:.2f} ms", f"{nchw.ms:.2f} ms", total, style="bold")
+    return table

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
@@ -31,6 +33,20 @@ def render_sweep(report: SweepReport, console: Console, top: int = 10) -> None:
     )
     if s.cached:
         text.append(f"\n{s.cached} of them reused from the cache, {s.models - s.cached} audited")
+    speeds = Counter(r.speed.verdict.value for r in report.models if r.speed is not None)
+    if speeds:
+        text.append(
+            "\nchannels_last speed: "
+            + ", ".join(f"{n} {verdict}" for verdict, n in speeds.most_common())
+        )
+        slowest = sorted(
+            (r for r in report.models if r.speed is not None and r.speed.speedup),
+            key=lambda r: r.speed.speedup,  # type: ignore[union-attr]
+        )[:3]
+        if slowest:
+            text.append(
+                "; slowest: " + ", ".join(f"{r.name} {r.speed.speedup:.2f}x" for r in slowest)  # type: ignore[union-attr]
+            )
     console.print(Panel(text, title="cl-audit sweep", expand=False))
     costly = [cov for cov in report.operators if cov.extra_bytes or cov.models]
     if costly:

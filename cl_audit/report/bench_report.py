@@ -209,11 +209,14 @@ class BenchReport:
         if c is None:
             return "channels-last was not compared with nchw"
         if c.verdict is BenchVerdict.INCONCLUSIVE:
+            timing = next(t for t in self.timings if t.name == c.configuration)
+            medians = self.speedup(timing) or c.speedup  # the table's figure
             line = (
-                f"inconclusive: round by round, {c.configuration} ran {c.low:.2f}x-{c.high:.2f}x "
-                f"the speed of {c.baseline} (middle half of {len(c.ratios)} rounds, a "
-                f"{c.spread:.0%} spread against a {c.difference:.0%} difference); run again on "
-                "a quieter machine or with more --rounds"
+                f"inconclusive: {c.configuration} ran {medians:.2f}x the speed of {c.baseline} "
+                f"(median steps), {c.low:.2f}x-{c.high:.2f}x round by round (middle half of "
+                f"{len(c.ratios)} rounds): a {c.spread:.0%} spread against a "
+                f"{abs(max(medians, 1 / medians) - 1):.0%} difference; run again on a quieter "
+                "machine or with more --rounds"
             )
         else:
             how = f"{c.speedup:.2f}x faster" if c.speedup >= 1 else f"{1 / c.speedup:.2f}x slower"

@@ -1,7 +1,11 @@
 """The versioned JSON envelopes of reports: formats and versions, gzip, schema loading.
 
 Every document is ``{"format": ..., "version": ..., ...}``; readers check both and accept the
-versions they know. Version 12 of the report envelope and 8 of the sweep envelope say
+versions they know. Version 13 of the report envelope and 9 of the sweep envelope add ``speed``
+(whether channels_last pays: the step's time in both layouts, measured or predicted, by
+operation class, with its verdict) and the gate's ``on`` and ``slowdown`` (``--gate speed``,
+``--fail-slowdown``); older documents are read without a speed section, their gate on bytes.
+Version 12 of the report envelope and 8 of the sweep envelope say
 ``environment.mode`` "fake-step" for a fake training step, whose backward cl-audit runs node by
 node (versions 6-11 said "replayed" for a step traced and replayed; read as they were). Version 9
 of the report envelope and 7 of the sweep envelope name a cost site's fix site as the operation
@@ -35,7 +39,8 @@ T = TypeVar("T")
 REPORT_FORMAT = "cl-audit.report"
 
 
-REPORT_VERSION = 12  # 12: environment.mode "fake-step" (a fake training step's backward run
+REPORT_VERSION = 13  # 13: speed (measured or predicted), cost.gate.on and .slowdown
+# 12: environment.mode "fake-step" (a fake training step's backward run
 # node by node) where a fake training step was "replayed"
 # 11: ddp (--train --ddp); 10: compiled.data_dependent
 # 9: fix_site the writer of the data's order, cost site root_cause
@@ -58,7 +63,7 @@ OPS_VERSION = 3  # 3: gradients_not_judged; 2: the behaviour "copies", "copied" 
 OPS_READABLE = (1, 2, OPS_VERSION)
 
 
-REPORT_READABLE = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, REPORT_VERSION)
+REPORT_READABLE = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, REPORT_VERSION)
 
 
 class ReportFormatError(ValueError):
@@ -104,9 +109,21 @@ def check_envelope(data: Any, expected_format: str, readable: tuple[int, ...]) -
     if version not in readable:
         raise ReportFormatError(
             f"unsupported {expected_format} version {version!r}; this cl-audit reads versions "
-            f"{' and '.join(map(str, readable))}"
+            f"{_versions(readable)}"
         )
     return version
+
+
+def _versions(readable: tuple[int, ...]) -> str:
+    """``1 to 13``, or ``1 and 2``, or ``3``: the versions a reader reads, in runs."""
+    runs: list[list[int]] = []
+    for v in sorted(readable):
+        if runs and v == runs[-1][-1] + 1:
+            runs[-1].append(v)
+        else:
+            runs.append([v])
+    parts = [f"{r[0]} to {r[-1]}" if len(r) > 2 else " and ".join(map(str, r)) for r in runs]
+    return ", ".join(parts)
 
 
 def read_envelope(
@@ -138,7 +155,8 @@ def load_schema(name: str = "report", version: int | None = None) -> dict[str, A
 SWEEP_FORMAT = "cl-audit.sweep"
 
 
-SWEEP_VERSION = 8  # 8: environment.mode "fake-step" for a fake training sweep; 7: as report 9,
+SWEEP_VERSION = 9  # 9: a row's speed section, cost.gate.on and .slowdown (as report 13)
+# 8: environment.mode "fake-step" for a fake training sweep; 7: as report 9,
 # fix sites followed through folds; 6: as report 8, remedies proven; 5: as report 7, rows judged
 # at gate.batch
-SWEEP_READABLE = (1, 2, 3, 4, 5, 6, 7, SWEEP_VERSION)
+SWEEP_READABLE = (1, 2, 3, 4, 5, 6, 7, 8, SWEEP_VERSION)

@@ -15,6 +15,7 @@ from cl_audit.enums import (
     Phase,
     Provenance,
     RegainSource,
+    Stage,
     TensorMode,
     Verdict,
 )
@@ -25,9 +26,11 @@ from cl_audit.report.envelope import (
     REPORT_FORMAT,
     REPORT_READABLE,
     REPORT_VERSION,
+    ReportFormatError,
     parse_json,
     read_envelope,
 )
+from cl_audit.report.speed_report import Speed, offends
 from cl_audit.report.verdict import Cost, Producer
 from cl_audit.rule.layout import MemoryLayout
 
@@ -312,6 +315,7 @@ class ModelReport:
     compiled: Compiled | None = None  # with --compile: Inductor's layout decision per graph
     ddp: DdpCheck | None = None  # with --train --ddp: the step under DDP, per configuration
     fsdp: FsdpCheck | None = None  # with --train --fsdp: the FSDP pre-flight
+    speed: Speed | None = None  # whether channels_last pays: measured (--time) or predicted
 
     @property
     def verdict(self) -> Verdict:
@@ -321,6 +325,11 @@ class ModelReport:
     def predicted(self) -> bool:
         return self.environment.mode is not TensorMode.EAGER
 
+    @property
+    def offending(self) -> bool:
+        """Whether the gate fails this model (exit 1): on bytes, or on speed."""
+        return offends(self.verdict, self.cost, self.speed)
+
     def to_dict(self) -> dict[str, Any]:
         return {"format": REPORT_FORMAT, "version": REPORT_VERSION, **encode(self)}
 
@@ -329,6 +338,10 @@ class ModelReport:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ModelReport:
+        if isinstance(data, dict) and data.get("status") == "error":
+            raise ReportFormatError(
+                f"a failed run's report ({data.get('stage')}: {data.get('message')}): no verdict"
+            )
         return read_envelope(
             data, REPORT_FORMAT, REPORT_READABLE, lambda v: decode(cls, _upgraded(data, v))
         )
@@ -336,6 +349,24 @@ class ModelReport:
     @classmethod
     def from_json(cls, text: str) -> ModelReport:
         return cls.from_dict(parse_json(text))
+
+
+@dataclass(frozen=True)
+class FailedRun:
+    """What ``--json`` holds for a run that failed after its outputs were named (report
+    envelope 13): where it failed and why, so that no earlier run's verdict stays in its
+    place. The exit code is the failure's (3)."""
+
+    model: str | None
+    stage: Stage
+    message: str
+    status: str = "error"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": REPORT_FORMAT, "version": REPORT_VERSION, **encode(self)}
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
 
 
 def _upgraded(data: dict[str, Any], version: int) -> dict[str, Any]:

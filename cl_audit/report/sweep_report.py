@@ -32,6 +32,7 @@ from cl_audit.report.model_report import (
     Summary,
     with_verdict,
 )
+from cl_audit.report.speed_report import Speed, offends
 from cl_audit.report.verdict import Cost
 
 
@@ -57,6 +58,7 @@ class ModelRow:
     kernel_overrides: tuple[AppliedOverride, ...] = ()  # fake CUDA: predicted from kernel source
     cost: Cost | None = None  # channels_last against NCHW, when weighed
     cached: bool = False  # an earlier run's row, reused from the sweep cache
+    speed: Speed | None = None  # whether channels_last pays (sweep envelope 9)
 
     json_form: ClassVar[JsonForm] = JsonForm(derived=("predicted",))
 
@@ -77,7 +79,8 @@ class ModelRow:
 
     @property
     def offending(self) -> bool:
-        return self.verdict is Verdict.OFFENDING
+        """Whether the gate fails this row: on bytes (the verdict), or on speed."""
+        return self.status is Status.OK and offends(self.verdict, self.cost, self.speed)
 
     def to_dict(self) -> dict[str, Any]:
         return encode(self)
@@ -112,6 +115,7 @@ class ModelRow:
             regains=report.regains,
             kernel_overrides=report.environment.kernel_overrides,
             cost=report.cost,
+            speed=report.speed,
         )
 
     @classmethod

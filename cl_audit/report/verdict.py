@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from cl_audit.enums import CostKind, Evidence, Phase, RemedyStatus, Verdict
+from cl_audit.enums import CostKind, Evidence, GateOn, Phase, RemedyStatus, Verdict
 from cl_audit.report.codec import JsonForm
 
 __all__ = [
@@ -51,12 +51,28 @@ class Gate:
     bytes: int = MIB
     time_share: float = 0.01
     batch: int | None = None
+    on: GateOn = GateOn.BYTES  # what exit 1 means: too many bytes, or a slower step
+    slowdown: float = 0.05  # the speed verdict's band: within it, no difference
 
     @classmethod
-    def of(cls, fail_share: float, fail_bytes: int, gate_batch: int | None) -> Gate:
+    def of(
+        cls,
+        fail_share: float,
+        fail_bytes: int,
+        gate_batch: int | None,
+        on: GateOn = GateOn.BYTES,
+        fail_slowdown: float = 5.0,
+    ) -> Gate:
         """The gate as users give it: ``fail_share`` in percent of the bytes written,
-        ``fail_bytes`` extra bytes, at batch ``gate_batch``."""
-        return cls(share=fail_share / 100, bytes=fail_bytes, batch=gate_batch)
+        ``fail_bytes`` extra bytes, at batch ``gate_batch``; ``on`` bytes or speed, with
+        ``fail_slowdown`` percent the speed verdict's band."""
+        return cls(
+            share=fail_share / 100,
+            bytes=fail_bytes,
+            batch=gate_batch,
+            on=on,
+            slowdown=fail_slowdown / 100,
+        )
 
     def verdict(self, extra: int, written: int, time_share: float | None = None) -> Verdict:
         if extra <= 0:
@@ -222,6 +238,7 @@ class Cost:
     fixed_bytes: int = 0  # of extra_bytes, at parameter sites: paid once per forward or step
     fixed_written_bytes: int = 0  # of bytes_written, not growing with the batch
     verify_seconds: float | None = None  # the what-if runs' time; None: none ran
+    kernel_copy_table: str | None = None  # predicted: the measured kernel copies it read
 
     json_form: ClassVar[JsonForm] = JsonForm(
         derived=("net_bytes", "share", "per_sample_bytes", "per_sample_written_bytes", "at_gate")

@@ -68,8 +68,9 @@ def audit_module(
         done = Sections()
         for section, phase in PHASES:
             done = replace(done, **{section: phase(subject, done)})
-    audited, comparison = done.audited, done.comparison
-    assert audited is not None and comparison is not None
+    audited, compared = done.audited, done.comparison
+    assert audited is not None and compared is not None
+    comparison = compared.comparison
     dtype = None if first is None else dtype_name(first.dtype)
     return assemble(
         audited.observed,
@@ -81,6 +82,7 @@ def audit_module(
         timing=audited.timing,
         comparison=comparison,
         compiled=done.compiled,
+        speed=done.speed,
     )
 
 

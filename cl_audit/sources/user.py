@@ -15,6 +15,7 @@ import importlib
 import importlib.util
 import os
 import sys
+from pathlib import Path
 from types import ModuleType
 
 from torch import nn
@@ -53,7 +54,16 @@ def _import(target: str, spec: str) -> ModuleType:
         return importlib.import_module(target)
     except ModuleNotFoundError as e:
         if e.name and target.startswith(e.name):
-            raise UsageError(f"{spec}: no module named {e.name!r}") from None
+            here = Path.cwd() / e.name.split(".")[0]
+            hint = ""
+            if here.is_dir() or here.with_suffix(".py").is_file():
+                hint = (
+                    f" (it is in the working folder, which cl-audit does not import from, "
+                    f"as installed commands do not: `python -m` and pytest add it; run "
+                    f"`PYTHONPATH=. cl-audit ...`, `python -m cl_audit ...`, or name the file: "
+                    f"{target.replace('.', '/')}.py:{spec.rpartition(':')[2]})"
+                )
+            raise UsageError(f"{spec}: no module named {e.name!r}{hint}") from None
         raise ModelFailedError(Stage.IMPORT, spec, e) from e
     except Exception as e:
         raise ModelFailedError(Stage.IMPORT, spec, e) from e

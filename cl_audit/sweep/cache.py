@@ -20,7 +20,6 @@ import hashlib
 import json
 import os
 import platform
-import tempfile
 import time
 from collections.abc import Iterable
 from dataclasses import replace
@@ -31,6 +30,7 @@ from typing import Any
 import torch
 
 from cl_audit.errors import UsageError
+from cl_audit.files import write_text
 from cl_audit.report import ModelRow, ReportFormatError
 from cl_audit.report.envelope import SWEEP_VERSION
 from cl_audit.report.environment import distribution_version
@@ -151,19 +151,10 @@ class SweepCache:
         path = self._entry(key)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=".", suffix=".tmp")
         except OSError as e:
             raise UsageError(f"--cache {self.root}: {e.strerror}") from None
-        try:
-            with os.fdopen(fd, "w") as handle:
-                json.dump(entry, handle, allow_nan=False, sort_keys=True)
-            os.replace(temporary, path)
-        except OSError as e:
-            Path(temporary).unlink(missing_ok=True)
-            raise UsageError(f"--cache {self.root}: {e.strerror}") from None
-        except BaseException:
-            Path(temporary).unlink(missing_ok=True)
-            raise
+        text = json.dumps(entry, allow_nan=False, sort_keys=True)
+        write_text(path, text, "--cache")  # whole or not at all, as every file
         return True
 
     def prune(self) -> int:

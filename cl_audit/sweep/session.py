@@ -18,8 +18,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from cl_audit.enums import Mode, ModelSource, Status, TensorMode
-from cl_audit.errors import UsageError
+from cl_audit.enums import Mode, ModelSource, Status, TensorMode, Verdict
+from cl_audit.errors import Terminated, UsageError
 from cl_audit.execution.assemble import environment_of
 from cl_audit.execution.plan import plan_run
 from cl_audit.predict.divergences import HIDDEN_TRAINING_COPIES, DivergenceTable, divergence_table
@@ -65,6 +65,7 @@ class SweepOutcome:
     interrupted: bool
     selected: int
     checkpoint: Path
+    terminated: bool = False  # interrupted by SIGTERM
 
 
 def default_checkpoint(
@@ -120,13 +121,14 @@ def run_sweep(
     # Without a cache no worker reads the files its audit ran through.
     on_row = None if cache is None else _storing(cache, settings)
 
-    interrupted = False
+    interrupted = terminated = False
     try:
         _run_pass(jobs, settings.jobs, checkpoint, progress, rows, on_row, len(done), len(reused))
         if settings.confirm:
             _confirm(rows, settings, checkpoint, progress, notify, on_row)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         interrupted = True  # every finished row is already in ``rows`` and the checkpoint
+        terminated = isinstance(e, Terminated)
     except UsageError as e:  # a write failed (a full disk): what is kept, and where
         kept = f"{len(rows)} finished rows are in the checkpoint {checkpoint.path}"
         raise UsageError(f"{e}; {kept} (--resume continues it)") from None
@@ -147,7 +149,7 @@ def run_sweep(
     report = SweepReport.build(
         environment, {**selection, **settings.to_dict()}, list(rows.values())
     )
-    return SweepOutcome(report, interrupted, len(refs), checkpoint.path)
+    return SweepOutcome(report, interrupted, len(refs), checkpoint.path, terminated)
 
 
 def eager_only(settings: SweepSettings) -> bool:
@@ -227,14 +229,15 @@ def confirm_jobs(rows: dict[str, ModelRow], settings: SweepSettings) -> list[Job
         divergent = _divergent_ops(row, table) if row.status is Status.OK else []
         if hidden is not None and row.status is Status.OK and not divergent:
             divergent = [hidden]
-        if row.mode is not Mode.FAKE or not (row.offending or row.status.failed or divergent):
+        flagged = row.verdict is Verdict.OFFENDING  # bytes: what an eager re-run confirms
+        if row.mode is not Mode.FAKE or not (flagged or row.status.failed or divergent):
             continue
         large = (row.parameters or 0) > LARGE_MODEL_PARAMETERS
         verdict = None
-        if row.offending and row.cost is not None:
+        if flagged and row.cost is not None:
             ops = sorted({s.op for s in row.cost.sites if s.extra})
             verdict = "fake mode had flagged: " + ", ".join(ops)
-        elif row.offending:
+        elif flagged:
             verdict = "fake mode had flagged: " + ", ".join(sorted({f.op for f in row.offenders}))
         elif divergent:
             verdict = "fake mode was clean, with ops it is known to get wrong: " + ", ".join(

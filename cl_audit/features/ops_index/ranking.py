@@ -120,6 +120,7 @@ class OpLink:
     bytes: int
     rows: tuple[OperatorRow, ...]
     gradient: bool = False  # a backward operation: its rows' gradient column is what applies
+    extra: bool = True  # bytes only channels_last writes (a cost site), else bytes converted
 
     @property
     def reading(self) -> str:
@@ -169,6 +170,7 @@ def report_links(index: OpsIndex, report: ModelReport) -> tuple[OpLink, ...]:
             n,
             _rows_for(index, python_op, aten_op),
             forward_of(python_op, aten_op) is not None,
+            ledger is spent,
         )
         for ledger in (spent, converted)
         for (python_op, aten_op), n in ledger.most_common()

@@ -1,7 +1,8 @@
 """The phases of one audit, in the order ``run.audit_module`` walks them (``PHASES``): the audited
 run in channels_last (``audited``), the same forward or step in NCHW with the cost and the
-verdict (``compare``), the cost sites' remedies tried in what-if runs (``verify``) and, with
-``compile``, Inductor's layout decisions (``compile``). Each takes the ``Subject`` and the
+verdict (``compare``), the cost sites' remedies tried in what-if runs (``verify``), with
+``compile`` Inductor's layout decisions (``compile``), and whether channels_last pays: the step's
+time in both layouts, measured or predicted (``speed``). Each takes the ``Subject`` and the
 ``Sections`` the phases before it returned, and returns the section it is listed with."""
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from cl_audit.run.phases import audited, compare, compile, verify
+from cl_audit.run.phases import audited, compare, compile, speed, verify
 from cl_audit.run.phases.subject import Sections, Subject
 
 __all__ = ["PHASES", "Sections", "Subject"]
@@ -20,4 +21,5 @@ PHASES: tuple[tuple[str, Callable[[Subject, Sections], Any]], ...] = (
     ("comparison", compare.compare),
     ("comparison", verify.verify),
     ("compiled", compile.compile_phase),
+    ("speed", speed.speed_phase),
 )

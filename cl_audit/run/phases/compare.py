@@ -14,12 +14,12 @@ from cl_audit.report import DifferentialRun, Finding
 from cl_audit.report.sections import Comparison
 from cl_audit.rule.attribution import ModuleNames
 from cl_audit.run.phases.audited import COMPARED, instrumented
-from cl_audit.run.phases.subject import Sections, Subject
+from cl_audit.run.phases.subject import Compared, Sections, Subject
 
 __all__ = ["compare"]
 
 
-def compare(subject: Subject, done: Sections) -> Comparison:
+def compare(subject: Subject, done: Sections) -> Compared:
     """The comparison's section. The patch engine, which sees no aten operation, only sorts
     terminal losses; a failed NCHW run is reported, with no cost weighed."""
     plan, run, model, loss = subject.plan, subject.run, subject.model, subject.loss
@@ -28,16 +28,18 @@ def compare(subject: Subject, done: Sections) -> Comparison:
     settings = plan.settings
     offenders = audited.observed.offenders
     if not settings.differential:
-        return Comparison(DifferentialRun(DifferentialStatus.SKIPPED, "not asked for"), offenders)
+        return Compared(
+            Comparison(DifferentialRun(DifferentialStatus.SKIPPED, "not asked for"), offenders)
+        )
     if settings.strategy not in COMPARED:
         skipped = DifferentialRun(DifferentialStatus.SKIPPED, "the model's format is the caller's")
-        return Comparison(skipped, offenders)
+        return Compared(Comparison(skipped, offenders))
     train = plan.workload.train
     terminal = tuple(f for f in offenders if f.terminal and not train)
     watcher = CounterpartWatcher(ModuleNames(model), terminal) if terminal else None
     ledger = audited.ledger
     if ledger is None and watcher is None:
-        return Comparison(DifferentialRun(DifferentialStatus.NOT_NEEDED), offenders)
+        return Compared(Comparison(DifferentialRun(DifferentialStatus.NOT_NEEDED), offenders))
     nchw = None if ledger is None else ledger.alike()
     try:
         forward = run.nchw()
@@ -56,9 +58,8 @@ def compare(subject: Subject, done: Sections) -> Comparison:
     except Exception as e:
         message = f"the NCHW run failed ({type(e).__name__}: {e}"[:300] + "); no cost weighed"
         unaligned = sum(f.terminal for f in terminal)
-        return Comparison(
-            DifferentialRun(DifferentialStatus.FAILED, message, unaligned=unaligned), offenders
-        )
+        failed = DifferentialRun(DifferentialStatus.FAILED, message, unaligned=unaligned)
+        return Compared(Comparison(failed, offenders))
     finally:
         run.restore()
     differential = DifferentialRun(DifferentialStatus.RAN)
@@ -66,9 +67,9 @@ def compare(subject: Subject, done: Sections) -> Comparison:
     if watcher is not None:
         offenders, neutral, differential = classify_terminal(offenders, watcher)
     if ledger is None or nchw is None:
-        return Comparison(differential, offenders, neutral)
+        return Compared(Comparison(differential, offenders, neutral), nchw)
     time_share = None if audited.timing is None else audited.timing.share
     first = run.example.first
     batch = first.shape[0] if first is not None and first.dim() else None
     cost = compare_ledgers(ledger, nchw, settings.gate, plan.device.type, batch, time_share)
-    return Comparison(differential, offenders, neutral, cost)
+    return Compared(Comparison(differential, offenders, neutral, cost), nchw)

@@ -20,7 +20,7 @@ def compile_phase(subject: Subject, done: Sections) -> Compiled | None:
     if not settings.compile:
         return None
     assert done.comparison is not None  # set beside the eager losses
-    losses = done.comparison.offenders
+    losses = done.comparison.comparison.offenders
     try:
         compiled = compiled_layouts(
             model,

@@ -16,8 +16,9 @@ from cl_audit.execution.tensors import Forward, TensorRun
 from cl_audit.intercept.ledger import Ledger
 from cl_audit.report import Compiled, Timing
 from cl_audit.report.sections import Comparison, Observed, Training
+from cl_audit.report.speed_report import Speed
 
-__all__ = ["Audited", "Sections", "Subject"]
+__all__ = ["Audited", "Compared", "Sections", "Subject"]
 
 
 @dataclass(frozen=True)
@@ -43,9 +44,18 @@ class Audited:
 
 
 @dataclass(frozen=True)
+class Compared:
+    """The NCHW comparison's section, and the NCHW run's ledger (None where none was kept)."""
+
+    comparison: Comparison
+    ledger: Ledger | None = None
+
+
+@dataclass(frozen=True)
 class Sections:
     """What the phases returned so far, a field per section (None: not yet, or not asked for)."""
 
     audited: Audited | None = None
-    comparison: Comparison | None = None
+    comparison: Compared | None = None
     compiled: Compiled | None = None
+    speed: Speed | None = None

@@ -31,7 +31,7 @@ from cl_audit.intercept.ledger import Ledger
 from cl_audit.report.sections import Comparison
 from cl_audit.report.verdict import Cost, CostSite, Remedy, Trial
 from cl_audit.run.phases.audited import instrumented
-from cl_audit.run.phases.subject import Sections, Subject
+from cl_audit.run.phases.subject import Compared, Sections, Subject
 
 __all__ = ["TRIED_SITES", "verify"]
 
@@ -55,11 +55,14 @@ def _untried(plan: RunPlan) -> str | None:
     return None
 
 
-def verify(subject: Subject, done: Sections) -> Comparison:
+def verify(subject: Subject, done: Sections) -> Compared:
     """The comparison with its cost sites' remedies tried (see the module docstring)."""
+    assert done.comparison is not None  # the NCHW comparison comes first
+    return replace(done.comparison, comparison=_verified(subject, done.comparison.comparison))
+
+
+def _verified(subject: Subject, comparison: Comparison) -> Comparison:
     plan, run, model, forward = subject.plan, subject.run, subject.model, subject.forward
-    comparison = done.comparison
-    assert comparison is not None  # the NCHW comparison comes first
     cost = comparison.cost
     if cost is None or not any(site.remedy for site in cost.sites):
         return comparison
