@@ -7,7 +7,8 @@
 #      both layouts alternated, one profiled step each -> speed-truth-cuda.jsonl;
 #   3. scripts/op_times.py, bfloat16 and float32: probes and every fourth grid configuration
 #      -> table-more.json (+ .jsonl).
-# Afterwards, here: scripts/speed_table.py merges the two tables into cl_audit/speed/tables/.
+# Afterwards, here: scripts/op_times.py --compact table-fp16.json table-more.json --out
+# cl_audit/predict/tables/ makes the table cl-audit reads; validate_speed.py --calibrate its host.
 #   bash scripts/speed_lease.sh       # where `python3` has a CUDA build of torch
 # Optional: .whl/*.whl (timm 1.0.31, the release the reports use) installed first.
 set -u
