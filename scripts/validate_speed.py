@@ -8,7 +8,9 @@
 Each model measured by ``scripts/speed_truth.py`` (both layouts in alternating rounds, on the
 machine the table describes) is audited here with the same input and settings, on fake tensors
 (``--fake``: shapes only, as a user predicting for a device they lack), and its predicted
-speedup (NCHW's step over channels_last's) set beside the measured one. The summary: for the
+speedup (NCHW's step over channels_last's) set beside the measured one: the median of the
+round-by-round ratios, as the audit's ``--time`` reports it (the ratio of the two layouts'
+median rounds beside it, ``median_rounds_speedup``: it drifts when rounds do). The summary: for the
 models whose measured speedup lies outside 0.95-1.05, how many the prediction gets the
 direction of; the median of |predicted / measured - 1|; every miss with its classes.
 
@@ -142,10 +144,11 @@ def main() -> None:
             guess = predicted(r, a)
         except Exception as e:  # a model this torch cannot fake is a row that says so
             guess = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
-        rows.append({"name": r["name"], "input_shape": r["input_shape"], "speedup": r["speedup"],
-                     "quartiles": r["ratio_quartiles"], "median_ms": r["median_ms"],
+        rows.append({"name": r["name"], "input_shape": r["input_shape"],
+                     "speedup": r["ratio_quartiles"][1], "quartiles": r["ratio_quartiles"],
+                     "median_rounds_speedup": r["speedup"], "median_ms": r["median_ms"],
                      "predicted": guess})  # fmt: skip
-        print(f"{r['name']}: measured {r['speedup']:.3f}, predicted "
+        print(f"{r['name']}: measured {rows[-1]['speedup']:.3f}, predicted "
               f"{guess.get('speedup', float('nan')):.3f}", file=sys.stderr, flush=True)  # fmt: skip
     calibration = None
     names = {n for n in a.calibrate.split(",") if n}

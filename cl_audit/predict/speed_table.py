@@ -15,6 +15,7 @@ and the caller says what it put in its place.
 from __future__ import annotations
 
 import functools
+import heapq
 import json
 import math
 from collections import defaultdict
@@ -67,11 +68,15 @@ class ConvCall:
         return "grouped" if self.groups > 1 else "dense"
 
 
+_Features = tuple[float, float, float, str, float, bool]
+
+
 @dataclass(frozen=True)
 class _ConvPoint:
     call: ConvCall
     dtype: str
     times: dict[str, dict[str, float]]  # layout -> pass -> ms
+    features: _Features
 
 
 class SpeedTable:
@@ -105,7 +110,7 @@ class SpeedTable:
             call = ConvCall(c["batch"], c["cin"], c["size"], c["size"], c["cout"], c["groups"],
                             c["kernel"], c["stride"], c["out_size"], c["out_size"])  # fmt: skip
             times = {layout: c[layout] for layout in ("channels_last", "nchw")}
-            self._convs[c["dtype"]].append(_ConvPoint(call, c["dtype"], times))
+            self._convs[c["dtype"]].append(_ConvPoint(call, c["dtype"], times, _features(call)))
 
     @property
     def described(self) -> str:
@@ -142,6 +147,7 @@ class SpeedTable:
         )  # fmt: skip
         return max(self.floor_us, us * elements / max(e, 1))
 
+    @functools.lru_cache(maxsize=8192)  # noqa: B019 - a model repeats its convolutions
     def conv_ms(self, call: ConvCall, dtype: str, layout: str, passes: str) -> float | None:
         """Milliseconds of one convolution's ``passes`` (``forward``, ``input_grad``,
         ``weight_grad``): from the nearest grid configurations of its kind, kernel and stride
@@ -150,12 +156,14 @@ class SpeedTable:
         points = self._convs.get(dtype)
         if not points:
             return None
-        near = sorted(points, key=lambda p: _distance(call, p.call))[:_NEIGHBOURS]
+        here = _features(call)
+        near = heapq.nsmallest(_NEIGHBOURS, ((_distance(here, p.features), p) for p in points),
+                               key=lambda d_p: d_p[0])  # fmt: skip
         floor = self._conv_floor(dtype, layout, passes)
         total, weights = 0.0, 0.0
-        for p in near:
+        for distance, p in near:
             measured = p.times[layout][passes]
-            weight = 1.0 / (0.25 + _distance(call, p.call))
+            weight = 1.0 / (0.25 + distance)
             scaled = floor + max(measured - floor, 0.0) * call.flops / max(p.call.flops, 1.0)
             total += weight * math.log(max(scaled, 1e-6))
             weights += weight
@@ -166,17 +174,21 @@ class SpeedTable:
         return min(p.times[layout][passes] for p in self._convs[dtype])
 
 
-def _distance(a: ConvCall, b: ConvCall) -> float:
+def _distance(a: _Features, b: _Features) -> float:
     """How unlike two convolutions are: work shape in log2 steps, kind, kernel and stride."""
+    d = abs(a[0] - b[0]) + abs(a[1] - b[1]) + abs(a[2] - b[2])
+    return d + 3.0 * (a[3] != b[3]) + abs(a[4] - b[4]) * 2.0 + 2.0 * (a[5] != b[5])
+
+
+def _features(c: ConvCall) -> _Features:
+    """A convolution's place for ``_distance``: log2 of its output positions, of its input
+    channels per group and of its output channels; its kind; log2 of its kernel; strided."""
 
     def log(x: float) -> float:
         return math.log2(max(x, 1.0))
 
-    d = abs(log(a.batch * a.out_height * a.out_width) - log(b.batch * b.out_height * b.out_width))
-    d += abs(log(a.cin // max(a.groups, 1)) - log(b.cin // max(b.groups, 1)))
-    d += abs(log(a.cout) - log(b.cout))
-    d += 3.0 * (a.kind != b.kind) + abs(log(a.kernel) - log(b.kernel)) * 2.0
-    return d + 2.0 * ((a.stride > 1) != (b.stride > 1))
+    work = log(c.batch * c.out_height * c.out_width)
+    return work, log(c.cin // max(c.groups, 1)), log(c.cout), c.kind, log(c.kernel), c.stride > 1
 
 
 @functools.cache
