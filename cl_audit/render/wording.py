@@ -82,11 +82,9 @@ def cost_line(cost: Cost, train: bool) -> str:
 
 def remedy_head(remedy: Remedy) -> str:
     """A remedy's advice in plain text and how far it is proven."""
-    reference = f" ({remedy.reference})"
+    reference = f" (the remedy's source: {remedy.reference})"  # not a place in the model
     if remedy.status is RemedyStatus.VERIFIED:
-        return f"remedy, verified on this model: {remedy.advice} (the remedy's source: " + (
-            f"{remedy.reference})"
-        )
+        return f"remedy, verified on this model: {remedy.advice}{reference}"
     if remedy.status is RemedyStatus.REFUTED:
         return f"no tried fix holds for {remedy.pattern}{reference}"
     note = f", {remedy.note}" if remedy.note else ""
