@@ -15,6 +15,7 @@ import jsonschema
 import pytest
 import speed_models as sm
 import torch
+from torch_checks import needs_node_by_node
 
 from cl_audit import audit_model
 from cl_audit.enums import SpeedBasis, SpeedClass, SpeedVerdict, TensorMode
@@ -81,6 +82,7 @@ def test_each_class_is_priced_where_its_operations_run_and_nowhere_else():
     assert SpeedClass.ATTENTION not in conv
 
 
+@needs_node_by_node
 def test_a_training_step_prices_both_gradients_of_each_convolution():
     classes = _classes(_speed(sm.Convolutions(), train=True))
     for cls in (SpeedClass.CONV_FORWARD, SpeedClass.CONV_INPUT_GRAD, SpeedClass.CONV_WEIGHT_GRAD):
