@@ -183,6 +183,18 @@ def test_sigterm_ends_a_sweep_as_ctrl_c_does_keeping_the_partial_report(tmp_path
         assert "--resume" in err
 
 
+def test_a_sweep_ends_without_the_bindings_leak_report_at_exit():
+    """A sweep freezes the parent's objects out of its workers' collections; unfrozen at the
+    end, or nanobind (triton's bindings, loaded by torchvision's import of torch._dynamo where
+    triton is installed) prints ~30 lines of "leaked" objects at exit. The control: the sweep
+    ran both models."""
+    result = _cli("--timm", "resnet10t", f"{TOYS}:clean_net", "--fake", "--input-size",
+                  "3x32x32", "--jobs", "2")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "resnet10t" in result.stdout and "clean_net" in result.stdout
+    assert "leaked" not in result.stderr and "nanobind" not in result.stderr
+
+
 def test_documents_read_back_are_refused_where_their_schema_refuses_them(tmp_path):
     """A report whose counts are negative renders nothing: one line, exit 2; the control,
     the same report as written, renders."""

@@ -254,3 +254,7 @@ def run_jobs(
         for job in running:
             _stop(job)
         raise
+    finally:
+        # Frozen objects escape the collections at exit too: nanobind (triton's bindings, which
+        # torchvision's import of torch._dynamo loads) then reports its objects as leaked.
+        gc.unfreeze()
