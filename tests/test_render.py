@@ -105,6 +105,30 @@ def test_a_long_call_site_never_breaks_inside_its_file_and_line(width):
     assert not any(line.rstrip(" │").endswith("block.py:13") for line in lines)
 
 
+@pytest.mark.parametrize("width", [60, 80, 100])
+def test_a_deep_module_path_breaks_after_a_dot_never_inside_a_name(width):
+    """Each of a deep path's names on one line; the control: a name longer than the cell,
+    which has no dot to break at, is still folded (nothing is cut off)."""
+    names = ["stages", "blocks", "encoder_layer_eleven", "self_attention_block", "out_projection"]
+    path = ".".join(names * 2)
+    report = model_report()
+    report = replace(report, offenders=(replace(report.offenders[0], module_path=path),))
+    buffer = io.StringIO()
+    render_report(report, Console(file=buffer, width=width, color_system=None))
+    cells = [line.split("│")[2].strip() for line in buffer.getvalue().splitlines()
+             if line.count("│") == 4]  # fmt: skip
+    whole = "".join(cells)
+    assert path in whole
+    for name in names:
+        assert sum(name in cell for cell in cells) == 2, name
+    long_name = "x" * (width + 5)
+    report = replace(report, offenders=(replace(report.offenders[0], module_path=long_name),))
+    buffer = io.StringIO()
+    render_report(report, Console(file=buffer, width=width, color_system=None))
+    assert long_name in "".join(line.split("│")[2].strip() for line in
+                                buffer.getvalue().splitlines() if line.count("│") == 4)  # fmt: skip
+
+
 def test_a_training_sweep_whose_offenders_have_only_cost_sites_names_them():
     """Offending through copies inside kernels and of parameters, with no offender finding:
     the table gives each operation's cost and the models it was found in."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from rich.console import Console, ConsoleOptions, Group, RenderResult
 from rich.markup import escape
 from rich.measure import Measurement
@@ -150,6 +152,35 @@ class CallSite:
         return Measurement(min(len(line) + 1, len(self.text)), len(self.text))
 
 
+class Wrapped:
+    """Markup wrapped at the width its cell gets, a dotted name longer than that width (a deep
+    module path) broken after one of its dots rather than mid-name."""
+
+    def __init__(self, markup: str) -> None:
+        self.text = Text.from_markup(markup, overflow="fold")
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        plain, width = self.text.plain, max(options.max_width, 2)
+        cuts = []
+        for word in re.finditer(r"\S+", plain):
+            at, end = word.span()
+            while end - at > width:
+                dot = plain.rfind(".", at, at + width)
+                if dot <= at:
+                    break  # no dot to break at: folded where the width ends
+                cuts.append(dot + 1)
+                at = dot + 1
+        if not cuts:
+            yield self.text
+            return
+        joined = Text("\n").join(self.text.divide(cuts))
+        joined.overflow = "fold"
+        yield joined
+
+    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
+        return Measurement.get(console, options, self.text)
+
+
 def offenders_table(
     findings: tuple[Finding, ...], title: str = "Operations that lose channels_last"
 ) -> Table:
@@ -177,7 +208,7 @@ def offenders_table(
         kinds.append(format_bytes(group.bytes_converted))
         if group.time_ms is not None:
             kinds.append(f"{group.time_ms:.2f} ms")
-        cell = Group(CallSite(f.call_site or "?"), Text.from_markup(where, overflow="fold"))
+        cell = Group(CallSite(f.call_site or "?"), Wrapped(where))
         table.add_row(op, cell, "\n".join([str(group.count), *kinds]))
     return table
 
@@ -239,7 +270,7 @@ def cost_table(sites: tuple[CostSite, ...], top: int = 12) -> Table:
                 module_text(first.module_path, first.module_class) + f" and {modules - 1} more",
                 1,
             )
-        cell = Group(CallSite(first.where), Text.from_markup(where, overflow="fold"))
+        cell = Group(CallSite(first.where), Wrapped(where))
         op = f"{first.op}\n[dim]{first.kind.value}, {first.phase.value}[/dim]"
         extra = sum(s.extra for s in group)
         table.add_row(op, cell, f"{format_bytes(extra)}\n{extra / total:.0%}")
