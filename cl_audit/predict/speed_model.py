@@ -21,7 +21,7 @@ and its backward, Python around it), per operation of a forward or of a training
 table says. A step is the host's time plus the share of the kernels' time it waits for
 (``overlap``): all of it on the CPU, where nothing runs ahead; on CUDA the host queues kernels
 while the device runs them, and the table says how much of the device's time a step still
-waits for (measured steps against their kernels: ``scripts/speed_calibrate.py``).
+waits for (fitted to measured steps: ``scripts/validate_speed.py --calibrate``).
 """
 
 from __future__ import annotations
