@@ -56,7 +56,8 @@ def main() -> None:
     print(table(("speed verdict", "models"), sorted(verdicts.items(), key=lambda kv: -kv[1])))
     speedups = [m["speed"]["speedup"] for m in judged]
     q = statistics.quantiles(speedups, n=4)
-    print(f"\nmedian speedup {statistics.median(speedups):.3f}x (quartiles {q[0]:.3f}-{q[2]:.3f})\n")
+    middle = statistics.median(speedups)
+    print(f"\nmedian speedup {middle:.3f}x (quartiles {q[0]:.3f}-{q[2]:.3f})\n")
     cross = Counter((m["summary"]["verdict"], m["speed"]["verdict"]) for m in judged)
     byte_verdicts = sorted({b for b, _ in cross})
     speed_verdicts = sorted(verdicts)
