@@ -134,7 +134,8 @@ def test_workers_collect_garbage_without_walking_the_parents_objects(tmp_path):
              lambda row, files: heard.append(row))  # fmt: skip
     message = heard[0].message
     assert heard[0].status is Status.ERROR and "frozen objects: " in message
-    assert int(message.rsplit(": ", 1)[1].split()[0]) >= parent
+    # Nearly all of them: a few temporaries the parent counted are freed before it freezes.
+    assert int(message.rsplit(": ", 1)[1].split()[0]) >= 0.95 * parent
 
 
 def test_a_fake_audits_worker_leaves_garbage_to_its_exit_and_an_eager_one_collects(tmp_path):

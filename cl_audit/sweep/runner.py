@@ -256,5 +256,5 @@ def run_jobs(
         raise
     finally:
         # Frozen objects escape the collections at exit too: nanobind (triton's bindings, which
-        # torchvision's import of torch._dynamo loads) then reports its objects as leaked.
+        # torchvision's import of torch's compiler loads) then reports its objects as leaked.
         gc.unfreeze()
