@@ -97,3 +97,64 @@ class PaddedBatch(nn.Module):
         if self.flat:
             return out.sum() + batch.view(n, -1).sum()
         return out
+
+
+class InstanceNormed(nn.Module):
+    """An instance norm between convolutions (a U-Net's blocks): torch normalises it as a batch
+    norm of a (1, N*C, H, W) reshape, which copies channels_last data to NCHW order.
+    ``tracked=True`` keeps running statistics, which the audit's eval forward uses: a group norm
+    cannot stand in for them, and the change must not be made (the control)."""
+
+    def __init__(self, tracked: bool = False) -> None:
+        super().__init__()
+        self.a = nn.Conv2d(3, 16, 3, padding=1)
+        self.norm = nn.InstanceNorm2d(16, affine=True, track_running_stats=tracked)
+        self.b = nn.Conv2d(16, 16, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(self.norm(self.a(x)))  # the instance norm
+
+
+class ChannelSoftmax(nn.Module):
+    """A softmax between convolutions (a keypoint detector's score map): over the channels
+    (``dim=1``) the kernel writes NCHW order, and taking it over the last dimension of the
+    channels-last view copies nothing. ``dim=-1`` (over the width, the control) copies too, but
+    the channels are not its dimension: the change must not be made."""
+
+    def __init__(self, dim: int = 1, log: bool = False) -> None:
+        super().__init__()
+        self.a = nn.Conv2d(3, 16, 3, padding=1)
+        self.b = nn.Conv2d(16, 16, 3, padding=1)
+        self.dim, self.log = dim, log
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.a(x)
+        y = F.log_softmax(y, self.dim) if self.log else y.softmax(dim=self.dim)  # the softmax
+        return self.b(y)
+
+
+SOBEL = torch.tensor([[-1.0, 0.0, 1.0], [-2.0, 0.0, 2.0], [-1.0, 0.0, 1.0]])
+
+
+class PlaneFilter(nn.Module):
+    """Each channel filtered with one kernel by merging batch and channels (an image library's
+    gradient filter): ``x.reshape(b * c, 1, h, w)`` copies channels_last data to NCHW order, a
+    replicate pad and a convolution with a (2, 1, 3, 3) kernel, then back to (b, c, 2, h, w).
+    ``pooled=True`` (the control) averages each plane instead of filtering it: no convolution
+    stands in for that, and the change must be refuted."""
+
+    def __init__(self, pooled: bool = False) -> None:
+        super().__init__()
+        self.a = nn.Conv2d(3, 8, 3, padding=1)
+        self.b = nn.Conv2d(8, 8, 3, padding=1)
+        self.register_buffer("kernel", torch.stack([SOBEL, SOBEL.t()])[:, None])
+        self.pooled = pooled
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.a(x)
+        b, c, h, w = y.shape
+        planes = y.reshape(b * c, 1, h, w)  # the merge
+        if self.pooled:
+            return self.b(y) * planes.mean((1, 2, 3)).view(b, c, 1, 1)
+        edges = F.conv2d(F.pad(planes, [1, 1, 1, 1], mode="replicate"), self.kernel)
+        return self.b(edges.reshape(b, c, 2, h, w).abs().sum(2))

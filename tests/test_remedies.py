@@ -240,3 +240,60 @@ def test_a_batch_read_through_a_view_refutes_allocating_it_channels_last():
     assert site.remedy.status is RemedyStatus.REFUTED
     (trial,) = site.remedy.evidence
     assert not trial.holds and "Tensor.view" in trial.failure
+
+
+@pytest.mark.parametrize("log", [False, True])
+def test_a_softmax_over_channels_is_taken_over_the_channels_last_views_last_dim(log):
+    report = _audit(rm.ChannelSoftmax(log=log))
+    sites = [s for s in report.cost.sites if s.extra]
+    assert sites and all(s.remedy.status is RemedyStatus.VERIFIED for s in sites)
+    (trial,) = {t for s in sites for t in s.remedy.evidence}
+    assert trial.line.endswith(_line(rm.ChannelSoftmax, "# the softmax"))
+    assert trial.holds and trial.applied == 1 and trial.extra_bytes_after == 0
+    assert trial.max_abs_diff <= trial.tolerance
+    assert ("log_softmax(-1)" if log else ".softmax(-1)") in trial.change
+
+
+def test_a_softmax_over_the_width_is_still_flagged_and_not_changed():
+    report = _audit(rm.ChannelSoftmax(dim=-1))
+    sites = [s for s in report.cost.sites if s.extra]
+    assert sites and report.cost.extra_bytes > 0  # it copies: flagged as before
+    assert all(s.remedy.status is RemedyStatus.LEAD and not s.remedy.evidence for s in sites)
+
+
+def test_an_instance_norm_is_normalised_as_a_group_norm_and_verified():
+    report = _audit(rm.InstanceNormed())
+    sites = [s for s in report.cost.sites if s.extra]
+    assert {s.op for s in sites} >= {"F.instance_norm"}
+    assert all(s.remedy.status is RemedyStatus.VERIFIED for s in sites)
+    (trial,) = {t for s in sites for t in s.remedy.evidence}
+    assert trial.line.endswith(_line(rm.InstanceNormed, "# the instance norm"))
+    assert trial.holds and trial.applied == 1 and trial.extra_bytes_after == 0
+    assert trial.max_abs_diff <= trial.tolerance and "nn.GroupNorm(C, C)" in trial.change
+
+
+def test_an_instance_norm_with_running_statistics_is_still_flagged_and_not_changed():
+    report = _audit(rm.InstanceNormed(tracked=True))
+    sites = [s for s in report.cost.sites if s.extra]
+    assert {s.op for s in sites} >= {"F.instance_norm"}  # it copies: flagged as before
+    assert all(s.remedy.status is RemedyStatus.LEAD and not s.remedy.evidence for s in sites)
+
+
+def test_planes_merged_from_batch_and_channels_are_filtered_by_a_grouped_convolution():
+    report = _audit(rm.PlaneFilter())
+    sites = [s for s in report.cost.sites if s.extra]
+    merge = _line(rm.PlaneFilter, "# the merge")
+    (site,) = [s for s in sites if s.call_site.endswith(merge)]
+    assert site.op == "Tensor.reshape" and site.remedy.status is RemedyStatus.VERIFIED
+    (trial,) = site.remedy.evidence
+    assert trial.holds and trial.applied == 1 and trial.site_bytes_after == 0
+    assert trial.max_abs_diff <= trial.tolerance and "groups=c" in trial.change
+
+
+def test_planes_merged_for_another_purpose_are_still_flagged_and_the_change_refuted():
+    report = _audit(rm.PlaneFilter(pooled=True))
+    merge = _line(rm.PlaneFilter, "# the merge")
+    (site,) = [s for s in report.cost.sites if s.extra and s.call_site.endswith(merge)]
+    assert site.op == "Tensor.reshape"  # it copies: flagged as before
+    assert site.remedy.status is not RemedyStatus.VERIFIED
+    assert any("groups=c" in t.change and not t.holds for t in site.remedy.evidence)

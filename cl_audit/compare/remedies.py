@@ -83,6 +83,18 @@ REMEDIES: tuple[_Entry, ...] = (
         "data reshaped to C*H*W order must copy (torch.Tensor.view)",
     ),
     _entry(
+        "Tensor.reshape torch.reshape Tensor.view",
+        "copy",
+        "batch and channels of a channels_last map merged, x.reshape(b * c, 1, h, w), to "
+        "filter each channel with one kernel",
+        "a grouped convolution of the map with the kernel repeated per channel, "
+        "F.conv2d(x, kernel.repeat(c, 1, 1, 1), groups=c), then .view(b, c, k, h, w)",
+        "strides: merging b and c is a view only where c is the outer of the two in memory "
+        "(NCHW); a grouped convolution reads each channel in place (torch.nn.functional.conv2d, "
+        "groups)",
+        changes="depthwise",
+    ),
+    _entry(
         "Tensor.contiguous",
         "copy",
         "permute(...).contiguous() or .contiguous() writing NCHW order",
@@ -123,6 +135,30 @@ REMEDIES: tuple[_Entry, ...] = (
         "the data copied into it keeps that order",
         "torch.empty's memory_format argument (torch docs, tensor creation ops)",
         changes="allocate_channels_last",
+    ),
+    _entry(
+        "F.instance_norm torch.instance_norm",
+        "copy kernel",
+        "an instance norm of a channels_last map (torch normalises it as a batch norm of a "
+        "(1, N*C, H, W) reshape, in NCHW order)",
+        "nn.GroupNorm(C, C) (F.group_norm(x, C, weight, bias, eps)): one group per channel "
+        "normalises the same values, in the input's layout (without running statistics)",
+        "torch/nn/functional.py instance_norm and aten/src/ATen/native/Normalization.cpp "
+        "instance_norm (the reshape); group_norm keeps channels_last on the CPU (measured, "
+        "torch 2.14.1); CUDA's GroupNorm copies up to torch 2.14",
+        devices="cpu",
+        changes="group_norm",
+    ),
+    _entry(
+        "Tensor.softmax torch.softmax F.softmax Tensor.log_softmax torch.log_softmax F.log_softmax",
+        "copy kernel",
+        "a softmax over the channels of a channels_last map (its kernel writes NCHW order)",
+        "take it over the last dimension of the channels-last view, x.permute(0, 2, 3, "
+        "1).softmax(-1).permute(0, 3, 1, 2): the same values, a view in and out",
+        "strides: in channels_last the channels are the innermost dimension, the one a "
+        "softmax kernel reads contiguously; measured: softmax(dim=1) of channels_last input "
+        "returns NCHW on the CPU, torch 2.14.1",
+        changes="softmax_last_dim log_softmax_last_dim",
     ),
     _entry(
         "MeanBackward",

@@ -8,6 +8,7 @@ whichever layout the model runs, and only where the call is the pattern it is wr
 
 from __future__ import annotations
 
+import inspect
 import math
 import sys
 from collections.abc import Callable, Mapping
@@ -37,7 +38,7 @@ class Change:
     or None to run the call as written."""
 
     name: str
-    op: str  # the Python-level operation, as ``python_op_name`` names it
+    ops: frozenset[str]  # the Python-level operations, as ``python_op_name`` names them
     advice: str  # the edit, as the user would write it
     make: Call
     follow: Follow | None = None
@@ -80,6 +81,20 @@ def _channel_shuffle(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> torch.
     return F.channel_shuffle(maps, groups).view(x.shape)
 
 
+def _target_shape(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[int, ...] | None:
+    """The shape a ``reshape`` or ``view`` call asks for, given as sizes or as one sequence."""
+    shape = (
+        args[1:]
+        if len(args) > 2 or (len(args) == 2 and isinstance(args[1], int))
+        else (args[1] if len(args) > 1 else kwargs.get("shape"))
+    )
+    if not isinstance(shape, (tuple, list, torch.Size)) or not all(
+        isinstance(size, int) for size in shape
+    ):
+        return None
+    return tuple(shape)
+
+
 def _rows_in_memory_order(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> torch.Tensor | None:
     """A channels_last 4-D tensor reshaped to one row per output channel, ``w.reshape(1, out,
     -1)`` (or ``(out, -1)``), taken in memory order instead, ``w.permute(0, 2, 3, 1)
@@ -89,11 +104,7 @@ def _rows_in_memory_order(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> t
         return None
     if not x.is_contiguous(memory_format=torch.channels_last):
         return None
-    shape = (
-        args[1:]
-        if len(args) > 2 or (len(args) == 2 and isinstance(args[1], int))
-        else (args[1] if len(args) > 1 else kwargs.get("shape"))
-    )
+    shape = _target_shape(args, kwargs)
     if shape is None:
         return None
     rows = x.permute(0, 2, 3, 1).reshape(shape)
@@ -148,38 +159,172 @@ def _allocate_channels_last(
     return torch.empty(tuple(size), dtype=dtype, device=device, memory_format=fmt).fill_(value)
 
 
+def _channels_last_map(x: Any) -> bool:
+    """A 4-D tensor in channels_last order that is not also NCHW-contiguous."""
+    return (
+        isinstance(x, torch.Tensor)
+        and x.dim() == 4
+        and x.is_contiguous(memory_format=torch.channels_last)
+        and not x.is_contiguous()
+    )
+
+
+_INSTANCE_NORM = inspect.signature(F.instance_norm)
+
+
+def _group_norm(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> torch.Tensor | None:
+    """An instance norm of a channels_last map with no running statistics, computed as a group
+    norm with one group per channel: the same mean and variance per sample and channel, and
+    the same affine weight and bias per channel."""
+    try:
+        call = _INSTANCE_NORM.bind(*args, **kwargs)
+    except TypeError:
+        return None
+    call.apply_defaults()
+    given = call.arguments
+    x = given["input"]
+    if not _channels_last_map(x) or not given["use_input_stats"]:
+        return None  # normalised by running statistics, which a group norm has not
+    if given["running_mean"] is not None or given["running_var"] is not None:
+        return None  # a training forward updates them: a group norm would not
+    return F.group_norm(x, x.shape[1], given["weight"], given["bias"], given["eps"])
+
+
+def _over_last_dim(function: Callable[..., torch.Tensor]) -> Call:
+    """A softmax (or log-softmax) over the channels of a channels_last map, taken over the last
+    dimension of its channels-last view instead, ``x.permute(0, 2, 3, 1).softmax(-1)
+    .permute(0, 3, 1, 2)``: the same values, each channel vector contiguous in memory, no copy
+    in or out."""
+
+    def make(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> torch.Tensor | None:
+        x = args[0] if args else kwargs.get("input")
+        dim = args[1] if len(args) > 1 else kwargs.get("dim")
+        rest = {k: v for k, v in kwargs.items() if k not in ("input", "dim", "_stacklevel")}
+        if not _channels_last_map(x) or dim not in (1, -3) or len(args) > 2:
+            return None
+        if rest.keys() - {"dtype"}:
+            return None
+        return function(x.permute(0, 2, 3, 1), -1, **rest).permute(0, 3, 1, 2)
+
+    return make
+
+
+def _planes(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> torch.Tensor | None:
+    """A channels_last map ``x`` of shape (b, c, h, w) reshaped to one plane per sample and
+    channel, ``x.reshape(b * c, 1, h, w)`` (to filter each channel with one kernel): left as it
+    is instead, standing for the planes (the same elements in the same logical order, in the
+    shape (b, c * 1, h, w)); ``_planes_followed`` carries the calls that read it."""
+    x = args[0] if args else None
+    shape = _target_shape(args, kwargs)
+    if not _channels_last_map(x) or shape is None or len(shape) != 4:
+        return None
+    b, c, h, w = x.shape
+    if c < 2 or shape[1:] != (1, h, w) or shape[0] not in (b * c, -1):
+        return None
+    return x.view(x.shape)  # an alias: no copy
+
+
+def _planes_followed(
+    name: str, func: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+) -> torch.Tensor | None:
+    """After ``_planes``: a tensor of shape (b, c * m, h, w) stands for planes of shape (b * c,
+    m, h, w), its elements in their logical order. A spatial pad pads it alike; a convolution
+    of the planes with a kernel of ``m`` input channels is the grouped (depthwise for ``m`` 1)
+    convolution of the map with the kernel repeated per channel, ``groups=c``, standing for
+    (b * c, k, h', w'); a reshape or view reads the elements in the order the planes had."""
+    stand_in = args[0]
+    if name == "F.pad":
+        pad = args[1] if len(args) > 1 else kwargs.get("pad")
+        return func(*args, **kwargs) if pad is not None and len(pad) <= 4 else None
+    if name in ("torch.conv2d", "F.conv2d"):
+        names = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
+        given = {**dict(zip(names, args, strict=False)), **kwargs}
+        weight, groups = given.get("weight"), given.get("groups", 1)
+        if not isinstance(weight, torch.Tensor) or weight.dim() != 4 or groups != 1:
+            return None
+        channels, remainder = divmod(stand_in.shape[1], weight.shape[1])
+        if remainder or channels < 2:
+            return None
+        bias = given.get("bias")
+        return F.conv2d(
+            stand_in,
+            weight.repeat(channels, 1, 1, 1),
+            None if bias is None else bias.repeat(channels),
+            given.get("stride", 1),
+            given.get("padding", 0),
+            given.get("dilation", 1),
+            channels,
+        )
+    if name in ("Tensor.reshape", "torch.reshape", "Tensor.view"):
+        shape = _target_shape(args, kwargs)
+        return None if shape is None else stand_in.reshape(shape)
+    return None
+
+
+_CONTIGUOUS = frozenset({"Tensor.contiguous"})
+
 CHANGES: dict[str, Change] = {
     change.name: change
     for change in (
-        Change("drop", "Tensor.contiguous", "drop the .contiguous()", _drop),
+        Change("drop", _CONTIGUOUS, "drop the .contiguous()", _drop),
         Change(
             "channels_last",
-            "Tensor.contiguous",
+            _CONTIGUOUS,
             "write .contiguous(memory_format=torch.channels_last) (channels_last_3d for 5-D)",
             _channels_last,
         ),
         Change(
             "channel_shuffle",
-            "Tensor.contiguous",
+            _CONTIGUOUS,
             "replace the view, transpose, .contiguous() and view with "
             "F.channel_shuffle(x, groups) (nn.ChannelShuffle)",
             _channel_shuffle,
         ),
         Change(
             "allocate_channels_last",
-            "Tensor.new_full",
+            frozenset({"Tensor.new_full"}),
             "allocate it channels_last: torch.empty(shape, dtype=x.dtype, device=x.device, "
             "memory_format=torch.channels_last).fill_(value) (channels_last_3d for 5-D)",
             _allocate_channels_last,
         ),
         Change(
             "rows_in_memory_order",
-            "Tensor.reshape",
+            frozenset({"Tensor.reshape"}),
             "standardise in NHWC order: rows = w.permute(0, 2, 3, 1).reshape(1, out, -1), "
             "normalise them, then .reshape(out, kh, kw, in).permute(0, 3, 1, 2) (the "
             "per-output-channel statistics do not depend on the order within a row)",
             _rows_in_memory_order,
             _rows_back,
+        ),
+        Change(
+            "depthwise",
+            frozenset({"Tensor.reshape", "torch.reshape", "Tensor.view"}),
+            "filter the map with a grouped convolution instead of merging batch and channels: "
+            "F.conv2d(x, kernel.repeat(c, 1, 1, 1), groups=c) on the (b, c, h, w) map, then "
+            ".view(b, c, k, h, w) (the same values; no copy)",
+            _planes,
+            _planes_followed,
+        ),
+        Change(
+            "group_norm",
+            frozenset({"F.instance_norm", "torch.instance_norm"}),
+            "normalise with nn.GroupNorm(C, C) (F.group_norm(x, C, weight, bias, eps)): one "
+            "group per channel is an instance norm, computed in the input's layout",
+            _group_norm,
+        ),
+        Change(
+            "softmax_last_dim",
+            frozenset({"Tensor.softmax", "torch.softmax", "F.softmax"}),
+            "take it over the last dimension of the channels-last view: "
+            "x.permute(0, 2, 3, 1).softmax(-1).permute(0, 3, 1, 2)",
+            _over_last_dim(torch.softmax),
+        ),
+        Change(
+            "log_softmax_last_dim",
+            frozenset({"Tensor.log_softmax", "torch.log_softmax", "F.log_softmax"}),
+            "take it over the last dimension of the channels-last view: "
+            "x.permute(0, 2, 3, 1).log_softmax(-1).permute(0, 3, 1, 2)",
+            _over_last_dim(torch.log_softmax),
         ),
     )
 }
@@ -204,7 +349,7 @@ class WhatIf(TorchFunctionMode):
             if result is not None:
                 self._made[id(result)] = result
                 return result
-        if name == self.change.op and call_site(sys._getframe(1)) == self.line:
+        if name in self.change.ops and call_site(sys._getframe(1)) == self.line:
             result = self.change.make(args, kwargs)
             if result is not None:
                 self.applied += 1
