@@ -9,6 +9,7 @@ and what undoes the NCHW run's conversion. Nothing else tests which one is in us
 from __future__ import annotations
 
 import contextlib
+from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any, ClassVar
 
@@ -51,6 +52,11 @@ class TensorRun:
     def tensor_mode(self) -> contextlib.AbstractContextManager[object]:
         """What every run of the model happens under."""
         return contextlib.nullcontext()
+
+    def warming(self) -> contextlib.AbstractContextManager[object]:
+        """What an unaudited warm-up runs under: the tensor mode, what its overrides changed not
+        counted."""
+        return self.tensor_mode()
 
     def converted(self) -> Forward:
         """The model and input converted as the strategy says, in the workload's mode."""
@@ -190,6 +196,18 @@ class _FakeRun(TensorRun):
         attention kernel a GPU picks."""
         with self._mode, self.kernels.over(self._mode), self.attention or contextlib.nullcontext():
             yield
+
+    @contextlib.contextmanager
+    def warming(self) -> Iterator[None]:
+        counters = [self.kernels.applied, *([self.attention.applied] if self.attention else [])]
+        kept = [Counter(counter) for counter in counters]
+        try:
+            with self.tensor_mode():
+                yield
+        finally:
+            for counter, counted in zip(counters, kept, strict=True):
+                counter.clear()
+                counter.update(counted)
 
     def overrides(self) -> tuple[str | None, tuple[AppliedOverride, ...]]:
         attention = self.attention.applied_overrides() if self.attention else ()

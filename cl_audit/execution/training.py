@@ -228,10 +228,14 @@ class BoundStep:
         self.step, self.forward, self._primed = step, forward, primed
 
     def warm_up(self) -> None:
-        """The workload's unaudited steps before the audited one (``Workload.warmup_steps``)."""
+        """The workload's unaudited steps before the audited one (``Workload.warmup_steps``);
+        primed, the optimizer's state and one forward without gradients (the model's one-time
+        work)."""
         for _ in range(self.step.plan.workload.warmup_steps):
             if self._primed:
                 self.step.prime()
+                with torch.no_grad(), self.step.plan.autocast():
+                    self.forward()
             else:
                 self.run(None)
 

@@ -49,8 +49,9 @@ def audit_module(
 
     The model is converted in place as the strategy says (channels_last by default) and run in
     eval (or train) mode; afterwards its modes, parameters, buffers and gradients are as they
-    came in (``as_it_came``). A training step is audited after a warm-up step (the optimizer's
-    state exists: a steady-state step), in each format. With ``time`` the step is first timed
+    came in (``as_it_came``). Each run is audited after an unaudited one in its format (work
+    the model does once is not charged to the format that runs first); a training step so in
+    the steady state (the optimizer's state exists). With ``time`` the step is first timed
     without the audit and the audited step runs under ``torch.profiler``. Raises
     ``ModelFailedError`` naming the stage when the model fails.
     """

@@ -1,5 +1,5 @@
-"""The audited run: the forward or training step in channels_last under the checker (after a
-warm-up step when training, and untimed rounds first with ``--time``), and what it saw."""
+"""The audited run: the forward or training step in channels_last under the checker (after an
+unaudited one, or untimed rounds with ``--time``), and what it saw."""
 
 from __future__ import annotations
 
@@ -11,12 +11,13 @@ import torch
 from torch import nn
 
 from cl_audit.compat.failures import is_data_dependent_error, is_device_runtime_error
-from cl_audit.enums import Engine, Strategy
+from cl_audit.enums import Engine, Stage, Strategy
 from cl_audit.errors import ModelFailedError, UsageError
 from cl_audit.execution.audit_context import Audit, audit
 from cl_audit.execution.plan import RunPlan
 from cl_audit.execution.tensors import TensorRun
 from cl_audit.execution.timing import Profiler, call_times, copies_by_call, step_timing, timed_ms
+from cl_audit.execution.training import BoundStep
 from cl_audit.intercept.ledger import Ledger
 from cl_audit.intercept.observer import Observer
 from cl_audit.predict.divergences import kernel_copy_table
@@ -38,12 +39,12 @@ def run_audited(subject: Subject, done: Sections) -> Audited:
     ledger = _ledger(plan)
     rounds: tuple[float, ...] = ()
     profiled = 0.0
+    warm: tuple[Stage, Exception] | None = None
     try:
         if settings.time:
             rounds = step.timed(plan.device)
         else:
-            with run.tensor_mode():
-                step.warm_up()
+            warm = _warm_up(run, step)
         with run.tensor_mode(), instrumented(plan, model, run, ledger) as (active, prof):
             if settings.time:
                 profiled = timed_ms(lambda: step.run(active), plan.device)
@@ -56,12 +57,30 @@ def run_audited(subject: Subject, done: Sections) -> Audited:
         if hint is None and _nchw_runs(plan, run, loss):
             hint = "channels_last breaks the model here: the same step runs in NCHW"
         raise ModelFailedError(step.stage, label, e, hint) from e
+    if warm is not None:
+        stage, error = warm
+        hint = "it failed in the unaudited run before the audited one, which then ran"
+        raise ModelFailedError(stage, label, error, hint) from error
     observed = active.observed(call_times(prof, plan.device) if settings.time else None)
     training = None
     if plan.workload.train:
         training = Training(settings.optimizer.value, step.layouts)
     timing = step_timing(observed, rounds, profiled, plan.device) if settings.time else None
     return Audited(observed, training, timing, ledger)
+
+
+def _warm_up(run: TensorRun, step: BoundStep) -> tuple[Stage, Exception] | None:
+    """The unaudited run before the audited one (``BoundStep.warm_up``: the model's one-time
+    work done first). A failure there is returned with its stage, not raised: the audited run
+    comes next and, failing too, names the operation, which only an audited run can."""
+    try:
+        with run.warming():
+            step.warm_up()
+    except UsageError:
+        raise
+    except Exception as e:
+        return step.stage, e
+    return None
 
 
 def _hint(plan: RunPlan, run: TensorRun, error: Exception) -> str | None:

@@ -50,7 +50,7 @@ def compare(subject: Subject, done: Sections) -> Compared:
         else:
             quiet = plan.changed(timeline=False, time=False)
             step = run.stepper(quiet, forward, loss)
-            with run.tensor_mode():
+            with run.warming():
                 step.warm_up()  # warmed up as the audited run was
             weighed = instrumented(quiet, model, run, nchw, watcher, findings=False)
             with run.tensor_mode(), weighed as (active, _):
