@@ -141,10 +141,38 @@ def hf_mobilevit() -> Factory:
     return _hf("MobileViTModel", "MobileViTConfig")
 
 
+# --- kornia and pytorchcv: libraries nobody here had tuned for (issue #59) ----------------------
+
+
+class _DiskMaps(nn.Module):
+    """kornia's DISK: its U-Net's heatmap and dense descriptors (instance norms throughout)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from kornia.feature import DISK
+
+        self.disk = DISK()
+
+    def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.disk.heatmap_and_dense_descriptors(images)
+
+
+def kornia_disk() -> Factory:
+    return _DiskMaps(), _images(128)
+
+
+def pytorchcv_superpoint() -> Factory:
+    from pytorchcv.model_provider import get_model
+
+    # a softmax over the detector's channels, then Python loops over the keypoints
+    return get_model("superpointnet", pretrained=False), _images(128, channels=1)
+
+
 ALL = (
     "yolo11n", "yolo11n_seg", "yolov8n",
     "diffusers_unet", "diffusers_vae",
     "smp_unet", "smp_deeplabv3plus", "smp_fpn",
     "monai_unet", "monai_segresnet", "monai_swinunetr",
     "hf_convnext", "hf_segformer", "hf_resnet", "hf_mobilevit",
+    "kornia_disk", "pytorchcv_superpoint",
 )  # fmt: skip

@@ -1,13 +1,14 @@
 """Audit the popular-libraries tier: models as people have them in Ultralytics, diffusers,
-segmentation_models_pytorch, MONAI and transformers (``examples/libraries.py``, each with its
-own example input), random weights, no download. Per model: eager CPU inference, an eager CPU
+segmentation_models_pytorch, MONAI, transformers, kornia and pytorchcv
+(``examples/libraries.py``, each with its own example input), random weights, no download. Per
+model: eager CPU inference (the remedies of its cost sites tried in what-if runs), an eager CPU
 training step, and fake CUDA inference with fp16 autocast (a prediction). Every report goes to
-one JSON file and the Markdown table of reports/pages/libraries.md to stdout: per model and
-configuration the verdict and the channels_last-only cost against NCHW, and the top cost sites
-with their fix site and remedy.
+one JSON file (written whole, by rename) and the Markdown table of reports/pages/libraries.md to
+stdout: per model and configuration the verdict and the channels_last-only cost against NCHW,
+and the top cost sites with their fix site and remedy (and whether it was verified).
 
     pip install -e '.[libraries]'
-    python scripts/audit_libraries.py --out reports/libraries_torch-2.14.1_cpu.json
+    python scripts/audit_libraries.py --out reports/libraries_torch-2.14.1_cpu.json.gz
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch
 
 from cl_audit.compat.cuda import fake_cuda_problem
+from cl_audit.files import write_text
 from cl_audit.report import ModelReport
 from cl_audit.run.audit_module import audit_module
 from cl_audit.settings import Amp, AuditSettings, TensorMode
@@ -33,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 import libraries
 
 CONFIGURATIONS = {
-    "inference": AuditSettings(),
+    "inference": AuditSettings(verify=True),
     "training": AuditSettings(train=True),
     "fake-cuda-fp16": AuditSettings(device="cuda", tensor_mode=TensorMode.FAKE, amp=Amp.FP16),
 }
@@ -51,6 +53,7 @@ def _row(name: str, configuration: str, report: ModelReport, seconds: float) -> 
             "fix_site": None if site.fix_site is None else
             f"{site.fix_site.python_op or site.fix_site.aten_op} {site.fix_site.call_site}",
             "remedy": None if site.remedy is None else site.remedy.pattern,
+            "remedy_status": None if site.remedy is None else site.remedy.status.value,
         })  # fmt: skip
         entry["extra"] += site.extra
     top = sorted(groups.values(), key=lambda s: -s["extra"])[:3]
@@ -98,6 +101,7 @@ def table(rows: list[dict]) -> str:
             f"`{s['op']}` {s['call_site']} ({s['extra'] / 2**20:.1f} MiB"
             + (f", from `{s['fix_site']}`" if s["fix_site"] else "")
             + f"): {s['remedy'] or 'no known remedy'}"
+            + (f" ({s['remedy_status']})" if s.get("remedy_status") else "")
             for s in source.get("top_sites", [])[:2]
         )
         cells = [_cell(runs[c]) for c in CONFIGURATIONS]
@@ -131,7 +135,7 @@ def main() -> None:
             print(f"{name:20s} {configuration:15s} {_cell(row)}", flush=True)
     document = {"format": "cl-audit.libraries", "version": 1, "torch": torch.__version__,
                 "rows": rows}  # fmt: skip
-    args.out.write_text(json.dumps(document, indent=1) + "\n")
+    write_text(args.out, json.dumps(document, indent=1) + "\n", "--out")  # whole or not at all
     print(table(rows))
 
 

@@ -103,13 +103,15 @@ class InstanceNormed(nn.Module):
     """An instance norm between convolutions (a U-Net's blocks): torch normalises it as a batch
     norm of a (1, N*C, H, W) reshape, which copies channels_last data to NCHW order.
     ``tracked=True`` keeps running statistics, which the audit's eval forward uses: a group norm
-    cannot stand in for them, and the change must not be made (the control)."""
+    cannot stand in for them, and the change must not be made (the control). ``volumes=True``:
+    the same in 3-D (a MONAI network's blocks), channels_last_3d."""
 
-    def __init__(self, tracked: bool = False) -> None:
+    def __init__(self, tracked: bool = False, volumes: bool = False) -> None:
         super().__init__()
-        self.a = nn.Conv2d(3, 16, 3, padding=1)
-        self.norm = nn.InstanceNorm2d(16, affine=True, track_running_stats=tracked)
-        self.b = nn.Conv2d(16, 16, 3, padding=1)
+        conv, norm = (nn.Conv3d, nn.InstanceNorm3d) if volumes else (nn.Conv2d, nn.InstanceNorm2d)
+        self.a = conv(3, 16, 3, padding=1)
+        self.norm = norm(16, affine=True, track_running_stats=tracked)
+        self.b = conv(16, 16, 3, padding=1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.b(self.norm(self.a(x)))  # the instance norm

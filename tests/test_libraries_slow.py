@@ -75,3 +75,21 @@ def test_the_readme_examples_train_and_predict_cuda_naming_the_library_lines(
     assert result.returncode == _exit_code(data), result.stderr
     offenders = data["offenders"]
     assert any(source in (f["call_site"] or "") for f in offenders), offenders
+
+
+@pytest.mark.slow
+def test_kornias_disk_gets_its_instance_norms_remedy_verified_through_the_cli(tmp_path):
+    """kornia's DISK U-Net normalises channels_last maps with instance norms, each a copy to
+    NCHW and back (issue #59): the group-norm remedy is tried on the model and verified."""
+    if importlib.util.find_spec("kornia") is None:
+        pytest.skip("kornia is not installed (pip install -e '.[libraries]')")
+    result = subprocess.run(
+        [CLI, f"{LIBRARIES}:kornia_disk", "--json", "-"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=600, check=False,
+    )  # fmt: skip
+    data = json.loads(result.stdout)
+    assert result.returncode == _exit_code(data) == 1, result.stderr
+    norms = [s for s in data["cost"]["sites"] if s["op"] == "F.instance_norm" and s["extra"]]
+    assert norms and all("kornia/feature/disk/" in s["call_site"] for s in norms)
+    assert {s["remedy"]["status"] for s in norms} == {"verified"}
+    assert all("nn.GroupNorm(C, C)" in s["remedy"]["advice"] for s in norms)

@@ -261,8 +261,11 @@ def test_a_softmax_over_the_width_is_still_flagged_and_not_changed():
     assert all(s.remedy.status is RemedyStatus.LEAD and not s.remedy.evidence for s in sites)
 
 
-def test_an_instance_norm_is_normalised_as_a_group_norm_and_verified():
-    report = _audit(rm.InstanceNormed())
+@pytest.mark.parametrize("volumes", [False, True], ids=["2d", "3d"])
+def test_an_instance_norm_is_normalised_as_a_group_norm_and_verified(volumes):
+    torch.manual_seed(0)
+    x = _input() if not volumes else torch.randn(2, 3, 8, 8, 8)
+    report = audit_model(rm.InstanceNormed(volumes=volumes), x, **ANY)
     sites = [s for s in report.cost.sites if s.extra]
     assert {s.op for s in sites} >= {"F.instance_norm"}
     assert all(s.remedy.status is RemedyStatus.VERIFIED for s in sites)

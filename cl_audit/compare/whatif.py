@@ -159,23 +159,23 @@ def _allocate_channels_last(
     return torch.empty(tuple(size), dtype=dtype, device=device, memory_format=fmt).fill_(value)
 
 
-def _channels_last_map(x: Any) -> bool:
-    """A 4-D tensor in channels_last order that is not also NCHW-contiguous."""
-    return (
-        isinstance(x, torch.Tensor)
-        and x.dim() == 4
-        and x.is_contiguous(memory_format=torch.channels_last)
-        and not x.is_contiguous()
-    )
+def _channels_last_map(x: Any, volumes: bool = False) -> bool:
+    """A 4-D tensor in channels_last order (or, with ``volumes``, a 5-D one in
+    channels_last_3d) that is not also NCHW-contiguous."""
+    if not isinstance(x, torch.Tensor) or x.is_contiguous():
+        return False
+    if x.dim() == 5 and volumes:
+        return x.is_contiguous(memory_format=torch.channels_last_3d)
+    return x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last)
 
 
 _INSTANCE_NORM = inspect.signature(F.instance_norm)
 
 
 def _group_norm(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> torch.Tensor | None:
-    """An instance norm of a channels_last map with no running statistics, computed as a group
-    norm with one group per channel: the same mean and variance per sample and channel, and
-    the same affine weight and bias per channel."""
+    """An instance norm of a channels_last map (or channels_last_3d volume) with no running
+    statistics, computed as a group norm with one group per channel: the same mean and
+    variance per sample and channel, and the same affine weight and bias per channel."""
     try:
         call = _INSTANCE_NORM.bind(*args, **kwargs)
     except TypeError:
@@ -183,7 +183,7 @@ def _group_norm(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> torch.Tenso
     call.apply_defaults()
     given = call.arguments
     x = given["input"]
-    if not _channels_last_map(x) or not given["use_input_stats"]:
+    if not _channels_last_map(x, volumes=True) or not given["use_input_stats"]:
         return None  # normalised by running statistics, which a group norm has not
     if given["running_mean"] is not None or given["running_var"] is not None:
         return None  # a training forward updates them: a group norm would not
