@@ -21,6 +21,7 @@ from torch.overrides import TorchFunctionMode
 
 from cl_audit.intercept.naming import python_op_name
 from cl_audit.rule.attribution import call_site
+from cl_audit.rule.layout import MemoryLayout, layout_of
 
 __all__ = ["CHANGES", "Change", "WhatIf"]
 
@@ -160,13 +161,14 @@ def _allocate_channels_last(
 
 
 def _channels_last_map(x: Any, volumes: bool = False) -> bool:
-    """A 4-D tensor in channels_last order (or, with ``volumes``, a 5-D one in
-    channels_last_3d) that is not also NCHW-contiguous."""
-    if not isinstance(x, torch.Tensor) or x.is_contiguous():
-        return False
-    if x.dim() == 5 and volumes:
-        return x.is_contiguous(memory_format=torch.channels_last_3d)
-    return x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last)
+    """A 4-D tensor (or, with ``volumes``, a 5-D one too) that the rule calls channels_last
+    (``rule.layout``: not also NCHW-ordered)."""
+    ranks = (4, 5) if volumes else (4,)
+    return (
+        isinstance(x, torch.Tensor)
+        and x.dim() in ranks
+        and layout_of(x) is MemoryLayout.CHANNELS_LAST
+    )
 
 
 _INSTANCE_NORM = inspect.signature(F.instance_norm)
