@@ -11,6 +11,7 @@ __all__ = [
     "Amp",
     "BenchVerdict",
     "BucketMatch",
+    "CallLabels",
     "ConvClass",
     "Conversion",
     "CostKind",
@@ -42,6 +43,15 @@ __all__ = [
 class Engine(str, Enum):
     DISPATCH = "dispatch"  # aten-level TorchDispatchMode, named by a TorchFunctionMode
     PATCH = "patch"  # wraps the public callables of torch, torch.Tensor and F
+
+
+@unique
+class CallLabels(str, Enum):
+    """Which calls of an audited run run inside a profiler range named by their number."""
+
+    EVERY = "every"  # each call (``--time`` gives each finding its calls' time)
+    FIRST = "first"  # the first call of each signature (``intercept.signature``): copies measured
+    NONE = "none"
 
 
 @unique

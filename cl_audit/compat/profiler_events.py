@@ -2,11 +2,25 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 
-__all__ = ["ProfiledOp", "profiled_ops"]
+__all__ = ["ProfiledOp", "profiled_ops", "recording"]
+
+
+@contextlib.contextmanager
+def recording(enabled: bool, after: bool = True) -> Iterator[None]:
+    """The profiler's recording of operations on this thread (torch's RecordFunction)
+    ``enabled`` inside, ``after`` after: what runs while it is off makes no event, costs no
+    time to record nor to read back. Torch has no reader of the setting; on is its default."""
+    torch.autograd._enable_record_function(enabled)
+    try:
+        yield
+    finally:
+        torch.autograd._enable_record_function(after)
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from collections.abc import Iterable, Iterator
 import torch
 from torch import nn
 
-from cl_audit.enums import DifferentialStatus, Engine, Phase, Provenance
+from cl_audit.enums import CallLabels, DifferentialStatus, Engine, Phase, Provenance
 from cl_audit.errors import AuditError
 from cl_audit.execution.assemble import assemble
 from cl_audit.intercept.dispatch import DispatchEngine
@@ -77,7 +77,8 @@ class Audit:
     for the HTML report's format timeline (a stack walk each: slower); ``training`` attributes
     backward events to the module whose forward made them (see ``enter_phase``);
     ``label_calls`` runs each operation in a profiler range named by its call number, so that
-    ``report(call_times=...)`` can give each finding its profiled time; ``ledger`` (dispatch
+    ``report(call_times=...)`` can give each finding its profiled time (``CallLabels.FIRST``:
+    only the first call of each signature, the others listed in ``repeats``); ``ledger`` (dispatch
     engine) counts the bytes written and copied, for a cost comparison; ``also`` is another
     observer of every operation (the NCHW run's counterpart watcher); ``findings=False`` keeps
     the ledger alone (the NCHW run, which is weighed, never reported): no rule is applied, and
@@ -91,13 +92,14 @@ class Audit:
         parameters: Iterable[torch.Tensor] = (),
         timeline: bool = False,
         training: bool = False,
-        label_calls: bool = False,
+        label_calls: bool | CallLabels = False,
         ledger: Ledger | None = None,
         also: Observer | None = None,
         findings: bool = True,
     ) -> None:
         self.engine = parse_engine(engine)
-        check_engine(self.engine, train=training, time=label_calls)
+        labels = CallLabels.EVERY if label_calls is True else CallLabels(label_calls or "none")
+        check_engine(self.engine, train=training, time=labels is not CallLabels.NONE)
         self._recorder = Recorder(
             ModuleNames(model),
             parameters=parameters,
@@ -109,7 +111,7 @@ class Audit:
         recorder = self._recorder
         self._impl = _ENGINES[self.engine](
             recorder if also is None else Tee(recorder, also),
-            label_calls=label_calls,
+            label_calls=labels if labels is not CallLabels.NONE else False,
             on_python_result=recorder.python_result if training else None,
         )
         self._entered = False
@@ -133,6 +135,13 @@ class Audit:
             self._impl.uninstall()
         finally:
             _release()
+
+    @property
+    def repeats(self) -> dict[int, int]:
+        """Each call left unlabelled (``CallLabels.FIRST``) -> the first call of its
+        signature, whose measured copies stand for its own."""
+        impl = self._impl
+        return impl.repeats if isinstance(impl, DispatchEngine) else {}
 
     def enter_phase(self, phase: Phase) -> None:
         """What the operations from now on belong to: a training step's forward, backward or
@@ -203,7 +212,7 @@ def audit(
     parameters: Iterable[torch.Tensor] = (),
     timeline: bool = False,
     training: bool = False,
-    label_calls: bool = False,
+    label_calls: bool | CallLabels = False,
     ledger: Ledger | None = None,
     also: Observer | None = None,
     findings: bool = True,

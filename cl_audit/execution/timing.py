@@ -29,6 +29,7 @@ __all__ = [
     "call_times",
     "copied_bytes",
     "copies_by_call",
+    "repeated",
     "step_timing",
     "timed_ms",
 ]
@@ -178,6 +179,20 @@ def copies_by_call(
         size = _ELEMENT_SIZES.get(op.dtypes[0], 4) if op.dtypes else None
         copied.setdefault(call, []).append((math.prod(op.shapes[0]), size))
         names[call] = child.name.replace("::", ".")
+    return copied, names
+
+
+def repeated(
+    measured: tuple[dict[int, list[tuple[int, int | None]]], dict[int, str]],
+    repeats: dict[int, int],
+) -> tuple[dict[int, list[tuple[int, int | None]]], dict[int, str]]:
+    """``copies_by_call``'s copies and names with each unlabelled call given those of the
+    first call of its signature (``repeats``: ``CallLabels.FIRST``)."""
+    copied, names = measured
+    for call, first in repeats.items():
+        if first in copied:
+            copied[call] = copied[first]
+            names[call] = names[first]
     return copied, names
 
 

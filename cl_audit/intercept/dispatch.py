@@ -9,7 +9,7 @@ runs, so calls nested in ``F.softmax`` are never seen twice and the checker neve
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 from torch.autograd.profiler import record_function
@@ -19,9 +19,12 @@ from cl_audit.compat.fake_base import Run, device_query
 from cl_audit.compat.fake_mode import dispatch_layer, fake_mode_alone
 from cl_audit.compat.modes import TorchDispatchMode, function_layer_taken, without_torch_function
 from cl_audit.compat.operators import aten_op_name
+from cl_audit.compat.profiler_events import recording
+from cl_audit.enums import CallLabels
 from cl_audit.errors import mark_failure
 from cl_audit.intercept.naming import python_op_name
 from cl_audit.intercept.observer import Observer
+from cl_audit.intercept.signature import call_signature
 
 __all__ = ["CALL_LABEL", "DispatchEngine"]
 
@@ -100,27 +103,51 @@ class _AtenObserver(TorchDispatchMode):
 
 class _LabellingObserver(_AtenObserver):
     """Each call inside a profiler range named by its number (1, 2, ...), as the recorder
-    numbers the calls it checks."""
+    numbers the calls it checks; with ``first_only`` only the first call of each signature
+    (``call_signature``), the profiler recording nothing else: ``repeats`` maps each other
+    call to the first of its signature."""
 
-    def __init__(self, observer: Observer, python_calls: _PythonCalls) -> None:
+    def __init__(self, observer: Observer, python_calls: _PythonCalls, first_only: bool) -> None:
         super().__init__(observer, python_calls)
         self._calls = 0
+        self._first_only = first_only
+        self._signatures: dict[Hashable, int] = {}
+        self.repeats: dict[int, int] = {}
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         if func.namespace == _METADATA:
             return _metadata(func, args, kwargs)
         self._calls += 1
+        call = self._calls
+        kwargs = kwargs or {}
         with without_torch_function():  # as the parent's
-            with record_function(f"{CALL_LABEL}{self._calls}"):
-                result = func(*args, **(kwargs or {}))
+            first = None if not self._first_only else self._first(func, args, kwargs, call)
+            if first is None:
+                with recording(True, after=not self._first_only):
+                    with record_function(f"{CALL_LABEL}{call}"):
+                        result = func(*args, **kwargs)
+            else:
+                self.repeats[call] = first
+                result = func(*args, **kwargs)
             self._observer.observe(func, self._python_calls.current, args, kwargs, result)
         return result
+
+    def _first(self, func: Any, args: Any, kwargs: dict[str, Any], call: int) -> int | None:
+        """The first call of this call's signature, None where this is the first (or it has
+        none)."""
+        signature = call_signature(func, args, kwargs)
+        if signature is None:
+            return None
+        first = self._signatures.setdefault(signature, call)
+        return None if first == call else first
 
 
 class DispatchEngine:
     """Pushes the two modes on ``install`` and pops them, innermost first, on ``uninstall``.
-    With ``label_calls`` each operation runs inside a profiler range ``CALL_LABEL<n>``, ``n``
-    being its call number in the recorder (``--time`` matches profiler events to findings so)."""
+    With ``label_calls`` each operation (``CallLabels.EVERY``; ``True`` too) or the first of
+    each signature (``FIRST``: the profiler records nothing else) runs inside a profiler range
+    ``CALL_LABEL<n>``, ``n`` being its call number in the recorder (``--time`` matches
+    profiler events to findings so; a measured ledger, the copies inside kernels)."""
 
     name = "dispatch"
 
@@ -128,15 +155,19 @@ class DispatchEngine:
         self,
         observer: Observer,
         *,
-        label_calls: bool = False,
+        label_calls: bool | CallLabels = False,
         on_python_result: Callable[[object], None] | None = None,
     ) -> None:
         # A training audit's recorder leaves locations on the autograd nodes of each result
         # (``on_python_result``: it sees results after autograd recorded them).
         self._python_calls = _PythonCalls(on_python_result)
-        aten = _LabellingObserver if label_calls else _AtenObserver
-        self._observer = aten(observer, self._python_calls)
-        self._labelling = label_calls
+        labels = CallLabels.EVERY if label_calls is True else CallLabels(label_calls or "none")
+        self._observer: _AtenObserver = (
+            _AtenObserver(observer, self._python_calls)
+            if labels is CallLabels.NONE
+            else _LabellingObserver(observer, self._python_calls, labels is CallLabels.FIRST)
+        )
+        self._labels = labels
         self._entered: list[Any] = []
         self.unwrapped: tuple[str, ...] = ()
 
@@ -146,19 +177,28 @@ class DispatchEngine:
         same place in the order, a dispatch hop less an operation). Where the innermost
         function mode is a function layer of cl-audit's (fake CUDA's attention kernels), the
         function mode does its work in its place, a function hop less a call."""
-        fake = None if self._labelling else fake_mode_alone()
+        fake = None if self._labels is not CallLabels.NONE else fake_mode_alone()
         observer = self._observer if fake is None else dispatch_layer(fake, self._observer.layer)
         taken = function_layer_taken()
         try:
             layer = taken.__enter__()
             self._entered.append(taken)
             self._python_calls.inner = None if layer is None else layer.handle
-            for mode in (self._python_calls, observer):
+            modes: list[Any] = [self._python_calls, observer]
+            if self._labels is CallLabels.FIRST:
+                modes.append(recording(False))  # the profiler records the labelled calls alone
+            for mode in modes:
                 mode.__enter__()
                 self._entered.append(mode)
         except BaseException:
             self.uninstall()
             raise
+
+    @property
+    def repeats(self) -> dict[int, int]:
+        """Each call not labelled (``CallLabels.FIRST``) -> the first call of its signature."""
+        observer = self._observer
+        return observer.repeats if isinstance(observer, _LabellingObserver) else {}
 
     def uninstall(self) -> None:
         while self._entered:

@@ -111,7 +111,7 @@ class PatchEngine:
         self,
         observer: Observer,
         *,
-        label_calls: bool = False,
+        label_calls: object = False,
         on_python_result: Callable[[object], None] | None = None,
     ) -> None:
         if label_calls or on_python_result is not None:  # check_engine refuses these first

@@ -216,12 +216,12 @@ def predict(
     ``converted_elements`` converted inside kernels (the ledger's)."""
     by_class: dict[SpeedClass, float] = defaultdict(float)
     stand_ins: Counter[str] = Counter()
-    for name, layout, elements, channels, cls, dense in times.ops:
+    for (name, layout, elements, channels, cls, dense), calls in Counter(times.ops).items():
         us = table.op_us(name, layout, dtype, elements, channels, dense)
         if us is None:
-            stand_ins[name] += 1
+            stand_ins[name] += calls
             us = table.op_us("aten::add", layout, dtype, elements, channels, True) or table.floor_us
-        by_class[cls] += us / 1e3
+        by_class[cls] += calls * us / 1e3  # calls alike priced once (op-heavy loops repeat them)
     pass_class = {"forward": SpeedClass.CONV_FORWARD, "input_grad": SpeedClass.CONV_INPUT_GRAD,
                   "weight_grad": SpeedClass.CONV_WEIGHT_GRAD}  # fmt: skip
     for call, layout, passes in times.convs:

@@ -11,12 +11,19 @@ import torch
 from torch import nn
 
 from cl_audit.compat.failures import is_data_dependent_error, is_device_runtime_error
-from cl_audit.enums import Engine, Stage, Strategy
+from cl_audit.enums import CallLabels, Engine, Stage, Strategy
 from cl_audit.errors import ModelFailedError, UsageError
 from cl_audit.execution.audit_context import Audit, audit
 from cl_audit.execution.plan import RunPlan
 from cl_audit.execution.tensors import TensorRun
-from cl_audit.execution.timing import Profiler, call_times, copies_by_call, step_timing, timed_ms
+from cl_audit.execution.timing import (
+    Profiler,
+    call_times,
+    copies_by_call,
+    repeated,
+    step_timing,
+    timed_ms,
+)
 from cl_audit.execution.training import BoundStep
 from cl_audit.intercept.ledger import Ledger
 from cl_audit.intercept.observer import Observer
@@ -144,10 +151,12 @@ def instrumented(
     copies inside kernels (an eager ledger); the measured copies enter the ledger on exit."""
     settings = plan.settings
     measure = ledger is not None and ledger.measured
-    label_calls = settings.time or measure
+    labels = (
+        CallLabels.EVERY if settings.time else CallLabels.FIRST if measure else CallLabels.NONE
+    )
     profiler: Any = (
         Profiler(plan.device, shapes=measure, times=settings.time)
-        if label_calls
+        if labels is not CallLabels.NONE
         else contextlib.nullcontext()
     )
     with (
@@ -157,7 +166,7 @@ def instrumented(
             parameters=run.parameters,
             timeline=settings.timeline,
             training=plan.workload.train,
-            label_calls=label_calls,
+            label_calls=labels,
             ledger=ledger,
             also=also,
             findings=findings,
@@ -166,4 +175,4 @@ def instrumented(
     ):
         yield active, profiler
     if measure:
-        ledger.add_measured(*copies_by_call(profiler))
+        ledger.add_measured(*repeated(copies_by_call(profiler), active.repeats))

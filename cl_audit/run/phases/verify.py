@@ -57,11 +57,12 @@ def _untried(plan: RunPlan) -> str | None:
 
 def verify(subject: Subject, done: Sections) -> Compared:
     """The comparison with its cost sites' remedies tried (see the module docstring)."""
-    assert done.comparison is not None  # the NCHW comparison comes first
-    return replace(done.comparison, comparison=_verified(subject, done.comparison.comparison))
+    compared = done.comparison
+    assert compared is not None  # the NCHW comparison comes first
+    return replace(compared, comparison=_verified(subject, compared.comparison, compared.ledger))
 
 
-def _verified(subject: Subject, comparison: Comparison) -> Comparison:
+def _verified(subject: Subject, comparison: Comparison, nchw: Ledger | None) -> Comparison:
     plan, run, model, forward = subject.plan, subject.run, subject.model, subject.forward
     cost = comparison.cost
     if cost is None or not any(site.remedy for site in cost.sites):
@@ -69,8 +70,9 @@ def _verified(subject: Subject, comparison: Comparison) -> Comparison:
     reason = _untried(plan)
     if reason is not None:
         return replace(comparison, cost=_noted(cost, reason))
+    assert nchw is not None  # a cost is weighed against the NCHW run's ledger
     started = time.perf_counter()
-    baseline = _Baseline(plan, run, model, forward, cost)
+    baseline = _Baseline(plan, run, model, forward, cost, nchw)
     contexts = site_contexts(
         ((s.module_path, s.kind, (s.op, s.aten_op)) for s in cost.sites if s.extra),
         plan.device.type,
@@ -185,9 +187,10 @@ def _at(sites: tuple[CostSite, ...], line: str) -> int:
 
 
 class _Baseline:
-    """The unchanged model's outputs in both layouts and its NCHW ledger: what each change is
-    held to. A change's cost is its channels_last run against the unchanged NCHW one (the
-    model a user compares with); its NCHW run only has to run and keep the NCHW output."""
+    """The unchanged model's outputs in both layouts and its NCHW ledger (the comparison's: the
+    same forward, weighed already): what each change is held to. A change's cost is its
+    channels_last run against the unchanged NCHW one (the model a user compares with); its
+    NCHW run only has to run and keep the NCHW output."""
 
     def __init__(
         self,
@@ -196,12 +199,13 @@ class _Baseline:
         model: nn.Module,
         forward: Forward,
         cost: Cost,
+        nchw: Ledger,
     ) -> None:
         self.plan, self.run, self.model, self.forward, self.cost = plan, run, model, forward, cost
         self.quiet = plan.changed(timeline=False, time=False)
         self.measured = cost.kernel_copies is Evidence.MEASURED
-        self.ledger = Ledger(measured=self.measured)
-        self.outputs = (self._run(forward, None), self._nchw(self.ledger))
+        self.ledger = nchw
+        self.outputs = (self._run(forward, None), self._nchw())
 
     def _run(self, forward: Forward, ledger: Ledger | None) -> object:
         """One forward as the audit ran it, under the checker when ``ledger`` is given."""
@@ -211,14 +215,15 @@ class _Baseline:
             if ledger is None:
                 step.run(None)
             else:
+                # findings kept: the ledger's causes say where each site's NCHW data began
                 with instrumented(self.quiet, self.model, self.run, ledger) as (active, _):
                     step.run(active)
         return outputs[0]
 
-    def _nchw(self, ledger: Ledger | None) -> object:
+    def _nchw(self) -> object:
         forward = self.run.nchw()
         try:
-            return self._run(forward, ledger)
+            return self._run(forward, None)
         finally:
             self.run.restore()
 
@@ -235,7 +240,7 @@ class _Baseline:
                 changed = self._run(self.forward, ledger)
             layout = "NCHW"
             with modes[1]:
-                changed_nchw = self._nchw(None)
+                changed_nchw = self._nchw()
             difference, tolerance = max(
                 _difference(changed, self.outputs[0]),
                 _difference(changed_nchw, self.outputs[1]),
