@@ -12,11 +12,13 @@ import pytest
 import remedy_models as rm
 import torch
 import torchvision
+import training_models as tm
 from literal_reports import before_version_8
 from typer.testing import CliRunner
 
 from cl_audit import audit_model
 from cl_audit.cli import app
+from cl_audit.compare.kept import restrided
 from cl_audit.enums import RemedyStatus
 from cl_audit.report import ModelReport, load_schema
 
@@ -206,19 +208,24 @@ def test_weight_standardisation_in_memory_order_is_verified_and_removes_both_cop
     report = audit_model(cm.Standardised(), x, **ANY)
     sites = [s for s in report.cost.sites if s.extra]
     assert len(sites) == 2 and all(s.remedy.status is RemedyStatus.VERIFIED for s in sites)
-    (trial,) = {t for s in sites for t in s.remedy.evidence}
+    (trial,) = {t for s in sites for t in s.remedy.evidence if "permute" in t.change}
     assert trial.holds and trial.applied == 1 and trial.max_abs_diff <= trial.tolerance
     assert trial.site_bytes_before == report.cost.extra_bytes and trial.extra_bytes_after == 0
     assert "permute(0, 2, 3, 1)" in sites[0].remedy.advice
+    # the weight the convolution reads is the standardised one, not the parameter: keeping the
+    # parameter as it was is tried too (and holds on this CPU), after the catalogue's own edit
+    kept = {t for s in sites for t in s.remedy.evidence if t.change.startswith("keep conv.weight")}
+    assert kept and any(t.holds for t in kept)
 
 
 def test_rows_transformed_in_their_order_refute_the_memory_order_change():
     report = _audit(rm.CumulativeRows())
     sites = [s for s in report.cost.sites if s.extra]
-    trials = {t for s in sites for t in s.remedy.evidence}
+    trials = {t for s in sites for t in s.remedy.evidence if "permute" in t.change}
     assert sites and trials and not any(t.holds for t in trials)
     assert all(t.max_abs_diff > t.tolerance for t in trials)
-    assert all(s.remedy.status is not RemedyStatus.VERIFIED for s in sites)
+    # what holds is keeping the weight as it was (strides, not values, change): never the edit
+    assert all(not s.remedy.verified or s.remedy.advice.startswith("keep weight") for s in sites)
 
 
 def test_a_batch_allocated_nchw_is_allocated_channels_last_and_verified():
@@ -300,3 +307,36 @@ def test_planes_merged_for_another_purpose_are_still_flagged_and_the_change_refu
     assert site.op == "Tensor.reshape"  # it copies: flagged as before
     assert site.remedy.status is not RemedyStatus.VERIFIED
     assert any("groups=c" in t.change and not t.holds for t in site.remedy.evidence)
+
+
+def test_a_restrided_parameter_no_convolution_uses_is_named_and_kept_as_it_was():
+    """SAM's pos_embed: a (1, H, W, C) table that Module.to restrides to channels_last, reshaped
+    to tokens every forward (a copy in channels_last only). The remedy names it and keeping it
+    as it was is verified; the patch convolution's weight is never a candidate."""
+    report = _audit(tm.ResizedPositions(resized=False))
+    (site,) = [s for s in report.cost.sites if s.extra]
+    assert site.kind.value == "parameter" and site.remedy.verified
+    assert site.remedy.advice.startswith("keep table as it was")
+    (trial,) = site.remedy.evidence
+    assert trial.holds and trial.site_bytes_after == 0 and trial.extra_bytes_after == 0
+    assert not any("patch.weight" in t.change for s in report.cost.sites for t in s.remedy.evidence)
+
+
+def test_the_restrided_candidates_leave_out_what_a_convolution_took_as_its_weight():
+    model = tm.ResizedPositions(resized=False).to(memory_format=torch.channels_last)
+    assert restrided(model, frozenset({"patch.weight"})) == ("table",)
+    assert restrided(model, frozenset()) == ("table", "patch.weight")
+    # the control: the table given back its NCHW strides is no candidate
+    model.table.data = model.table.data.contiguous()
+    assert restrided(model, frozenset({"patch.weight"})) == ()
+
+
+def test_in_training_the_parameter_and_its_gradient_copy_are_leads_naming_it():
+    torch.manual_seed(0)
+    report = audit_model(tm.ResizedPositions(resized=False), _input(), train=True, **ANY)
+    leads = {s.op: s.remedy for s in report.cost.sites if s.extra and s.remedy is not None}
+    for op in ("Tensor.reshape", "torch::autograd::AccumulateGrad"):
+        assert leads[op].status is RemedyStatus.LEAD
+        assert leads[op].note.endswith("(it would keep one of: table)")
+    # the convolution backward's lead is the kernel's, naming no tensor to keep
+    assert "keep" not in (leads["ConvolutionBackward0"].note or "")

@@ -21,7 +21,19 @@ from dataclasses import dataclass
 from cl_audit.enums import CostKind
 from cl_audit.report.verdict import Remedy
 
-__all__ = ["REMEDIES", "Match", "SiteContext", "matches", "remedy_for", "site_contexts"]
+__all__ = [
+    "KEEP_AS_IT_WAS",
+    "KEPT_PATTERNS",
+    "REMEDIES",
+    "Match",
+    "SiteContext",
+    "matches",
+    "remedy_for",
+    "site_contexts",
+]
+
+# The change of the conversion, not of a line: a restrided tensor kept as it was (run.phases.verify)
+KEEP_AS_IT_WAS = "keep_as_it_was"
 
 
 @dataclass(frozen=True)
@@ -66,6 +78,12 @@ class SiteContext:
     module_ops: frozenset[tuple[CostKind, str]] = frozenset()
 
 
+_KEEP_ADVICE = (
+    "keep it as it was: convert only the convolution weights "
+    "(torch.nn.utils.convert_conv2d_weight_memory_format(model, torch.channels_last), the input "
+    "still channels_last), or give it back its strides after "
+    "model.to(memory_format=torch.channels_last): p.data = p.data.contiguous()"
+)
 # Weight standardisation: the weight's reshape or normalisation, and the convolution of it.
 _STANDARDISE = "torch.batch_norm Tensor.reshape torch.reshape Tensor.view"
 _CONVOLVE = "torch.conv2d aten.convolution"
@@ -125,6 +143,28 @@ REMEDIES: tuple[_Entry, ...] = (
         "timm/layers/std_conv.py",
         together=(_STANDARDISE, _CONVOLVE),
         changes="rows_in_memory_order",
+    ),
+    _entry(
+        "Tensor. torch. F. aten.",
+        "parameter",
+        "a parameter or buffer that the model's conversion restrided to channels_last, "
+        "converted back by an operation every forward (a position table reshaped to tokens)",
+        _KEEP_ADVICE,
+        "Module.to(memory_format=...) restrides every 4-D parameter and buffer; "
+        "torch.nn.utils.convert_conv2d_weight_memory_format converts convolution weights only",
+        prefix=True,
+        changes=KEEP_AS_IT_WAS,
+    ),
+    _entry(
+        "torch::autograd::AccumulateGrad",
+        "copy",
+        "a gradient copied into the layout of its parameter, which the model's conversion "
+        "restrided to channels_last (the gradient comes back in NCHW order)",
+        _KEEP_ADVICE,
+        "AccumulateGrad lays a gradient out as its parameter "
+        "(torch/csrc/autograd/functions/accumulate_grad.h); Module.to(memory_format=...) "
+        "restrides every 4-D parameter",
+        changes=KEEP_AS_IT_WAS,
     ),
     _entry(
         "Tensor.new_full Tensor.new_zeros Tensor.new_empty torch.full torch.zeros torch.empty",
@@ -211,6 +251,10 @@ REMEDIES: tuple[_Entry, ...] = (
         devices="cuda",
     ),
 )
+
+
+# The patterns whose remedy is to keep a restrided tensor as it was (``KEEP_AS_IT_WAS``).
+KEPT_PATTERNS = frozenset(e.remedy.pattern for e in REMEDIES if KEEP_AS_IT_WAS in e.changes)
 
 
 def _matches(entry: _Entry, op: str | None, kind: CostKind, context: SiteContext) -> bool:

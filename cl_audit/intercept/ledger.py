@@ -66,6 +66,7 @@ METADATA_READS = frozenset(
 )  # fmt: skip
 _EXPLICIT = COPY_ATEN_OPS | {"aten.copy_", "aten.copy"}
 
+_CONVOLUTION = torch.ops.aten.convolution.default
 _CL = MemoryLayout.CHANNELS_LAST
 _CONTIGUOUS = MemoryLayout.CONTIGUOUS
 _ORDERED = (_CL, _CONTIGUOUS)
@@ -164,6 +165,7 @@ class Ledger:
         self._backward: list[tuple[int, int, tuple[int, ...]]] = []
         self._latest: dict[int, int] = {}
         self.times = OpTimes()  # what the speed prediction prices (``predict.speed_model``)
+        self.convolution_weights: set[int] = set()  # storages a convolution took as its weight
 
     def alike(self) -> Ledger:
         """An empty ledger that counts as this one does (for the NCHW run)."""
@@ -200,6 +202,8 @@ class Ledger:
     def observe(self, record: OpRecord) -> None:
         """One operation, after it ran."""
         self.times.observe(record.aten_op, record.inputs, record.outputs)
+        if record.aten_op is _CONVOLUTION and len(record.in_keys) > 1:
+            self.convolution_weights.add(record.in_keys[1])
         call, phase = record.call, record.phase
         if not self._phases or self._phases[-1][1] is not phase:
             self._phases.append((call, phase))

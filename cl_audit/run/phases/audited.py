@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
+from itertools import chain
 from typing import Any
 
 import torch
 from torch import nn
 
 from cl_audit.compat.failures import is_data_dependent_error, is_device_runtime_error
+from cl_audit.compat.storage import storage_key
 from cl_audit.enums import CallLabels, Engine, Stage, Strategy
 from cl_audit.errors import ModelFailedError, UsageError
 from cl_audit.execution.audit_context import Audit, audit
@@ -73,7 +75,17 @@ def run_audited(subject: Subject, done: Sections) -> Audited:
     if plan.workload.train:
         training = Training(settings.optimizer.value, step.layouts)
     timing = step_timing(observed, rounds, profiled, plan.device) if settings.time else None
-    return Audited(observed, training, timing, ledger)
+    return Audited(observed, training, timing, ledger, _weights(model, ledger))
+
+
+def _weights(model: nn.Module, ledger: Ledger | None) -> frozenset[str]:
+    """The names of the model's parameters and buffers that the run's convolutions took as
+    their weight (the storages the ledger saw there: valid until the model is restrided)."""
+    if ledger is None or not ledger.convolution_weights:
+        return frozenset()
+    keys = ledger.convolution_weights
+    tensors = chain(model.named_parameters(), model.named_buffers())
+    return frozenset(name for name, t in tensors if storage_key(t) in keys)
 
 
 def _warm_up(run: TensorRun, step: BoundStep) -> tuple[Stage, Exception] | None:
@@ -151,9 +163,7 @@ def instrumented(
     copies inside kernels (an eager ledger); the measured copies enter the ledger on exit."""
     settings = plan.settings
     measure = ledger is not None and ledger.measured
-    labels = (
-        CallLabels.EVERY if settings.time else CallLabels.FIRST if measure else CallLabels.NONE
-    )
+    labels = CallLabels.EVERY if settings.time else CallLabels.FIRST if measure else CallLabels.NONE
     profiler: Any = (
         Profiler(plan.device, shapes=measure, times=settings.time)
         if labels is not CallLabels.NONE

@@ -35,12 +35,14 @@ class Subject:
 
 @dataclass(frozen=True)
 class Audited:
-    """The audited run's sections, and its cost ledger for the comparison."""
+    """The audited run's sections, its cost ledger for the comparison, and the names of the
+    model's tensors its convolutions took as their weight."""
 
     observed: Observed
     training: Training | None
     timing: Timing | None
     ledger: Ledger | None
+    convolution_weights: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)

@@ -14,13 +14,23 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import replace
+from typing import NamedTuple, Protocol
 
 import torch
 from torch import nn
 
 from cl_audit.compare.cost_sites import compare_ledgers
-from cl_audit.compare.remedies import Match, SiteContext, matches, site_contexts
+from cl_audit.compare.kept import Kept, kept_advice, restrided
+from cl_audit.compare.remedies import (
+    KEEP_AS_IT_WAS,
+    KEPT_PATTERNS,
+    Match,
+    SiteContext,
+    matches,
+    site_contexts,
+)
 from cl_audit.compare.whatif import CHANGES, Change, WhatIf
 from cl_audit.compat.pytree import tensor_leaves
 from cl_audit.enums import Evidence, RemedyStatus
@@ -44,6 +54,16 @@ _TOLERANCES = {  # torch.testing.assert_close's defaults: (rtol, atol)
 }
 
 
+class _Mode(Protocol):
+    """A what-if change while inside: ``applied`` counts where it was made."""
+
+    applied: int
+
+    def __enter__(self) -> object: ...
+
+    def __exit__(self, *exc_info: object) -> None: ...
+
+
 def _untried(plan: RunPlan) -> str | None:
     """Why the plan's remedies cannot be tried, or None."""
     if not plan.settings.verify:
@@ -59,17 +79,23 @@ def verify(subject: Subject, done: Sections) -> Compared:
     """The comparison with its cost sites' remedies tried (see the module docstring)."""
     compared = done.comparison
     assert compared is not None  # the NCHW comparison comes first
-    return replace(compared, comparison=_verified(subject, compared.comparison, compared.ledger))
+    weights = done.audited.convolution_weights if done.audited is not None else frozenset()
+    verified = _verified(subject, compared.comparison, compared.ledger, weights)
+    return replace(compared, comparison=verified)
 
 
-def _verified(subject: Subject, comparison: Comparison, nchw: Ledger | None) -> Comparison:
+def _verified(
+    subject: Subject, comparison: Comparison, nchw: Ledger | None, weights: frozenset[str]
+) -> Comparison:
     plan, run, model, forward = subject.plan, subject.run, subject.model, subject.forward
     cost = comparison.cost
     if cost is None or not any(site.remedy for site in cost.sites):
         return comparison
+    kept = restrided(model, weights)
+    cost = _kept_leads(cost, kept)
     reason = _untried(plan)
     if reason is not None:
-        return replace(comparison, cost=_noted(cost, reason))
+        return replace(comparison, cost=_noted(cost, reason, kept))
     assert nchw is not None  # a cost is weighed against the NCHW run's ledger
     started = time.perf_counter()
     baseline = _Baseline(plan, run, model, forward, cost, nchw)
@@ -88,16 +114,29 @@ def _verified(subject: Subject, comparison: Comparison, nchw: Ledger | None) -> 
         for match, line in _candidates(site, contexts[site.module_path]):
             if line is None or line not in top:
                 continue
-            for name in match.changes:
-                key = (line, name)
+            for key, attempt in _attempts(match.changes, line, kept):
                 if key not in trials:
-                    change = CHANGES[name]
-                    trials[key] = baseline.trial(change, line)
+                    trials[key] = attempt(baseline)
                 if trials[key].applied or trials[key].failure is not None:
                     tried.append((match, trials[key]))  # else not the pattern it is written for
         sites.append(replace(site, remedy=_judged(site, tried, top)))
     seconds = round(time.perf_counter() - started, 2)
     return replace(comparison, cost=replace(cost, sites=tuple(sites), verify_seconds=seconds))
+
+
+def _attempts(
+    changes: tuple[str, ...], line: str, kept: tuple[str, ...]
+) -> list[tuple[tuple[str, str], Callable[[_Baseline], Trial]]]:
+    """Each change to try for a site at ``line`` as (its key, how to try it): a change of the
+    line, or one trial per restrided tensor ``kept`` as it was (``KEEP_AS_IT_WAS``)."""
+    attempts: list[tuple[tuple[str, str], Callable[[_Baseline], Trial]]] = []
+    for name in changes:
+        if name != KEEP_AS_IT_WAS:
+            attempts.append(((line, name), lambda b, c=CHANGES[name]: b.trial(c, line)))
+            continue
+        for tensor in kept:
+            attempts.append(((line, f"{name} {tensor}"), lambda b, t=tensor: b.kept(t, line)))
+    return attempts
 
 
 def _candidates(site: CostSite, context: SiteContext) -> list[tuple[Match, str | None]]:
@@ -116,9 +155,32 @@ def _candidates(site: CostSite, context: SiteContext) -> list[tuple[Match, str |
     return found
 
 
-def _noted(cost: Cost, reason: str) -> Cost:
+def _kept_leads(cost: Cost, kept: tuple[str, ...]) -> Cost:
+    """The leads that keep a restrided tensor as it was dropped where the model has none that
+    the conversion restrided and no convolution took as its weight (``kept``)."""
+    if kept:
+        return cost
     sites = tuple(
-        replace(s, remedy=replace(s.remedy, note=reason)) if s.remedy is not None else s
+        replace(s, remedy=None) if s.remedy is not None and s.remedy.pattern in KEPT_PATTERNS
+        else s
+        for s in cost.sites
+    )  # fmt: skip
+    return replace(cost, sites=sites)
+
+
+def _noted(cost: Cost, reason: str, kept: tuple[str, ...]) -> Cost:
+    """Each lead with why it was not tried; one that would keep a restrided tensor as it was
+    names the tensors it would keep."""
+    candidates = f" (it would keep one of: {', '.join(kept)})"
+    sites = tuple(
+        replace(
+            s,
+            remedy=replace(
+                s.remedy, note=reason + candidates * (s.remedy.pattern in KEPT_PATTERNS)
+            ),
+        )
+        if s.remedy is not None
+        else s
         for s in cost.sites
     )
     return replace(cost, sites=sites)
@@ -205,6 +267,7 @@ class _Baseline:
         self.quiet = plan.changed(timeline=False, time=False)
         self.measured = cost.kernel_copies is Evidence.MEASURED
         self.ledger = nchw
+        self._kept: dict[str, _Ran] = {}  # each tensor kept as it was -> its runs
         self.outputs = (self._run(forward, None), self._nchw())
 
     def _run(self, forward: Forward, ledger: Ledger | None) -> object:
@@ -230,10 +293,20 @@ class _Baseline:
     def trial(self, change: Change, line: str) -> Trial:
         """``change`` made at ``line`` in the channels_last forward (under the checker) and
         in the NCHW one."""
-        cost = self.cost
-        before = _at(cost.sites, line)
+        return self._trial(change.advice, line, self._ran(lambda: WhatIf(change, line)))
+
+    def kept(self, name: str, line: str) -> Trial:
+        """The model's tensor ``name`` kept as it was in both forwards (a change of the
+        conversion: run once, weighed at each line)."""
+        ran = self._kept.get(name)
+        if ran is None:
+            ran = self._kept[name] = self._ran(lambda: Kept(self.model, name))
+        return self._trial(kept_advice(name), line, ran)
+
+    def _ran(self, mode: Callable[[], _Mode]) -> _Ran:
+        """Both forwards with the change made (``mode``): its cost, or the failure."""
         ledger = Ledger(measured=self.measured)
-        modes = (WhatIf(change, line), WhatIf(change, line))
+        modes = (mode(), mode())
         layout = "channels_last"
         try:
             with modes[0]:
@@ -247,19 +320,36 @@ class _Baseline:
                 key=_over,
             )
         except Exception as e:
-            applied = max(mode.applied for mode in modes)
             failure = f"in the {layout} run, {failure_summary(e)}"
-            return Trial(
-                change.advice, line, applied, failure, None, None, before, None, None, None
-            )
+            return _Ran(max(mode.applied for mode in modes), failure, None, None, None)
+        cost = self.cost
         after = compare_ledgers(ledger, self.ledger, cost.gate, self.plan.device.type, cost.batch)
+        return _Ran(max(mode.applied for mode in modes), None, difference, tolerance, after)
+
+    def _trial(self, advice: str, line: str, ran: _Ran) -> Trial:
+        """A change's runs weighed at ``line``."""
+        cost, after = self.cost, ran.after
+        before = _at(cost.sites, line)
+        if after is None:
+            failure = ran.failure
+            return Trial(advice, line, ran.applied, failure, None, None, before, None, None, None)
         at_line = _at(after.sites, line)
         moved = (after.extra_bytes - at_line) - (cost.extra_bytes - before)
-        applied = max(mode.applied for mode in modes)
         return Trial(
-            change.advice, line, applied, None, difference, tolerance, before, at_line, moved,
-            after.extra_bytes,
+            advice, line, ran.applied, None, ran.difference, ran.tolerance, before, at_line,
+            moved, after.extra_bytes,
         )  # fmt: skip
+
+
+class _Ran(NamedTuple):
+    """A change's what-if runs: where it was made, and the failure or the output's difference
+    and the cost with it."""
+
+    applied: int
+    failure: str | None
+    difference: float | None
+    tolerance: float | None
+    after: Cost | None
 
 
 def _over(pair: tuple[float, float]) -> float:
