@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from cl_audit import audit_model
 from cl_audit.cli import app
-from cl_audit.compare.kept import restrided
+from cl_audit.compare.kept import nearest, restrided
 from cl_audit.enums import RemedyStatus
 from cl_audit.report import ModelReport, load_schema
 
@@ -326,6 +326,11 @@ def test_the_restrided_candidates_leave_out_what_a_convolution_took_as_its_weigh
     model = tm.ResizedPositions(resized=False).to(memory_format=torch.channels_last)
     assert restrided(model, frozenset({"patch.weight"})) == ("table",)
     assert restrided(model, frozenset()) == ("table", "patch.weight")
+    # each site tries the tensors its own module or an enclosing one holds, innermost first
+    blocks = ("a.0.attn.table", "a.1.attn.table", "pos", "b.table")
+    assert nearest(blocks, "a.1.attn.mlp.0") == ("a.1.attn.table", "pos")
+    assert nearest(blocks, "c.0") == ("pos",)
+    assert nearest(("a.0.t", "b.0.t"), "c") == ("a.0.t", "b.0.t")  # none held there: largest
     # the control: the table given back its NCHW strides is no candidate
     model.table.data = model.table.data.contiguous()
     assert restrided(model, frozenset({"patch.weight"})) == ()

@@ -12,15 +12,14 @@ from torch import nn
 from cl_audit.rule.conversions import SPATIAL_RANKS
 from cl_audit.rule.layout import MemoryLayout, layout_of
 
-__all__ = ["KEPT_TRIED", "Kept", "kept_advice", "restrided"]
+__all__ = ["KEPT_TRIED", "Kept", "kept_advice", "nearest", "restrided"]
 
-KEPT_TRIED = 4  # the largest restrided tensors tried, each kept alone
+KEPT_TRIED = 2  # the restrided tensors tried per site, each kept alone
 
 
 def restrided(model: nn.Module, weights: frozenset[str]) -> tuple[str, ...]:
     """The names of the model's 4-D/5-D parameters and buffers in channels_last strides that
-    no convolution of the audited run took as its weight (``weights``), largest first: at most
-    ``KEPT_TRIED``."""
+    no convolution of the audited run took as its weight (``weights``), largest first."""
     found = [
         (name, tensor.numel())
         for name, tensor in chain(model.named_parameters(), model.named_buffers())
@@ -29,7 +28,24 @@ def restrided(model: nn.Module, weights: frozenset[str]) -> tuple[str, ...]:
         and layout_of(tensor) is MemoryLayout.CHANNELS_LAST
     ]
     found.sort(key=lambda pair: -pair[1])
-    return tuple(name for name, _ in found[:KEPT_TRIED])
+    return tuple(name for name, _ in found)
+
+
+def nearest(candidates: tuple[str, ...], module_path: str | None) -> tuple[str, ...]:
+    """The ``KEPT_TRIED`` candidates nearest a site in ``module_path``: those its module or an
+    enclosing module holds, the innermost first (a block's own position table); else the
+    largest (a table the root holds and hands down)."""
+    path = module_path or ""
+
+    def owner(name: str) -> str:
+        return name.rpartition(".")[0]
+
+    def encloses(module: str) -> bool:
+        return not module or path == module or path.startswith(module + ".")
+
+    held = [n for n in candidates if encloses(owner(n))]
+    held.sort(key=lambda n: -len(owner(n)))
+    return tuple((held or list(candidates))[:KEPT_TRIED])
 
 
 def kept_advice(name: str) -> str:

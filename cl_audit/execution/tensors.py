@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 from collections import Counter
 from collections.abc import Callable, Iterator
+from itertools import chain
 from typing import Any, ClassVar
 
 import torch
@@ -40,6 +41,10 @@ class TensorRun:
 
     def trainable(self) -> dict[str, torch.Tensor]:
         """The parameters a training step differentiates and steps."""
+        raise NotImplementedError
+
+    def named_tensors(self) -> dict[str, torch.Tensor]:
+        """The parameters and buffers the latest forward ran with, by name."""
         raise NotImplementedError
 
     def stepper(
@@ -115,6 +120,9 @@ class _EagerRun(TensorRun):
     def trainable(self) -> dict[str, torch.Tensor]:
         return dict(self.model.named_parameters())
 
+    def named_tensors(self) -> dict[str, torch.Tensor]:
+        return dict(chain(self.model.named_parameters(), self.model.named_buffers()))
+
     def converted(self) -> Forward:
         apply_strategy(self.model, self.strategy)
         example = self.example.map(lambda x: strategy_input(x, self.strategy))
@@ -173,6 +181,7 @@ class _FakeRun(TensorRun):
         self.strategy, self.train, self._backward = strategy, train, backward
         self._mode = new_fake_mode()
         self._trainable: dict[str, torch.Tensor] = {}
+        self._state: dict[str, torch.Tensor] = {}
         self.device = str(device)
         self.kernels = KernelSourceMode.for_device(device)
         self.attention = AttentionKernelMode() if device.type == "cuda" else None
@@ -180,6 +189,10 @@ class _FakeRun(TensorRun):
     def trainable(self) -> dict[str, torch.Tensor]:
         """The fake parameters, as leaves that collect gradients when training."""
         return self._trainable
+
+    def named_tensors(self) -> dict[str, torch.Tensor]:
+        """The fake parameters and buffers of the latest forward."""
+        return self._state
 
     def stepper(
         self, plan: StepPlan, forward: Forward, loss: Callable[[Any], torch.Tensor] | None
@@ -215,7 +228,7 @@ class _FakeRun(TensorRun):
         return divergence_table(self._device.type).name, applied
 
     def _forward(self, fmt: torch.memory_format | None, example: Example) -> Forward:
-        state = fake_state(self._mode, self.model, self._device, fmt)
+        state = self._state = fake_state(self._mode, self.model, self._device, fmt)
         self.parameters = tuple(state.values())
         names = {name for name, _ in self.model.named_parameters()}
         self._trainable = {n: t.requires_grad_(self.train) for n, t in state.items() if n in names}

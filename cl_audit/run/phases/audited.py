@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from itertools import chain
 from typing import Any
 
 import torch
@@ -75,17 +74,17 @@ def run_audited(subject: Subject, done: Sections) -> Audited:
     if plan.workload.train:
         training = Training(settings.optimizer.value, step.layouts)
     timing = step_timing(observed, rounds, profiled, plan.device) if settings.time else None
-    return Audited(observed, training, timing, ledger, _weights(model, ledger))
+    return Audited(observed, training, timing, ledger, _weights(run, ledger))
 
 
-def _weights(model: nn.Module, ledger: Ledger | None) -> frozenset[str]:
-    """The names of the model's parameters and buffers that the run's convolutions took as
-    their weight (the storages the ledger saw there: valid until the model is restrided)."""
+def _weights(run: TensorRun, ledger: Ledger | None) -> frozenset[str]:
+    """The names of the parameters and buffers that the run's convolutions took as their
+    weight (the storages the ledger saw there, the run's own: fake copies in a fake run; valid
+    until the model is restrided)."""
     if ledger is None or not ledger.convolution_weights:
         return frozenset()
     keys = ledger.convolution_weights
-    tensors = chain(model.named_parameters(), model.named_buffers())
-    return frozenset(name for name, t in tensors if storage_key(t) in keys)
+    return frozenset(n for n, t in run.named_tensors().items() if storage_key(t) in keys)
 
 
 def _warm_up(run: TensorRun, step: BoundStep) -> tuple[Stage, Exception] | None:

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from cl_audit.compare.cost_sites import compare_ledgers
-from cl_audit.compare.kept import Kept, kept_advice, restrided
+from cl_audit.compare.kept import Kept, kept_advice, nearest, restrided
 from cl_audit.compare.remedies import (
     KEEP_AS_IT_WAS,
     KEPT_PATTERNS,
@@ -114,7 +114,7 @@ def _verified(
         for match, line in _candidates(site, contexts[site.module_path]):
             if line is None or line not in top:
                 continue
-            for key, attempt in _attempts(match.changes, line, kept):
+            for key, attempt in _attempts(match.changes, site, line, kept):
                 if key not in trials:
                     trials[key] = attempt(baseline)
                 if trials[key].applied or trials[key].failure is not None:
@@ -125,17 +125,20 @@ def _verified(
 
 
 def _attempts(
-    changes: tuple[str, ...], line: str, kept: tuple[str, ...]
+    changes: tuple[str, ...], site: CostSite, line: str, kept: tuple[str, ...]
 ) -> list[tuple[tuple[str, str], Callable[[_Baseline], Trial]]]:
-    """Each change to try for a site at ``line`` as (its key, how to try it): a change of the
-    line, or one trial per restrided tensor ``kept`` as it was (``KEEP_AS_IT_WAS``)."""
+    """Each change to try for ``site`` at ``line`` as (its key, how to try it): a change of
+    the line; or (``KEEP_AS_IT_WAS``) each restrided tensor nearest the site (``nearest``)
+    kept as it was, weighed at the site itself."""
     attempts: list[tuple[tuple[str, str], Callable[[_Baseline], Trial]]] = []
     for name in changes:
         if name != KEEP_AS_IT_WAS:
             attempts.append(((line, name), lambda b, c=CHANGES[name]: b.trial(c, line)))
             continue
-        for tensor in kept:
-            attempts.append(((line, f"{name} {tensor}"), lambda b, t=tensor: b.kept(t, line)))
+        place = f"{site.module_path} {line} {site.op}"
+        for tensor in nearest(kept, site.module_path):
+            key = (place, f"{name} {tensor}")
+            attempts.append((key, lambda b, t=tensor: b.kept(t, site, line)))
     return attempts
 
 
@@ -238,6 +241,12 @@ def _judged(site: CostSite, tried: list[tuple[Match, Trial]], top: set[str]) -> 
     )
 
 
+def _at_site(sites: tuple[CostSite, ...], site: CostSite) -> int:
+    """The channels_last-only bytes at ``site``'s place (module, line and operation)."""
+    place = (site.module_path, site.call_site, site.op, site.kind)
+    return sum(s.extra for s in sites if (s.module_path, s.call_site, s.op, s.kind) == place)
+
+
 def _at(sites: tuple[CostSite, ...], line: str) -> int:
     """The channels_last-only bytes of the sites at ``line``, fixed there or whose NCHW data
     began there."""
@@ -293,15 +302,16 @@ class _Baseline:
     def trial(self, change: Change, line: str) -> Trial:
         """``change`` made at ``line`` in the channels_last forward (under the checker) and
         in the NCHW one."""
-        return self._trial(change.advice, line, self._ran(lambda: WhatIf(change, line)))
+        ran = self._ran(lambda: WhatIf(change, line))
+        return self._trial(change.advice, line, ran, lambda sites: _at(sites, line))
 
-    def kept(self, name: str, line: str) -> Trial:
+    def kept(self, name: str, site: CostSite, line: str) -> Trial:
         """The model's tensor ``name`` kept as it was in both forwards (a change of the
-        conversion: run once, weighed at each line)."""
+        conversion: run once), weighed at ``site`` (the sites of its place)."""
         ran = self._kept.get(name)
         if ran is None:
             ran = self._kept[name] = self._ran(lambda: Kept(self.model, name))
-        return self._trial(kept_advice(name), line, ran)
+        return self._trial(kept_advice(name), line, ran, lambda sites: _at_site(sites, site))
 
     def _ran(self, mode: Callable[[], _Mode]) -> _Ran:
         """Both forwards with the change made (``mode``): its cost, or the failure."""
@@ -326,14 +336,16 @@ class _Baseline:
         after = compare_ledgers(ledger, self.ledger, cost.gate, self.plan.device.type, cost.batch)
         return _Ran(max(mode.applied for mode in modes), None, difference, tolerance, after)
 
-    def _trial(self, advice: str, line: str, ran: _Ran) -> Trial:
-        """A change's runs weighed at ``line``."""
+    def _trial(
+        self, advice: str, line: str, ran: _Ran, at: Callable[[tuple[CostSite, ...]], int]
+    ) -> Trial:
+        """A change's runs weighed where ``at`` weighs (a line's sites, or one site's)."""
         cost, after = self.cost, ran.after
-        before = _at(cost.sites, line)
+        before = at(cost.sites)
         if after is None:
             failure = ran.failure
             return Trial(advice, line, ran.applied, failure, None, None, before, None, None, None)
-        at_line = _at(after.sites, line)
+        at_line = at(after.sites)
         moved = (after.extra_bytes - at_line) - (cost.extra_bytes - before)
         return Trial(
             advice, line, ran.applied, None, ran.difference, ran.tolerance, before, at_line,
