@@ -107,7 +107,7 @@ def ops(
     ``sources.sweeps``, the operations their losses cost most, beside the index's rows."""
     from cl_audit.features.ops_index.probe import select
     from cl_audit.features.ops_index.ranking import rank_costs
-    from cl_audit.render.ops_table import render_op_costs, render_ops
+    from cl_audit.render.ops_table import render_op_costs, render_ops, render_unjudged
 
     json_path = outputs.json
     if json_path is not None and str(json_path) != "-":
@@ -123,12 +123,14 @@ def ops(
         index = _run_index(patterns, device, dtype, console)
     wanted = (OpBehaviour.LOSES, OpBehaviour.REFUSES) if loses else ()
     rows = select(index, patterns, wanted)
-    if not select(index, patterns):
-        raise UsageError(f"no operator with a 4-D or 5-D sample matches {', '.join(patterns)}")
+    unjudged = any(fnmatch.fnmatchcase(u.op, p) for u in index.unjudged for p in patterns)
+    if not select(index, patterns) and not unjudged:
+        raise UsageError(f"no operator of the index matches {', '.join(patterns)}")
     if sweeps:
         render_op_costs(index, rank_costs(index, sweeps), console)
     else:
         render_ops(index, rows, console)
+        render_unjudged(index, patterns, console)
     if json_path is not None:
         write_json(json_path, index, "--json")
         wrote((json_path,))

@@ -1,7 +1,7 @@
 """The committed HTML examples and their screenshots, in Debian's headless Chromium.
 
     python scripts/render_html_reports.py --sweep reports/torchvision_torch-2.14.1_cpu_eager.json.gz
-    python scripts/render_html_reports.py --ops reports/ops/cpu-float32_torch-2.14.1.json
+    python scripts/render_html_reports.py --ops reports/ops/cpu-float32_torch-2.14.1.json.gz
 
 Writes reports/html/torchvision-sweep.html from the sweep report, audits shufflenet_v2_x1_0 and
 maxvit_t (eager CPU, with the format timeline) into reports/html/<model>.html, and saves a

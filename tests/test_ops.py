@@ -4,6 +4,7 @@ torch's own operator database."""
 
 from __future__ import annotations
 
+import gzip
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -22,6 +23,7 @@ from cl_audit.compat.cuda import fake_cuda_problem
 from cl_audit.compat.opinfo import OperatorEntry, Sample, opinfo_problem
 from cl_audit.enums import CostKind, OpBehaviour, Phase
 from cl_audit.errors import UsageError
+from cl_audit.features.ops_index.cases import cases
 from cl_audit.features.ops_index.diff import diff
 from cl_audit.features.ops_index.probe import build_index, operator_row, probe_sample, target_for
 from cl_audit.features.ops_index.ranking import OpLink, forward_of, rank_costs
@@ -29,7 +31,7 @@ from cl_audit.render.html_ops import ops_html
 from cl_audit.render.ops_table import render_op_costs, render_ops
 from cl_audit.report import load_schema
 from cl_audit.report.envelope import OPS_VERSION
-from cl_audit.report.ops_report import OperatorRow, OpsIndex, SampleResult
+from cl_audit.report.ops_report import CaseRow, OperatorRow, OpsIndex, SampleResult, Unjudged
 from cl_audit.report.verdict import Producer
 
 B = OpBehaviour
@@ -137,7 +139,7 @@ def test_cl_audit_ops_runs_torchs_own_samples(tmp_path):
         "nn.functional.instance_norm": B.LOSES,
     }
     assert index.to_dict() == data
-    assert "2 operators with 4-D or 5-D samples (loses 1, keeps 1)" in result.output
+    assert "2 operators judged (loses 1, keeps 1)" in result.output
     assert "2 of 2 operators shown" in result.output
     only = invoke(
         "ops", "--op", "nn.functional.conv2d", "--op", "nn.functional.instance_norm", "--loses"
@@ -195,7 +197,7 @@ def test_the_diff_names_a_gradient_that_a_release_broke_unless_one_side_judged_n
         paths.append(tmp_path / f"{name}.json")
         paths[-1].write_text(index.to_json())
     result = invoke("ops", "diff", str(paths[0]), str(paths[1]))
-    assert "0 changed, 1 gradients changed" in result.output
+    assert "0 changed, 0 cases changed, 1 gradients changed" in result.output
     (line,) = [line for line in result.output.splitlines() if line.startswith("│")]
     assert line.split()[1:9:2] == ["pool", "gradient", "keeps", "loses"] and "worse" in line
     result = invoke("ops", "diff", str(paths[2]), str(paths[1]))
@@ -265,7 +267,7 @@ def test_a_version_2_index_reads_as_one_whose_gradients_were_judged():
     row = OperatorRow("conv", B.KEEPS, ((B.KEEPS, 1),), example, gradient=B.KEEPS)
     data = OpsIndex("2.14.1", "cuda", "float32", (row,), 0, 1.0, True).to_dict()
     data["version"] = 2
-    del data["gradients_not_judged"]
+    del data["gradients_not_judged"], data["unjudged"], data["rows"][0]["cases"]
     jsonschema.validate(data, load_schema("ops", 2))
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(data, load_schema("ops"))
@@ -371,7 +373,7 @@ def test_a_backward_operations_cost_is_set_beside_its_operators_gradient():
 
 
 def test_a_saved_index_with_a_device_or_dtype_is_refused_not_ignored():
-    saved = str(REPORTS / "ops" / "cpu-float32_torch-2.14.1.json")
+    saved = str(REPORTS / "ops" / "cpu-float32_torch-2.14.1.json.gz")
     result = invoke("ops", "--index", saved, "--device", "cuda")
     assert result.exit_code == 2 and "--device and --dtype do not apply" in result.output
     assert invoke("ops", "--index", saved, "--op", "nn.functional.conv2d").exit_code == 0
@@ -381,7 +383,7 @@ def test_cl_audit_ops_from_sweep_ranks_a_committed_registry_against_a_saved_inde
     result = invoke(
         "ops",
         "--index",
-        str(REPORTS / "ops" / "cpu-float32_torch-2.14.1.json"),
+        str(REPORTS / "ops" / "cpu-float32_torch-2.14.1.json.gz"),
         "--from-sweep",
         str(REPORTS / "torchvision_torch-2.14.1_cpu_eager.json.gz"),
     )
@@ -391,14 +393,19 @@ def test_cl_audit_ops_from_sweep_ranks_a_committed_registry_against_a_saved_inde
     assert any("F.instance_norm" in line and "instance_norm: loses" in line for line in lines)
 
 
-@pytest.mark.parametrize("path", sorted((REPORTS / "ops").glob("*.json")), ids=lambda p: p.stem)
+@pytest.mark.parametrize(
+    "path", sorted((REPORTS / "ops").glob("*.json.gz")), ids=lambda p: p.name.split(".")[0]
+)
 def test_the_committed_indexes_match_the_schema_and_read_back(path):
-    data = json.loads(path.read_text())
+    data = json.loads(gzip.decompress(path.read_bytes()))
     jsonschema.validate(data, load_schema("ops", data["version"]))
     index = OpsIndex.from_dict(data)
     written = {**data, "version": OPS_VERSION, "gradients_not_judged": index.gradients_not_judged}
+    if data["version"] < 4:  # no cases nor reasons before version 4
+        written["unjudged"] = []
+        written["rows"] = [{**row, "cases": []} for row in data["rows"]]
     assert index.rows and index.to_dict() == written
-    assert index.predicted == path.stem.startswith("cuda")
+    assert index.predicted == path.name.startswith("cuda")
 
 
 def _copying_relu(x: torch.Tensor) -> torch.Tensor:
@@ -469,6 +476,7 @@ def test_a_version_1_index_reads_without_copies():
     data = OpsIndex("2.14.1", "cpu", "float32", (row,), 0, 1.0).to_dict()
     data["version"] = 1
     del data["rows"][0]["example"]["copied"], data["gradients_not_judged"]
+    del data["unjudged"], data["rows"][0]["cases"]
     jsonschema.validate(data, load_schema("ops", 1))
     index = OpsIndex.from_dict(data)
     assert index.rows[0].example.copied is None and index.rows[0].behaviour is B.KEEPS
@@ -562,4 +570,121 @@ def test_a_fake_call_reaching_the_cuda_runtime_is_its_rows_error_not_an_invalid_
     sample = [Sample(_map(2, 3, 8, 8), (), {})]
     row = operator_row(OperatorEntry("toy.runtime", reaches_runtime, lambda: iter(sample)), cuda)
     assert row.behaviour is None and "no prediction" in row.error and "CUDA error" in row.error
-    assert operator_row(OperatorEntry("toy.invalid", invalid, lambda: iter(sample)), cuda) is None
+    invalid_row = operator_row(OperatorEntry("toy.invalid", invalid, lambda: iter(sample)), cuda)
+    assert isinstance(invalid_row, Unjudged) and "not for these arguments" in invalid_row.reason
+
+
+def _entry(name: str, call, *samples: Sample, **kwargs) -> OperatorEntry:
+    return OperatorEntry(name, call, lambda: iter(samples), **kwargs)
+
+
+def test_an_operator_without_4d_samples_is_judged_on_samples_raised_to_4d():
+    """relu's database samples are 1-D and 2-D (as softmax's are): raised, with leading
+    dimensions and their values repeated, relu keeps channels_last; a matrix sample keeps its
+    two last dimensions (matmul works on them)."""
+    row = operator_row(_entry("toy.relu", F.relu, Sample(_map(5, 7), (), {})))
+    (case,) = row.cases
+    assert case.case == "raised" and row.behaviour is B.KEEPS
+    assert row.example.input_shape == (2, 3, 5, 7) and row.example.gradient is B.KEEPS
+    products = operator_row(
+        _entry("toy.matmul", torch.matmul, Sample(_map(4, 6), (_map(6, 5),), {}))
+    )
+    assert products.example.input_shape == (2, 3, 4, 6)
+    assert products.example.output_shape == (2, 3, 4, 5)
+    # the control: the same raise of an operator that loses (softmax over the last dimension)
+    lost = operator_row(_entry("toy.softmax", lambda t: t.softmax(-1), Sample(_map(5, 7), (), {})))
+    assert lost.behaviour is B.LOSES
+
+
+def test_an_operator_that_takes_no_4d_input_is_listed_with_its_reason():
+    refused = operator_row(_entry("toy.dot", torch.dot, Sample(_map(5), (_map(5),), {})))
+    assert isinstance(refused, Unjudged) and "1D tensors expected" in refused.reason
+    factory = operator_row(_entry("toy.zeros", lambda size: torch.zeros(size), Sample(3, (), {})))
+    assert isinstance(factory, Unjudged) and factory.reason.startswith("no sample takes a tensor")
+    skipped = operator_row(_entry("toy.ints", F.relu, unsupported="takes no float32 on cpu"))
+    assert skipped == Unjudged("toy.ints", "takes no float32 on cpu")
+    # the control: an operator of a 1-D sample that broadcasts is judged
+    assert isinstance(
+        operator_row(_entry("toy.neg", torch.neg, Sample(_map(5), (), {}))), OperatorRow
+    )
+
+
+def test_a_reduction_and_a_scan_are_judged_over_each_dimension():
+    """cumsum and softmax over the channels lose channels_last on the CPU (2.14.1 measured:
+    over every dimension); a sort along a dimension keeps it over each: the control."""
+
+    def over(name, call, keepdim=False):
+        entry = _entry(name, call, Sample(_map(6, 8), (1,), {}), dim_position=0, keepdim=keepdim)
+        return {c.case: c.behaviour for c in operator_row(entry).cases}
+
+    cumsum = over("toy.cumsum", torch.cumsum)
+    assert {"dim=N", "dim=C", "dim=H", "dim=W"} <= cumsum.keys() and cumsum["dim=C"] is B.LOSES
+    assert over("toy.softmax", torch.softmax)["dim=C"] is B.LOSES
+    flipped = over("toy.flip", lambda t, dim: t.flip(dim))
+    assert flipped["dim=C"] is B.KEEPS and flipped["dim=H"] is B.KEEPS
+    summed = over("toy.sum", torch.sum, keepdim=True)
+    assert summed["dim=C"] is B.NO_MAP and summed["dim=C keepdim"] is B.AMBIGUOUS  # 1 channel
+    assert summed["dim=H keepdim"] is B.LOSES
+
+
+def test_an_operator_of_two_tensors_says_which_layout_its_output_takes_when_they_differ():
+    x = Sample(_map(2, 3, 8, 8), (_map(2, 3, 8, 8),), {})
+    row = operator_row(
+        _entry("toy.add", torch.add, x, inplace=torch.Tensor.add_, supports_out=True)
+    )
+    cases = {c.case: c.behaviour for c in row.cases}
+    assert cases["channels_last + NCHW"] is B.KEEPS  # the first input's layout wins
+    assert cases["NCHW + channels_last"] is B.LOSES
+    assert cases["channels_last + (1, C, 1, 1)"] is B.KEEPS
+    assert cases["channels_last + scalar"] is B.KEEPS
+    assert cases["in-place"] is B.KEEPS and cases["out="] is B.KEEPS
+    # mixed cases say what the output takes; the row's own behaviour is its samples'
+    assert row.behaviour is B.KEEPS and dict(row.counts) == {B.KEEPS: 1}
+    # the control: an operator of one tensor has no mixed case but its in-place form
+    relu = operator_row(_entry("toy.relu", F.relu, Sample(_map(2, 3, 8, 8), (), {})))
+    assert [c.case for c in relu.cases] == ["samples"]
+
+
+@pytest.mark.skipif(opinfo_problem() is not None, reason=str(opinfo_problem()))
+def test_cl_audit_ops_op_add_shows_each_mixed_case_with_the_outputs_layout(tmp_path):
+    out = tmp_path / "ops.json"
+    result = invoke("ops", "--op", "add", "--op", "item", "--json", str(out))
+    assert result.exit_code == 0, result.output
+    for case in ("channels_last + NCHW", "NCHW + channels_last", "channels_last + scalar"):
+        assert case in result.output
+    assert "channels_last" in result.output and "NCHW" in result.output
+    assert "item: not judged, no sample runs with a 4-D input" in result.output
+    data = json.loads(out.read_text())
+    jsonschema.validate(data, load_schema("ops"))
+    index = OpsIndex.from_dict(data)
+    assert [u.op for u in index.unjudged] == ["item"] and index.without_map == 1
+    (add,) = index.rows
+    assert add.case("channels_last + NCHW").behaviour is B.KEEPS
+
+
+def test_the_diff_names_a_case_that_moved():
+    def index(version: str, behaviour: OpBehaviour) -> OpsIndex:
+        case = CaseRow("dim=C", behaviour, ((behaviour, 1),), SampleResult(behaviour, (2,), (1,)))
+        row = OperatorRow("cumsum", B.LOSES, ((B.LOSES, 1),), None, cases=(case,))
+        return OpsIndex(version, "cpu", "float32", (row,), 0, 1.0)
+
+    (change,) = diff(index("2.14", B.LOSES), index("2.15", B.KEEPS))
+    assert change.case == "dim=C" and change.better
+    assert diff(index("2.14", B.LOSES), index("2.15", B.LOSES)) == ()  # the control
+
+
+def test_a_lower_rank_tensor_aligned_with_the_inputs_batch_is_raised_with_it():
+    """An LU's pivots (3, 3) beside its (3, 3, 5) factor hold one value per leading entry:
+    raising the factor alone would misalign them (torch 2.4.1's lu_unpack aborts the process on
+    that), so they get the same leading dimensions; a lower-rank tensor that broadcasts (a (5,)
+    bias) is the control, left as it is."""
+
+    def call(x, other):
+        return x * other.float().sum()
+
+    aligned = Sample(_map(3, 3, 5), (torch.zeros(3, 3, dtype=torch.int32),), {})
+    (raised,) = [c for c in cases(_entry("toy.lu", call, aligned)) if c.label == "raised"]
+    assert raised.sample.input.shape == (2, 3, 3, 5) and raised.sample.args[0].shape == (2, 3, 3)
+    broadcast = Sample(_map(3, 3, 5), (_map(5),), {})
+    (raised,) = [c for c in cases(_entry("toy.bias", call, broadcast)) if c.label == "raised"]
+    assert raised.sample.input.shape == (2, 3, 3, 5) and raised.sample.args[0].shape == (5,)

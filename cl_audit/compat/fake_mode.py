@@ -6,6 +6,7 @@ kernels."""
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -34,7 +35,14 @@ from cl_audit.compat.fake_shortcuts import (
 from cl_audit.compat.memo import MISSING, OutputMemo
 from cl_audit.compat.pytree import tensor_leaves
 
-__all__ = ["dispatch_layer", "fake_like", "fake_mode_alone", "fake_tensor", "new_fake_mode"]
+__all__ = [
+    "dispatch_layer",
+    "fake_like",
+    "fake_mode_alone",
+    "fake_tensor",
+    "meta_failures_quiet",
+    "new_fake_mode",
+]
 
 
 def _as_returned(func: Any, result: Any) -> Any:
@@ -279,3 +287,17 @@ def fake_like(tensor: torch.Tensor, fake: torch.Tensor) -> torch.Tensor:
     where ``tensor`` is a meta tensor, else on ``tensor``'s own."""
     device = fake.device if tensor.is_meta else tensor.device
     return fake_tensor(fake.fake_mode, tensor, device)
+
+
+@contextlib.contextmanager
+def meta_failures_quiet() -> Iterator[None]:
+    """Torch's fake mode logs, with a traceback, every operation whose meta function refuses
+    its arguments before raising it (``failed while attempting to run meta``): quiet inside,
+    where refusals are expected (an operator index's samples); the error is still raised."""
+    logger = logging.getLogger(_fake.__name__)
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)

@@ -36,11 +36,43 @@ class Sample:
 @dataclass(frozen=True)
 class OperatorEntry:
     """An operator of the database: its name (``name.variant``), the call, and its samples on
-    a device and dtype (made when asked; making them may raise)."""
+    a device and dtype (made when asked; making them may raise); its in-place form, whether it
+    takes ``out=``, and where its schema takes a dimension: the position of ``dim`` among the
+    arguments after the input (None: none, or not at one place in every overload) and whether
+    it takes ``keepdim``."""
 
     name: str
     call: Callable[..., Any]
     samples: Callable[[], Iterator[Sample]]
+    inplace: Callable[..., Any] | None = None
+    supports_out: bool = False
+    dim_position: int | None = None
+    keepdim: bool = False
+    unsupported: str | None = None  # why it has no samples in this dtype on this device
+    dtype: str | None = None  # its samples' own dtype, where it takes none of the index's
+
+
+# The dtypes an operator that takes no dtype of the index is judged in, the first it takes.
+_OWN = (torch.int64, torch.bool, torch.complex64)
+
+
+@functools.cache
+def _dims(aten_name: str) -> tuple[int | None, bool]:
+    """(the position of ``dim`` after the input in every schema of ``aten::aten_name`` that
+    has one, or None; whether any takes ``keepdim``), from the registered schemas."""
+    try:
+        schemas = torch._C._jit_get_schemas_for_operator(f"aten::{aten_name}")
+    except RuntimeError:
+        return None, False
+    positions = set()
+    keepdim = False
+    for schema in schemas:
+        names = [argument.name for argument in schema.arguments]
+        if "dim" in names:
+            positions.add(names.index("dim") - 1)
+        keepdim = keepdim or "keepdim" in names
+    position = positions.pop() if len(positions) == 1 else None
+    return (position if position is not None and position >= 0 else None), keepdim
 
 
 @functools.cache
@@ -70,18 +102,30 @@ def opinfo_problem() -> str | None:
 
 
 def operator_entries(device: str, dtype: torch.dtype) -> Iterator[OperatorEntry]:
-    """Every operator of ``op_db`` that supports ``dtype`` on ``device``, in the database's
-    order; call ``opinfo_problem`` first."""
+    """Every operator of ``op_db``, in the database's order, with its samples in ``dtype`` on
+    ``device``; one that takes no ``dtype`` there with its samples in its own (``_OWN``'s
+    first it takes: bitwise operators, complex views), else with the reason
+    (``unsupported``). Call ``opinfo_problem`` first."""
     for info in importlib.import_module(_MODULE).op_db:
-        if dtype not in info.supported_dtypes(device):
-            continue
         name = info.name + (f".{info.variant_test_name}" if info.variant_test_name else "")
+        supported = info.supported_dtypes(device)
+        own = dtype if dtype in supported else next((d for d in _OWN if d in supported), None)
+        if own is None:
+            taken = ", ".join(sorted(str(d).removeprefix("torch.") for d in supported)[:4])
+            reason = f"takes no {str(dtype).removeprefix('torch.')} on {device}"
+            none = f"{reason} ({taken or 'none'})"
+            yield OperatorEntry(name, info.op, lambda: iter(()), unsupported=none)
+            continue
 
-        def samples(info: Any = info) -> Iterator[Sample]:
-            for s in info.sample_inputs(device, dtype, requires_grad=False):
+        def samples(info: Any = info, own: torch.dtype = own) -> Iterator[Sample]:
+            for s in info.sample_inputs(device, own, requires_grad=False):
                 yield Sample(s.input, tuple(s.args), dict(s.kwargs))
 
-        yield OperatorEntry(name, info.op, samples)
+        position, keepdim = _dims(getattr(info, "aten_name", None) or info.name)
+        inplace = getattr(info, "inplace_variant", None)
+        out = bool(getattr(info, "supports_out", False))
+        other = None if own == dtype else str(own).removeprefix("torch.")
+        yield OperatorEntry(name, info.op, samples, inplace, out, position, keepdim, None, other)
 
 
 def _module_call(x: Any, module: nn.Module, state: dict[str, Any], *args: Any, **kwargs: Any):

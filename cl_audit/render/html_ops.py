@@ -46,6 +46,23 @@ def _example(e: SampleResult | None) -> str:
     )
 
 
+def _cases(row: OperatorRow) -> str:
+    """Each case's behaviour (a mixed case's: the output's layout), in a line."""
+    layout = {OpBehaviour.KEEPS: "channels_last", OpBehaviour.LOSES: "NCHW"}
+    return "; ".join(
+        f"{c.case}: " + (layout.get(c.behaviour, c.behaviour.value) if c.mixed
+                         else c.behaviour.value)
+        for c in row.cases
+    )  # fmt: skip
+
+
+def _cases_cell(row: OperatorRow) -> str:
+    """The cases folded under their count (a row stays one line until opened)."""
+    if not row.cases:
+        return ""
+    return f"<details><summary>{len(row.cases)} cases</summary>{esc(_cases(row))}</details>"
+
+
 def _row(row: OperatorRow) -> str:
     word = row.behaviour.value if row.behaviour else "error"
     style = _STYLE.get(row.behaviour, "") if row.behaviour else "verdict-bad"
@@ -57,7 +74,7 @@ def _row(row: OperatorRow) -> str:
         f'<td class="opname"><code>{esc(row.op)}</code></td>'
         f'<td class="{style}" data-value="{_ORDER.get(row.behaviour, -1)}">{esc(word)}</td>'
         f"<td>{esc(counts)}</td><td>{esc(gradient)}</td>"
-        f"<td>{esc(', '.join(row.aten_ops))}</td>{example}</tr>"
+        f"<td>{esc(', '.join(row.aten_ops))}</td>{example}<td>{_cases_cell(row)}</td></tr>"
     )
 
 
@@ -78,7 +95,8 @@ def ops_html(index: OpsIndex) -> str:
     body = (
         f"<h1>cl-audit ops: {len(index.rows)} operators</h1>"
         f'<p class="dim">torch {esc(index.torch)}, {esc(index.device)} {esc(index.dtype)}, {how}; '
-        f"{index.without_map} operators without a 4-D or 5-D sample; {index.seconds:.1f} s</p>"
+        f"{index.without_map} operators that take no 4-D input (listed below); "
+        f"{index.seconds:.1f} s</p>"
         f"{note}"
         f'<div class="cards">{cards}</div>'
         '<input type="search" id="filter" placeholder="filter operators">'
@@ -86,10 +104,25 @@ def ops_html(index: OpsIndex) -> str:
         '<option value="error">error</option></select>'
         '<table class="sortable filterable" id="operators"><thead><tr><th>operator</th>'
         "<th>forward</th><th>samples</th><th>gradient</th><th>made by</th>"
-        "<th>example input</th><th>output</th><th>note</th></tr></thead>"
+        "<th>example input</th><th>output</th><th>note</th><th>by case</th></tr></thead>"
         f"<tbody>{rows}</tbody></table>"
+        f"{_unjudged(index)}"
     )
     return html_page(f"cl-audit ops: torch {index.torch}", body, index.to_dict())
+
+
+def _unjudged(index: OpsIndex) -> str:
+    if not index.unjudged:
+        return ""
+    items = "".join(
+        f"<tr><td><code>{esc(u.op)}</code></td><td>{esc(u.reason)}</td></tr>"
+        for u in index.unjudged
+    )
+    return (
+        f"<h2>Not judged: {len(index.unjudged)} operators</h2>"
+        '<table class="sortable" id="unjudged"><thead><tr><th>operator</th><th>why</th></tr>'
+        f"</thead><tbody>{items}</tbody></table>"
+    )
 
 
 def links_section(index: OpsIndex, links: tuple[OpLink, ...]) -> str:
@@ -115,6 +148,6 @@ def links_section(index: OpsIndex, links: tuple[OpLink, ...]) -> str:
         f"</thead><tbody>{cells}</tbody></table>"
         '<table class="sortable" id="operators"><thead><tr><th>operator</th>'
         "<th>forward</th><th>samples</th><th>gradient</th><th>made by</th>"
-        "<th>example input</th><th>output</th><th>note</th></tr></thead>"
+        "<th>example input</th><th>output</th><th>note</th><th>by case</th></tr></thead>"
         f"<tbody>{rows}</tbody></table>"
     )

@@ -3,6 +3,8 @@ then one row per operator, worst first."""
 
 from __future__ import annotations
 
+import fnmatch
+
 from rich.console import Console
 from rich.table import Table
 
@@ -10,9 +12,15 @@ from cl_audit.enums import OpBehaviour
 from cl_audit.features.ops_index.diff import OpChange
 from cl_audit.features.ops_index.ranking import OpCost, OpLink
 from cl_audit.render.wording import format_bytes
-from cl_audit.report.ops_report import OperatorRow, OpsIndex
+from cl_audit.report.ops_report import OperatorRow, OpsIndex, SampleResult
 
-__all__ = ["render_op_costs", "render_op_links", "render_ops", "render_ops_diff"]
+__all__ = [
+    "render_op_costs",
+    "render_op_links",
+    "render_ops",
+    "render_ops_diff",
+    "render_unjudged",
+]
 
 _ORDER = {b: i for i, b in enumerate(OpBehaviour)}
 
@@ -24,13 +32,16 @@ def render_ops(index: OpsIndex, rows: tuple[OperatorRow, ...], console: Console)
         f"torch {index.torch}, {index.device} {index.dtype}, "
         f"{'predicted on fake tensors (no kernel ran)' if index.predicted else 'eager'}: "
         f"{len(index.rows)} operators "
-        f"with 4-D or 5-D samples ({counts}"
+        f"judged ({counts}"
         + (f"; {failed} whose samples could not be made" if failed else "")
-        + f"); {index.without_map} without such a sample; {index.seconds:.1f} s",
+        + f"); {index.without_map} that take no 4-D input (--json lists why); "
+        f"{index.seconds:.1f} s",
         highlight=False,
     )
     if index.gradients_not_judged:
         console.print(f"note: {index.gradients_not_judged}", highlight=False)
+    if not rows:
+        return
     table = Table(expand=True, show_lines=False)
     table.add_column("operator", style="bold", overflow="fold", ratio=3)
     table.add_column("forward", no_wrap=True)
@@ -47,14 +58,50 @@ def render_ops(index: OpsIndex, rows: tuple[OperatorRow, ...], console: Console)
         )
     console.print(table)
     console.print(f"{len(rows)} of {len(index.rows)} operators shown", highlight=False)
+    if len(rows) <= CASES_SHOWN:
+        for row in rows:
+            _render_cases(row, console)
+
+
+CASES_SHOWN = 8  # at most this many rows shown: each one's cases too
+
+
+def render_unjudged(index: OpsIndex, patterns: tuple[str, ...], console: Console) -> None:
+    """The operators matching ``patterns`` that have no row, each with why."""
+    for item in index.unjudged:
+        if any(fnmatch.fnmatchcase(item.op, p) for p in patterns):
+            console.print(f"{item.op}: not judged, {item.reason}", highlight=False)
+
+
+def _render_cases(row: OperatorRow, console: Console) -> None:
+    """Each case ``row`` was judged in: the database's samples, raised to 4-D, per dimension,
+    the mixed layouts (whose behaviour says the output's layout)."""
+    if not row.cases:
+        return
+    table = Table(title=f"{row.op}: by case", expand=False, title_justify="left")
+    table.add_column("case", style="bold", no_wrap=True)
+    table.add_column("output", no_wrap=True)
+    table.add_column("samples", overflow="fold")
+    table.add_column("example: input -> output strides", overflow="fold")
+    for case in row.cases:
+        mixed = case.mixed
+        word = _LAYOUT.get(case.behaviour, case.behaviour.value) if mixed else case.behaviour.value
+        counts = ", ".join(f"{b.value} {n}" for b, n in case.counts)
+        table.add_row(case.case, word, counts, _sample(case.example))
+    console.print(table)
+
+
+# What a mixed case's behaviour says of its output.
+_LAYOUT = {OpBehaviour.KEEPS: "channels_last", OpBehaviour.LOSES: "NCHW"}
 
 
 def _example(row: OperatorRow) -> str:
     if row.error is not None:
         return row.error
-    e = row.example
-    if e is None:
-        return ""
+    return "" if row.example is None else _sample(row.example)
+
+
+def _sample(e: SampleResult) -> str:
     text = f"{tuple(e.input_shape)} {tuple(e.input_strides)}"
     if e.output_strides is not None:
         text += f" -> {tuple(e.output_shape or ())} {tuple(e.output_strides)}"
@@ -67,10 +114,12 @@ def render_ops_diff(
     """What moved between two indexes: forward behaviours, then gradients; in each, worse
     first, then better, then those on one side only (the database gained or dropped an
     operator's 4-D samples, they failed there, or a gradient was judged on one side only)."""
-    forward = sum(not c.gradient for c in changes)
+    forward = sum(not c.gradient and c.case is None for c in changes)
+    cased = sum(c.case is not None for c in changes)
     console.print(
         f"torch {old.torch} ({len(old.rows)} operators) -> torch {new.torch} ({len(new.rows)}), "
-        f"{new.device} {new.dtype}: {forward} changed, {len(changes) - forward} gradients changed",
+        f"{new.device} {new.dtype}: {forward} changed, {cased} cases changed, "
+        f"{len(changes) - forward - cased} gradients changed",
         highlight=False,
     )
     if old.device != new.device or old.dtype != new.dtype:
@@ -91,13 +140,14 @@ def render_ops_diff(
     table.add_column(new.torch, no_wrap=True)
     table.add_column("", no_wrap=True)
     order = {False: 0, True: 1, None: 2}
-    for change in sorted(changes, key=lambda c: (c.gradient, order[c.better], c.op)):
+    ranked = sorted(changes, key=lambda c: (c.gradient, c.case is not None, order[c.better], c.op))
+    for change in ranked:
         word = {
             False: "worse",
             True: "better",
             None: "only in new" if change.old is None else "only in old",
         }
-        of = "gradient" if change.gradient else "forward"
+        of = "gradient" if change.gradient else change.case or "forward"
         table.add_row(change.op, of, _word(change.old), _word(change.new), word[change.better])
     console.print(table)
 
@@ -140,7 +190,7 @@ def render_op_costs(
             str(cost.models),
             f"{cost.bytes / 2**20:.1f} MiB",
             _rows_text(cost.rows, cost.gradient)
-            or "none (not in the database, or no 4-D or 5-D sample)",
+            or "none (not in the database, or it takes no 4-D input)",
         )
     console.print(table)
     if len(costs) > top:

@@ -59,8 +59,9 @@ BENCH_READABLE = (1, BENCH_VERSION)
 OPS_FORMAT = "cl-audit.ops"  # cl_audit.features.ops_index: the operator coverage index
 
 
-OPS_VERSION = 3  # 3: gradients_not_judged; 2: the behaviour "copies", "copied" bytes, module_db
-OPS_READABLE = (1, 2, OPS_VERSION)
+# 4: cases, unjudged; 3: gradients_not_judged; 2: the behaviour "copies", "copied" bytes, module_db
+OPS_VERSION = 4
+OPS_READABLE = (1, 2, 3, OPS_VERSION)
 
 
 REPORT_READABLE = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, REPORT_VERSION)

@@ -17,7 +17,7 @@ from cl_audit.report.envelope import (
     read_envelope,
 )
 
-__all__ = ["WORST", "OperatorRow", "OpsIndex", "SampleResult"]
+__all__ = ["WORST", "CaseRow", "OperatorRow", "OpsIndex", "SampleResult", "Unjudged"]
 
 
 WORST = tuple(OpBehaviour)  # the enum's order: worst first
@@ -45,9 +45,24 @@ class SampleResult:
 
 
 @dataclass(frozen=True)
+class CaseRow:
+    """The samples of one case of an operator (``features.ops_index.cases``: ``samples``,
+    ``raised``, ``dim=C``, ``channels_last + NCHW``, ...): their worst behaviour, how many
+    behaved each way, and the example. In a mixed case the behaviour says which layout the
+    output took: ``keeps`` channels_last, ``loses`` NCHW."""
+
+    case: str
+    behaviour: OpBehaviour
+    counts: tuple[tuple[OpBehaviour, int], ...]
+    example: SampleResult
+    mixed: bool = False  # a mixed-layout case
+
+
+@dataclass(frozen=True)
 class OperatorRow:
-    """An operator: its worst behaviour, how many samples behaved each way, and the example
-    (the first sample of the worst behaviour); ``error`` when its samples could not be made."""
+    """An operator: its worst behaviour over its database and raised samples (mixed layouts
+    apart), how many behaved each way, and the example (the first sample of the worst
+    behaviour); each case's own; ``error`` when its samples could not be made."""
 
     op: str
     behaviour: OpBehaviour | None
@@ -57,14 +72,26 @@ class OperatorRow:
     aten_ops: tuple[str, ...] = ()  # what made its samples' outputs: how sweeps' sites join it
     gradient: OpBehaviour | None = None  # the worst of its samples' input gradients
     gradient_counts: tuple[tuple[OpBehaviour, int], ...] = ()
+    cases: tuple[CaseRow, ...] = ()
+
+    def case(self, label: str) -> CaseRow | None:
+        return next((c for c in self.cases if c.case == label), None)
+
+
+@dataclass(frozen=True)
+class Unjudged:
+    """An operator of the database with no row: why none of its samples could be judged."""
+
+    op: str
+    reason: str
 
 
 @dataclass(frozen=True)
 class OpsIndex:
-    """The index of one torch release, device and dtype; ``without_map``: operators none of
-    whose samples has a 4-D or 5-D floating-point first input (not listed); ``predicted``:
-    run on fake tensors of a device this machine lacks (no kernel ran);
-    ``gradients_not_judged``: why no row has a gradient, when none was judged."""
+    """The index of one torch release, device and dtype; ``without_map``: how many operators
+    have no row, ``unjudged`` each with its reason (none in version 3 and earlier, which
+    counted them only); ``predicted``: run on fake tensors of a device this machine lacks (no
+    kernel ran); ``gradients_not_judged``: why no row has a gradient, when none was judged."""
 
     torch: str
     device: str
@@ -74,6 +101,7 @@ class OpsIndex:
     seconds: float
     predicted: bool = False
     gradients_not_judged: str | None = None
+    unjudged: tuple[Unjudged, ...] = ()
 
     def count(self, behaviour: OpBehaviour) -> int:
         return sum(row.behaviour is behaviour for row in self.rows)

@@ -19,7 +19,7 @@ from torch.profiler import record_function
 from cl_audit.compat.backward import backward_problem, run_backward
 from cl_audit.compat.cuda import cuda_present, fake_cuda_problem
 from cl_audit.compat.failures import is_device_runtime_error
-from cl_audit.compat.fake_mode import fake_tensor, new_fake_mode
+from cl_audit.compat.fake_mode import fake_tensor, meta_failures_quiet, new_fake_mode
 from cl_audit.compat.operators import aten_op_name
 from cl_audit.compat.opinfo import OperatorEntry, Sample
 from cl_audit.compat.pytree import map_tensors, tensor_leaves
@@ -27,9 +27,17 @@ from cl_audit.enums import Engine, OpBehaviour
 from cl_audit.errors import UsageError, first_line
 from cl_audit.execution.audit_context import watching
 from cl_audit.execution.timing import Profiler, copies_by_call
+from cl_audit.features.ops_index.cases import cases
 from cl_audit.intercept.dispatch import CALL_LABEL
 from cl_audit.predict.fake_tensors import KernelSourceMode
-from cl_audit.report.ops_report import WORST, OperatorRow, OpsIndex, SampleResult
+from cl_audit.report.ops_report import (
+    WORST,
+    CaseRow,
+    OperatorRow,
+    OpsIndex,
+    SampleResult,
+    Unjudged,
+)
 from cl_audit.rule.layout import MemoryLayout, layout_of
 
 __all__ = [
@@ -44,8 +52,9 @@ __all__ = [
 ]
 
 
-def _is_map(value: object) -> bool:
-    return isinstance(value, torch.Tensor) and value.dim() in (4, 5) and value.is_floating_point()
+def _is_map(value: object, any_dtype: bool = False) -> bool:
+    spatial = isinstance(value, torch.Tensor) and value.dim() in (4, 5)
+    return spatial and (any_dtype or value.is_floating_point())
 
 
 def _channels_last(value: object) -> object:
@@ -54,6 +63,10 @@ def _channels_last(value: object) -> object:
         return value
     fmt = torch.channels_last if value.dim() == 4 else torch.channels_last_3d
     return value.contiguous(memory_format=fmt)
+
+
+def _contiguous(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.contiguous()
 
 
 def _size_one(tensor: torch.Tensor) -> str:
@@ -107,7 +120,7 @@ def target_for(device: str) -> Target:
 
     @contextlib.contextmanager
     def fake_cuda() -> Iterator[None]:
-        with mode, kernels.over(mode):
+        with meta_failures_quiet(), mode, kernels.over(mode):
             yield
 
     cuda = torch.device("cuda")
@@ -157,31 +170,47 @@ def _unpredicted(target: Target, error: Exception) -> None:
 
 
 def probe_sample(
-    call: Callable[..., Any], sample: Sample, target: Target = CPU, label: int | None = None
+    call: Callable[..., Any],
+    sample: Sample,
+    target: Target = CPU,
+    label: int | None = None,
+    as_given: bool = False,
+    errors: list[str] | None = None,
+    any_dtype: bool = False,
 ) -> SampleResult | None:
-    """What ``call`` returns on ``target`` for ``sample`` made channels_last; None when the
-    sample does not count (its first input, or the first tensor of a list given first, as to
-    ``torch.cat``, is no map, or it fails in NCHW). With ``label``, the NCHW call runs in the
-    profiler range ``2 * label`` and the channels_last call in ``2 * label + 1``
-    (``with_copies`` reads them)."""
+    """What ``call`` returns on ``target`` for ``sample`` made channels_last (``as_given``:
+    the sample as it is, a mixed layout, against every tensor contiguous; no gradient judged);
+    None when the sample does not count (its first input, or the first tensor of a list given
+    first, as to ``torch.cat``, is no map, or it fails in NCHW: the error's first line then
+    goes to ``errors``; ``any_dtype``: a first input of any dtype counts, for an operator
+    judged in its own). With ``label``, the NCHW call runs in the profiler range ``2 * label``
+    and the channels_last call in ``2 * label + 1`` (``with_copies`` reads them)."""
     labels = (None, None) if label is None else (2 * label, 2 * label + 1)
     first = sample.input if isinstance(sample.input, torch.Tensor) else _first(sample.input)
-    if not _is_map(first):
+    if not _is_map(first, any_dtype):
         return None
+    nchw = Sample(*map_tensors(_contiguous, (sample.input, sample.args, sample.kwargs)))
+    nchw = nchw if as_given else sample
     try:
-        reference = _run(call, target, sample.input, sample.args, sample.kwargs, labels[0])
+        reference = _run(call, target, nchw.input, nchw.args, nchw.kwargs, labels[0])
     except Exception as e:  # the sample is not valid here: not counted, whatever channels_last does
         _unpredicted(target, e)
+        if errors is not None:
+            errors.append(first_line(e)[:200])
         return None
-    x = map_tensors(_channels_last, sample.input)
-    shown = _channels_last(first)
+    x = sample.input if as_given else map_tensors(_channels_last, sample.input)
+    shown = first if as_given else _channels_last(first)
     assert isinstance(shown, torch.Tensor)
     seen = {"input_shape": tuple(shown.shape), "input_strides": shown.stride()}
     if shown.numel() == 0:
         return SampleResult(OpBehaviour.AMBIGUOUS, **seen, note="input: no elements")
     if layout_of(shown) is MemoryLayout.AMBIGUOUS:
         return SampleResult(OpBehaviour.AMBIGUOUS, **seen, note=f"input: {_size_one(shown)}")
-    args, kwargs = map_tensors(_channels_last, (sample.args, sample.kwargs))
+    args, kwargs = (
+        (sample.args, sample.kwargs)
+        if as_given
+        else map_tensors(_channels_last, (sample.args, sample.kwargs))
+    )
     try:
         producers = _Producers()
         result = _run(call, target, x, args, kwargs, labels[1], producers)
@@ -196,7 +225,9 @@ def probe_sample(
         "output_strides": out.stride(),
         "producer": producers.made.get(id(out)),
     }
-    if target.predicted:  # autograd's engine needs the device: the backward node by node
+    if as_given:
+        pass  # a mixed layout: which layout the output takes, no gradient judged
+    elif target.predicted:  # autograd's engine needs the device: the backward node by node
         if backward_problem() is None:  # else not judged (the command says why)
             seen |= _fake_gradient(call, target, x, args, kwargs)
     else:
@@ -218,6 +249,8 @@ def _gradient(call: Callable[..., Any], x: Any, args: Any, kwargs: Any) -> dict:
     output, as a channels_last model's backward hands it over; nothing where none flows."""
     first = x if isinstance(x, torch.Tensor) else _first(x)
     assert first is not None
+    if not (first.is_floating_point() or first.is_complex()):
+        return {}  # an operator judged in an integer dtype: no gradient
     leaf = first.detach().requires_grad_(True)
     given = map_tensors(lambda t: leaf if t is first else t, x)
     try:
@@ -252,6 +285,8 @@ def _fake_gradient(call: Callable[..., Any], target: Target, x: Any, args: Any, 
     assert first is not None
     x, args, kwargs = map_tensors(target.place, (x, args, kwargs))
     placed = x if isinstance(x, torch.Tensor) else _first(x)
+    if not (placed.is_floating_point() or placed.is_complex()):
+        return {}  # an operator judged in an integer dtype: no gradient
     leaf = placed.detach().requires_grad_(True)
     given = map_tensors(lambda t: leaf if t is placed else t, x)
     reached: list[torch.Tensor] = []
@@ -287,43 +322,82 @@ def with_copies(
     return replace(result, behaviour=OpBehaviour.COPIES, copied=extra, note=note)
 
 
-def operator_row(entry: OperatorEntry, target: Target = CPU) -> OperatorRow | None:
-    """``entry``'s row on ``target``, or None when none of its samples counts. On real kernels
-    the samples run under the profiler, which sees the copies inside them."""
-    found: list[tuple[int, SampleResult]] = []
+def operator_row(entry: OperatorEntry, target: Target = CPU) -> OperatorRow | Unjudged:
+    """``entry``'s row on ``target`` from its cases (``cases``), or why it has none. On real
+    kernels the samples run under the profiler, which sees the copies inside them."""
+    if entry.unsupported is not None:
+        return Unjudged(entry.name, entry.unsupported)
+    found: list[tuple[int, str, bool, SampleResult]] = []
+    errors: list[str] = []
+    own = f" ({entry.dtype})" if entry.dtype else ""
+    made = 0
     profiler = None if target.predicted else Profiler(torch.device(target.device), shapes=True)
     try:
         with warnings.catch_warnings(), profiler or contextlib.nullcontext():
             warnings.simplefilter("ignore")  # deprecations of the database's own calls
-            for n, sample in enumerate(entry.samples()):
-                result = probe_sample(entry.call, sample, target, None if profiler is None else n)
+            for n, case in enumerate(cases(entry)):
+                made += 1
+                label = None if profiler is None else n
+                result = probe_sample(
+                    case.call,
+                    case.sample,
+                    target,
+                    label,
+                    as_given=case.mixed,
+                    errors=errors,
+                    any_dtype=entry.dtype is not None,
+                )
                 if result is not None:
-                    found.append((n, result))
+                    found.append((n, case.label + own, case.mixed, result))
     except Exception as e:  # making a sample failed: a row with its error, never a crash
         return OperatorRow(entry.name, None, (), None, first_line(e)[:200])
-    results = [result for _, result in found]
     if profiler is not None:
         copies, _ = copies_by_call(profiler)
-        results = [
-            with_copies(r, copies.get(2 * n, []), copies.get(2 * n + 1, [])) for n, r in found
+        found = [
+            (n, case, mixed, with_copies(r, copies.get(2 * n, []), copies.get(2 * n + 1, [])))
+            for n, case, mixed, r in found
         ]
+    results = [r for _, _, mixed, r in found if not mixed]
     if not results:
-        return None
-    counts = Counter(r.behaviour for r in results)
-    worst = next(b for b in WORST if counts[b])
-    example = next(r for r in results if r.behaviour is worst)
-    ordered = tuple((b, counts[b]) for b in WORST if counts[b])
-    made = tuple(sorted({r.producer for r in results if r.producer is not None}))
+        return Unjudged(entry.name, _reason(entry, made, errors))
+    by_case: dict[tuple[str, bool], list[SampleResult]] = {}
+    for _, case, mixed, result in found:
+        by_case.setdefault((case, mixed), []).append(result)
+    worst, counts, example = _worst(results)
+    producers = tuple(sorted({r.producer for r in results if r.producer is not None}))
     graded = Counter(r.gradient for r in results if r.gradient is not None)
     return OperatorRow(
         entry.name,
         worst,
-        ordered,
+        counts,
         example,
-        aten_ops=made,
+        aten_ops=producers,
         gradient=next((b for b in WORST if graded[b]), None),
         gradient_counts=tuple((b, graded[b]) for b in WORST if graded[b]),
+        cases=tuple(CaseRow(case, *_worst(rs), mixed) for (case, mixed), rs in by_case.items()),
     )
+
+
+def _worst(
+    results: list[SampleResult],
+) -> tuple[OpBehaviour, tuple[tuple[OpBehaviour, int], ...], SampleResult]:
+    """The worst behaviour of ``results``, the count of each, and the first of the worst."""
+    counts = Counter(r.behaviour for r in results)
+    worst = next(b for b in WORST if counts[b])
+    example = next(r for r in results if r.behaviour is worst)
+    return worst, tuple((b, counts[b]) for b in WORST if counts[b]), example
+
+
+def _reason(entry: OperatorEntry, made: int, errors: list[str]) -> str:
+    """Why an operator has no row: no case could be made from its samples (none takes a
+    tensor first: a factory, a scalar's; or each asks for NCHW by name), or none ran in NCHW."""
+    if not made:
+        if any(s.kwargs.get("memory_format") is torch.contiguous_format for s in entry.samples()):
+            return "every sample asks for NCHW by name (memory_format=torch.contiguous_format)"
+        return "no sample takes a tensor first (a factory, or an operator of scalars)"
+    if not errors:
+        return "no sample's first input is a floating-point tensor"
+    return f"no sample runs with a 4-D input: {Counter(errors).most_common(1)[0][0]}"
 
 
 def build_index(entries: Iterable[OperatorEntry], target: Target, dtype: torch.dtype) -> OpsIndex:
@@ -332,25 +406,26 @@ def build_index(entries: Iterable[OperatorEntry], target: Target, dtype: torch.d
     start = time.perf_counter()
     torch.manual_seed(0)
     rows: list[OperatorRow] = []
-    without = 0
+    unjudged: list[Unjudged] = []
     for entry in entries:
         row = operator_row(entry, target)
-        if row is None:
-            without += 1
+        if isinstance(row, Unjudged):
+            unjudged.append(row)
         else:
             rows.append(row)
     name = str(dtype).removeprefix("torch.")
     seconds = time.perf_counter() - start
-    unjudged = backward_problem() if target.predicted else None
+    problem = backward_problem() if target.predicted else None
     return OpsIndex(
         torch.__version__,
         target.device,
         name,
         tuple(rows),
-        without,
+        len(unjudged),
         seconds,
         predicted=target.predicted,
-        gradients_not_judged=f"gradients are not judged: {unjudged}" if unjudged else None,
+        gradients_not_judged=f"gradients are not judged: {problem}" if problem else None,
+        unjudged=tuple(unjudged),
     )
 
 
