@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from cl_audit.enums import ModelSource
+from cl_audit.files import write_text
 from cl_audit.report import ModelReport
 from cl_audit.settings import AuditSettings, parse_input_size
 from cl_audit.sources import BuildOptions, ModelRef, load_model
@@ -87,7 +88,7 @@ def main() -> None:
         status.update(r.get("status", {}))
     summary = {"models": len(results), "sites_by_status": dict(status)}
     document = {"torch": torch.__version__, "summary": summary, "models": results}
-    args.out.write_text(json.dumps(document, indent=1) + "\n")
+    write_text(args.out, json.dumps(document, indent=1) + "\n", "--out")  # whole, by rename
     print(json.dumps(summary))
 
 
