@@ -53,6 +53,13 @@ class CallLabels(str, Enum):
     FIRST = "first"  # the first call of each signature (``intercept.signature``): copies measured
     NONE = "none"
 
+    @classmethod
+    def of(cls, value: bool | CallLabels) -> CallLabels:
+        """``True`` as ``EVERY``, ``False`` as ``NONE``, a member as itself."""
+        if isinstance(value, CallLabels):
+            return value
+        return cls.EVERY if value else cls.NONE
+
 
 @unique
 class Strategy(str, Enum):

@@ -98,7 +98,7 @@ class Audit:
         findings: bool = True,
     ) -> None:
         self.engine = parse_engine(engine)
-        labels = CallLabels.EVERY if label_calls is True else CallLabels(label_calls or "none")
+        labels = CallLabels.of(label_calls)
         check_engine(self.engine, train=training, time=labels is not CallLabels.NONE)
         self._recorder = Recorder(
             ModuleNames(model),
@@ -111,7 +111,7 @@ class Audit:
         recorder = self._recorder
         self._impl = _ENGINES[self.engine](
             recorder if also is None else Tee(recorder, also),
-            label_calls=labels if labels is not CallLabels.NONE else False,
+            label_calls=labels,
             on_python_result=recorder.python_result if training else None,
         )
         self._entered = False

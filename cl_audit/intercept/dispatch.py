@@ -121,11 +121,12 @@ class _LabellingObserver(_AtenObserver):
         call = self._calls
         kwargs = kwargs or {}
         with without_torch_function():  # as the parent's
-            first = None if not self._first_only else self._first(func, args, kwargs, call)
-            if first is None:
-                with recording(True, after=not self._first_only):
-                    with record_function(f"{CALL_LABEL}{call}"):
-                        result = func(*args, **kwargs)
+            if not self._first_only:  # every call labelled: recording stays on
+                with record_function(f"{CALL_LABEL}{call}"):
+                    result = func(*args, **kwargs)
+            elif (first := self._first(func, args, kwargs, call)) is None:
+                with recording(True, after=False), record_function(f"{CALL_LABEL}{call}"):
+                    result = func(*args, **kwargs)
             else:
                 self.repeats[call] = first
                 result = func(*args, **kwargs)
@@ -161,7 +162,7 @@ class DispatchEngine:
         # A training audit's recorder leaves locations on the autograd nodes of each result
         # (``on_python_result``: it sees results after autograd recorded them).
         self._python_calls = _PythonCalls(on_python_result)
-        labels = CallLabels.EVERY if label_calls is True else CallLabels(label_calls or "none")
+        labels = CallLabels.of(label_calls)
         self._observer: _AtenObserver = (
             _AtenObserver(observer, self._python_calls)
             if labels is CallLabels.NONE

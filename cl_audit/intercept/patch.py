@@ -19,6 +19,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from cl_audit.enums import CallLabels
 from cl_audit.errors import AuditError
 from cl_audit.intercept.observer import Observer
 
@@ -111,10 +112,11 @@ class PatchEngine:
         self,
         observer: Observer,
         *,
-        label_calls: object = False,
+        label_calls: bool | CallLabels = False,
         on_python_result: Callable[[object], None] | None = None,
     ) -> None:
-        if label_calls or on_python_result is not None:  # check_engine refuses these first
+        labelled = CallLabels.of(label_calls) is not CallLabels.NONE
+        if labelled or on_python_result is not None:  # check_engine refuses these first
             raise AuditError("the patch engine neither labels calls nor attributes backward")
         self._observer = observer
         self._state = _State()

@@ -33,8 +33,9 @@ import torch
 
 from cl_audit.compat.opinfo import OperatorEntry, Sample
 from cl_audit.compat.pytree import map_tensors
+from cl_audit.execution.convert import channels_last_format
 
-__all__ = ["GENERIC", "MIXED", "RAISED", "SAMPLES", "Case", "cases"]
+__all__ = ["GENERIC", "MIXED", "RAISED", "SAMPLES", "Case", "cases", "channels_last"]
 
 SAMPLES = "samples"
 RAISED = "raised"
@@ -199,12 +200,10 @@ def _over_each_axis(entry: OperatorEntry, sample: Sample) -> Iterator[Case]:
         yield Case(label, entry.call, Sample(sample.input, args, kwargs))
 
 
-def _channels_last(t: torch.Tensor) -> torch.Tensor:
-    if t.dim() == 4:
-        return t.contiguous(memory_format=torch.channels_last)
-    if t.dim() == 5:
-        return t.contiguous(memory_format=torch.channels_last_3d)
-    return t
+def channels_last(t: torch.Tensor) -> torch.Tensor:
+    """A 4-D or 5-D tensor (of any dtype: pooling's indices too) made channels_last; any
+    other as it is."""
+    return t.contiguous(memory_format=channels_last_format(t.dim())) if t.dim() in (4, 5) else t
 
 
 def _mixed(entry: OperatorEntry, base: Sample) -> Iterator[Case]:
@@ -216,17 +215,17 @@ def _mixed(entry: OperatorEntry, base: Sample) -> Iterator[Case]:
     operands = _operands(base)
     if operands:
         one = operands[0]
-        yield _case(entry.call, MIXED[0], base, lambda i, t: t if i else _channels_last(t))
-        yield _case(entry.call, MIXED[1], base, lambda i, t: _channels_last(t) if i else t)
+        yield _case(entry.call, MIXED[0], base, lambda i, t: t if i else channels_last(t))
+        yield _case(entry.call, MIXED[1], base, lambda i, t: channels_last(t) if i else t)
         bias = (1, shape[1], *([1] * (len(shape) - 2)))
         yield _case(entry.call, MIXED[2], base, _replacing(one, lambda t: t.new_ones(bias)))
         if not listed:  # a list of scalars is not what torch.cat takes
             yield _case(entry.call, MIXED[3], base, _replacing(one, lambda t: t.new_tensor(1.5)))
     if entry.inplace is not None and not listed:
-        yield _case(entry.inplace, MIXED[4], base, lambda i, t: t if i else _channels_last(t))
+        yield _case(entry.inplace, MIXED[4], base, lambda i, t: t if i else channels_last(t))
     if entry.supports_out:
         out = _with_out(entry.call)
-        yield _case(out, MIXED[5], base, lambda i, t: _channels_last(t))
+        yield _case(out, MIXED[5], base, lambda i, t: channels_last(t))
 
 
 def _operands(sample: Sample) -> list[int]:
@@ -244,7 +243,7 @@ def _replacing(index: int, make: Callable[[torch.Tensor], torch.Tensor]):
     def layout(i: int, t: torch.Tensor) -> torch.Tensor:
         if i == index:
             return make(t)
-        return _channels_last(t) if _is_map(t) else t
+        return channels_last(t) if _is_map(t) else t
 
     return layout
 

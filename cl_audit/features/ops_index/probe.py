@@ -27,7 +27,7 @@ from cl_audit.enums import Engine, OpBehaviour
 from cl_audit.errors import UsageError, first_line
 from cl_audit.execution.audit_context import watching
 from cl_audit.execution.timing import Profiler, copies_by_call
-from cl_audit.features.ops_index.cases import cases
+from cl_audit.features.ops_index.cases import cases, channels_last
 from cl_audit.intercept.dispatch import CALL_LABEL
 from cl_audit.predict.fake_tensors import KernelSourceMode
 from cl_audit.report.ops_report import (
@@ -55,14 +55,6 @@ __all__ = [
 def _is_map(value: object, any_dtype: bool = False) -> bool:
     spatial = isinstance(value, torch.Tensor) and value.dim() in (4, 5)
     return spatial and (any_dtype or value.is_floating_point())
-
-
-def _channels_last(value: object) -> object:
-    """A 4-D or 5-D tensor (of any dtype: pooling's indices too) made channels_last."""
-    if not isinstance(value, torch.Tensor) or value.dim() not in (4, 5):
-        return value
-    fmt = torch.channels_last if value.dim() == 4 else torch.channels_last_3d
-    return value.contiguous(memory_format=fmt)
 
 
 def _contiguous(tensor: torch.Tensor) -> torch.Tensor:
@@ -198,8 +190,8 @@ def probe_sample(
         if errors is not None:
             errors.append(first_line(e)[:200])
         return None
-    x = sample.input if as_given else map_tensors(_channels_last, sample.input)
-    shown = first if as_given else _channels_last(first)
+    x = sample.input if as_given else map_tensors(channels_last, sample.input)
+    shown = first if as_given else channels_last(first)
     assert isinstance(shown, torch.Tensor)
     seen = {"input_shape": tuple(shown.shape), "input_strides": shown.stride()}
     if shown.numel() == 0:
@@ -209,7 +201,7 @@ def probe_sample(
     args, kwargs = (
         (sample.args, sample.kwargs)
         if as_given
-        else map_tensors(_channels_last, (sample.args, sample.kwargs))
+        else map_tensors(channels_last, (sample.args, sample.kwargs))
     )
     try:
         producers = _Producers()
@@ -258,7 +250,7 @@ def _gradient(call: Callable[..., Any], x: Any, args: Any, kwargs: Any) -> dict:
             out = _first_map(call(given, *args, **kwargs))
             if out is None or not out.requires_grad:
                 return {}
-            grad_out = _channels_last(torch.ones_like(out, memory_format=torch.contiguous_format))
+            grad_out = channels_last(torch.ones_like(out, memory_format=torch.contiguous_format))
             (grad,) = torch.autograd.grad(out, leaf, grad_out, allow_unused=True)
     except Exception:  # no backward for these arguments: the gradient is not judged
         return {}
@@ -296,7 +288,7 @@ def _fake_gradient(call: Callable[..., Any], target: Target, x: Any, args: Any, 
             out = _first_map(call(given, *args, **kwargs))
             if out is None or not out.requires_grad:
                 return {}
-            grad_out = _channels_last(torch.ones_like(out, memory_format=torch.contiguous_format))
+            grad_out = channels_last(torch.ones_like(out, memory_format=torch.contiguous_format))
             run_backward(out, gradient=grad_out)
     except Exception:  # no backward for these arguments: the gradient is not judged
         return {}
