@@ -12,7 +12,12 @@ samples:
   raise where some have the first input's rank (a gather's index, an index_add's source), get
   the same leading dimensions, and in a third a shape among its arguments (``expand``'s size)
   the same leading sizes; a dimension the sample names (``dim`` where the operator's
-  schema takes it) moved with its axis;
+  schema takes it, or ``axis``) moved with its axis; a list of index tensors (``index_put``'s)
+  given one that takes each new dimension whole; an einsum equation an ellipsis for
+  each raised operand; where the sample's tensors broadcast to a larger shape than its first
+  input's (``broadcast_tensors``), the first input expanded to it, then raised;
+- ``generic``: where no other case runs, the first input (each tensor of a list given first)
+  replaced by a ``(2, 3, 5, 7)`` tensor, the other arguments as they were (``generic_cases``);
 - ``dim=C`` (``N``, ``H``, ``W``; ``keepdim`` both ways where the schema takes it): a raised
   sample with its dimension put on each axis in turn, for reductions, scans and sorts;
 - mixed layouts, from the first 4-D sample with operands of its shape (a list's other tensors,
@@ -35,10 +40,20 @@ from cl_audit.compat.opinfo import OperatorEntry, Sample
 from cl_audit.compat.pytree import map_tensors
 from cl_audit.execution.convert import channels_last_format
 
-__all__ = ["GENERIC", "MIXED", "RAISED", "SAMPLES", "Case", "cases", "channels_last"]
+__all__ = [
+    "GENERIC",
+    "MIXED",
+    "RAISED",
+    "SAMPLES",
+    "Case",
+    "cases",
+    "channels_last",
+    "generic_cases",
+]
 
 SAMPLES = "samples"
 RAISED = "raised"
+GENERIC_CASE = "generic"
 MIXED = (
     "channels_last + NCHW",
     "NCHW + channels_last",
@@ -94,7 +109,10 @@ def cases(entry: OperatorEntry) -> Iterator[Case]:
     raised: list[Sample] = []
     for rank, sample in sorted(lower, key=lambda pair: -pair[0])[:_RAISED_TRIED]:
         raised.append(_raised(sample, rank, entry.dim_position, same_rank=False))
-        if _ranked_alike(sample, rank):  # indices, sources: raised with it, or no call
+        wider = _broadcast_first(sample)
+        if wider is not None and _dim_of(sample, entry.dim_position) is None:  # widened, raised
+            raised.append(_raised(wider, len(_shape(wider)), entry.dim_position, same_rank=False))
+        if _ranked_alike(sample, rank, entry.dim_position):  # indices, sources: raised too
             raised.append(_raised(sample, rank, entry.dim_position, same_rank=True))
         if _sized(sample, rank):  # sizes as long as the rank (expand, reshape): raised too
             raised.append(_raised(sample, rank, entry.dim_position, same_rank=True, sizes=True))
@@ -122,11 +140,65 @@ def _batch_aligned(t: torch.Tensor, shape: torch.Size) -> bool:
     return False
 
 
-def _ranked_alike(sample: Sample, rank: int) -> bool:
-    """Whether a tensor of the sample has the first input's rank but another shape."""
+def generic_cases(entry: OperatorEntry) -> Iterator[Case]:
+    """The ``generic`` case of each of the first samples that take a tensor first: that tensor
+    (each of a list given first) replaced by a ``GENERIC`` one of its dtype, the rest as given
+    (``torch.column_stack``'s pair of 3-D tensors that differ in their second dimension)."""
+    made = 0
+    for sample in entry.samples():
+        if made == _RAISED_TRIED:
+            return
+        if _first(sample.input) is None:
+            continue
+        made += 1
+
+        def generic(t: torch.Tensor) -> torch.Tensor:
+            return torch.randn(GENERIC, device=t.device).to(t.dtype)
+
+        if isinstance(sample.input, torch.Tensor):
+            given: object = generic(sample.input)
+        else:
+            given = type(sample.input)(
+                generic(v) if isinstance(v, torch.Tensor) else v for v in sample.input
+            )
+        yield Case(GENERIC_CASE, entry.call, Sample(given, sample.args, sample.kwargs))
+
+
+def _shape(sample: Sample) -> torch.Size:
     first = _first(sample.input)
-    tensors = [v for v in _flat(sample) if isinstance(v, torch.Tensor)]
-    return first is not None and any(t.dim() == rank and t.shape != first.shape for t in tensors)
+    assert first is not None
+    return first.shape
+
+
+def _broadcast_first(sample: Sample) -> Sample | None:
+    """``sample`` with its first input expanded to the shape its tensors broadcast to, where
+    that shape is larger than the first input's and of a rank below 4; else None."""
+    first = _first(sample.input)
+    shapes = [t.shape for t in _flat(sample) if isinstance(t, torch.Tensor)]
+    try:
+        shape = torch.broadcast_shapes(*shapes)
+    except RuntimeError:
+        return None
+    if first is None or shape == first.shape or len(shape) >= 4:
+        return None
+    wide = first.expand(shape).contiguous()
+    given = wide if sample.input is first else type(sample.input)([wide, *sample.input[1:]])
+    return Sample(given, sample.args, sample.kwargs)
+
+
+def _ranked_alike(sample: Sample, rank: int, dim_position: int | None) -> bool:
+    """Whether a tensor of the sample has the first input's rank but another shape, or is
+    aligned with it (``_aligned``) where the first raise leaves it."""
+    first = _first(sample.input)
+    if first is None:
+        return False
+    dim = _dim_of(sample, dim_position)
+    return any(
+        (t.dim() == rank and t.shape != first.shape)
+        or (_aligned(t, first.shape, dim) and not _batch_aligned(t, first.shape))
+        for t in _flat(sample)
+        if isinstance(t, torch.Tensor)
+    )
 
 
 def _sizes(value: object, rank: int) -> bool:
@@ -152,28 +224,89 @@ def _raised(
     first = _first(sample.input)
     assert first is not None
     shape, prefix = first.shape, GENERIC[: 4 - rank]
+    dim = _dim_of(sample, dim_position)
+    raised: set[int] = set()
 
     def raise_(t: torch.Tensor) -> torch.Tensor:
-        alike = t.shape == shape or (same_rank and t.dim() == rank)
+        alike = t.shape == shape or (same_rank and (t.dim() == rank or _aligned(t, shape, dim)))
         if not alike and not _batch_aligned(t, shape):
             return t
-        return t.expand(*prefix, *t.shape).contiguous()
+        wide = t.expand(*prefix, *t.shape).contiguous()
+        raised.add(id(wide))
+        return wide
 
-    given, args, kwargs = map_tensors(raise_, (sample.input, sample.args, sample.kwargs))
+    def raise_argument(value: object) -> object:  # index lists: the new dimensions whole
+        return (*_whole(prefix, value), *value) if _indices(value) else map_tensors(raise_, value)
+
+    given = map_tensors(raise_, sample.input)
+    args = tuple(raise_argument(v) for v in sample.args)
+    kwargs = {k: raise_argument(v) for k, v in sample.kwargs.items()}
+    if isinstance(given, (list, tuple)):  # an einsum's operands: an ellipsis where raised
+        flags = [id(v) in raised for v in given]
+        args = tuple(_with_ellipsis(v, flags) if isinstance(v, str) else v for v in args)
     if sizes:
         args = tuple((*prefix, *v) if _sizes(v, rank) else v for v in args)
         kwargs = {k: (*prefix, *v) if _sizes(v, rank) else v for k, v in kwargs.items()}
-    dim = _dim_of(sample, dim_position)
     if isinstance(dim, int) and 0 <= dim < rank:  # a scalar's dim 0 names no axis: as given
         args, kwargs = _with_dim(args, kwargs, dim_position, dim + len(prefix))
     return Sample(given, tuple(args), dict(kwargs))
 
 
+def _aligned(t: torch.Tensor, shape: torch.Size, dim: int | None) -> bool:
+    """Whether ``t``'s shape is the leading dimensions of ``shape`` (an LU's pivots) or
+    ``shape`` without the dimension the sample names (``select_scatter``'s source)."""
+    if 0 < t.dim() < len(shape) and t.shape == shape[: t.dim()]:
+        return True
+    if not isinstance(dim, int) or not -len(shape) <= dim < len(shape):
+        return False
+    axis = dim % len(shape)
+    return t.shape == shape[:axis] + shape[axis + 1 :]
+
+
+def _indices(value: object) -> bool:
+    """Whether ``value`` is a list of index tensors (``index_put``'s ``indices``): each an
+    integer or boolean tensor."""
+    return (
+        isinstance(value, (list, tuple))
+        and bool(value)
+        and all(
+            isinstance(v, torch.Tensor) and not (v.is_floating_point() or v.is_complex())
+            for v in value
+        )
+    )
+
+
+def _whole(prefix: tuple[int, ...], indices: list | tuple) -> tuple[torch.Tensor, ...]:
+    """Index tensors that take the new leading dimensions ``prefix`` whole, each an ``arange``
+    that broadcasts with the others and with ``indices`` (a boolean mask indexes as one
+    dimension): ``x[:, :, i]`` as ``x[a, b, i]``, which torch's Python calls take where they
+    refuse None."""
+    rank = max(1 if t.dtype == torch.bool else t.dim() for t in indices)
+    return tuple(
+        torch.arange(n).view(n, *([1] * (len(prefix) - 1 - j + rank))) for j, n in enumerate(prefix)
+    )
+
+
+def _with_ellipsis(equation: str, raised: list[bool]) -> str:
+    """An einsum ``equation`` with ``...`` before the subscripts of each raised operand and of
+    an explicit output; any other string as it is."""
+    inputs, arrow, output = equation.partition("->")
+    terms = inputs.split(",")
+    if len(terms) != len(raised) or not all(t.strip().isalpha() for t in terms):
+        return equation
+    terms = [f"...{t.strip()}" if up else t for t, up in zip(terms, raised, strict=True)]
+    return ",".join(terms) + (f"->...{output.strip()}" if arrow and any(raised) else arrow + output)
+
+
+_DIM_NAMES = ("dim", "axis")  # the keywords a sample names its dimension by
+
+
 def _dim_of(sample: Sample, position: int | None) -> int | None:
-    """The dimension the sample names: ``dim=`` or the schema's position; None if none (or
-    not one integer)."""
-    if "dim" in sample.kwargs:
-        dim = sample.kwargs["dim"]
+    """The dimension the sample names: ``dim=`` (``axis=``) or the schema's position; None if
+    none (or not one integer)."""
+    named = next((k for k in _DIM_NAMES if k in sample.kwargs), None)
+    if named is not None:
+        dim = sample.kwargs[named]
     elif position is not None and len(sample.args) > position:
         dim = sample.args[position]
     else:
@@ -184,8 +317,9 @@ def _dim_of(sample: Sample, position: int | None) -> int | None:
 def _with_dim(
     args: tuple[Any, ...], kwargs: dict[str, Any], position: int | None, dim: int
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    if "dim" in kwargs or position is None or len(args) <= position:
-        return args, {**kwargs, "dim": dim}
+    named = next((k for k in _DIM_NAMES if k in kwargs), None)
+    if named is not None or position is None or len(args) <= position:
+        return args, {**kwargs, named or "dim": dim}
     return (*args[:position], dim, *args[position + 1 :]), kwargs
 
 

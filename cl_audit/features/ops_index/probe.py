@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch.profiler import record_function
 
-from cl_audit.compat.backward import backward_problem, run_backward
+from cl_audit.compat.backward import backward_problem
 from cl_audit.compat.cuda import cuda_present, fake_cuda_problem
 from cl_audit.compat.failures import is_device_runtime_error
 from cl_audit.compat.fake_mode import fake_tensor, meta_failures_quiet, new_fake_mode
@@ -27,7 +27,8 @@ from cl_audit.enums import Engine, OpBehaviour
 from cl_audit.errors import UsageError, first_line
 from cl_audit.execution.audit_context import watching
 from cl_audit.execution.timing import Profiler, copies_by_call
-from cl_audit.features.ops_index.cases import cases, channels_last
+from cl_audit.features.ops_index.cases import Case, cases, channels_last, generic_cases
+from cl_audit.features.ops_index.gradient import first_map, input_gradient
 from cl_audit.intercept.dispatch import CALL_LABEL
 from cl_audit.predict.fake_tensors import KernelSourceMode
 from cl_audit.report.ops_report import (
@@ -73,10 +74,6 @@ def _size_one(tensor: torch.Tensor) -> str:
 
 def _first(value: object) -> torch.Tensor | None:
     return next(iter(tensor_leaves(value)), None)
-
-
-def _first_map(value: object) -> torch.Tensor | None:
-    return next((t for t in tensor_leaves(value) if t.dim() in (4, 5)), None)
 
 
 @dataclass(frozen=True)
@@ -209,7 +206,7 @@ def probe_sample(
     except Exception as e:
         _unpredicted(target, e)
         return SampleResult(OpBehaviour.REFUSES, **seen, note=first_line(e)[:200])
-    out, ref = _first_map(result), _first_map(reference)
+    out, ref = first_map(result), first_map(reference)
     if out is None or ref is None:
         return SampleResult(OpBehaviour.NO_MAP, **seen)
     seen |= {
@@ -217,13 +214,10 @@ def probe_sample(
         "output_strides": out.stride(),
         "producer": producers.made.get(id(out)),
     }
-    if as_given:
-        pass  # a mixed layout: which layout the output takes, no gradient judged
-    elif target.predicted:  # autograd's engine needs the device: the backward node by node
-        if backward_problem() is None:  # else not judged (the command says why)
-            seen |= _fake_gradient(call, target, x, args, kwargs)
-    else:
-        seen |= _gradient(call, *map_tensors(target.place, (x, args, kwargs)))
+    # a mixed layout says which layout the output takes, no gradient judged; a predicted
+    # device's needs torch's backward run node by node (else the command says why not)
+    if not as_given and not (target.predicted and backward_problem() is not None):
+        seen |= input_gradient(call, target, x, args, kwargs)
     layout = layout_of(out)
     if layout is MemoryLayout.AMBIGUOUS:
         return SampleResult(OpBehaviour.AMBIGUOUS, **seen, note=f"output: {_size_one(out)}")
@@ -234,65 +228,6 @@ def probe_sample(
     if layout is MemoryLayout.CONTIGUOUS:
         return SampleResult(OpBehaviour.LOSES, **seen)
     return SampleResult(OpBehaviour.OTHER, **seen)
-
-
-def _gradient(call: Callable[..., Any], x: Any, args: Any, kwargs: Any) -> dict:
-    """The first input's gradient's behaviour and strides for a channels_last gradient of the
-    output, as a channels_last model's backward hands it over; nothing where none flows."""
-    first = x if isinstance(x, torch.Tensor) else _first(x)
-    assert first is not None
-    if not (first.is_floating_point() or first.is_complex()):
-        return {}  # an operator judged in an integer dtype: no gradient
-    leaf = first.detach().requires_grad_(True)
-    given = map_tensors(lambda t: leaf if t is first else t, x)
-    try:
-        with torch.enable_grad():
-            out = _first_map(call(given, *args, **kwargs))
-            if out is None or not out.requires_grad:
-                return {}
-            grad_out = channels_last(torch.ones_like(out, memory_format=torch.contiguous_format))
-            (grad,) = torch.autograd.grad(out, leaf, grad_out, allow_unused=True)
-    except Exception:  # no backward for these arguments: the gradient is not judged
-        return {}
-    return _gradient_seen(grad)
-
-
-def _gradient_seen(grad: torch.Tensor | None) -> dict:
-    if grad is None:
-        return {}
-    behaviour = {
-        MemoryLayout.CHANNELS_LAST: OpBehaviour.KEEPS,
-        MemoryLayout.CONTIGUOUS: OpBehaviour.LOSES,
-        MemoryLayout.AMBIGUOUS: OpBehaviour.AMBIGUOUS,
-    }.get(layout_of(grad), OpBehaviour.OTHER)
-    return {"gradient": behaviour, "gradient_strides": grad.stride()}
-
-
-def _fake_gradient(call: Callable[..., Any], target: Target, x: Any, args: Any, kwargs: Any):
-    """``_gradient`` for fake tensors of a device this machine lacks, as ``--train --fake``
-    predicts a backward: run node by node (``cl_audit.compat.backward``) on the target's fake
-    tensors with its kernel-source overrides; the gradient is taken as it reaches the input
-    (a hook), before ``.grad`` would lay it out as the input."""
-    first = x if isinstance(x, torch.Tensor) else _first(x)
-    assert first is not None
-    x, args, kwargs = map_tensors(target.place, (x, args, kwargs))
-    placed = x if isinstance(x, torch.Tensor) else _first(x)
-    if not (placed.is_floating_point() or placed.is_complex()):
-        return {}  # an operator judged in an integer dtype: no gradient
-    leaf = placed.detach().requires_grad_(True)
-    given = map_tensors(lambda t: leaf if t is placed else t, x)
-    reached: list[torch.Tensor] = []
-    leaf.register_hook(reached.append)
-    try:
-        with target.context(), torch.enable_grad():
-            out = _first_map(call(given, *args, **kwargs))
-            if out is None or not out.requires_grad:
-                return {}
-            grad_out = channels_last(torch.ones_like(out, memory_format=torch.contiguous_format))
-            run_backward(out, gradient=grad_out)
-    except Exception:  # no backward for these arguments: the gradient is not judged
-        return {}
-    return _gradient_seen(reached[0] if reached else None)
 
 
 def _copied(copies: list[tuple[int, int | None]]) -> int:
@@ -327,8 +262,8 @@ def operator_row(entry: OperatorEntry, target: Target = CPU) -> OperatorRow | Un
     try:
         with warnings.catch_warnings(), profiler or contextlib.nullcontext():
             warnings.simplefilter("ignore")  # deprecations of the database's own calls
-            for n, case in enumerate(cases(entry)):
-                made += 1
+            for n, case in enumerate(_judged_cases(entry, found)):
+                made = n + 1
                 label = None if profiler is None else n
                 result = probe_sample(
                     case.call,
@@ -368,6 +303,14 @@ def operator_row(entry: OperatorEntry, target: Target = CPU) -> OperatorRow | Un
         gradient_counts=tuple((b, graded[b]) for b in WORST if graded[b]),
         cases=tuple(CaseRow(case, *_worst(rs), mixed) for (case, mixed), rs in by_case.items()),
     )
+
+
+def _judged_cases(entry: OperatorEntry, found: list) -> Iterator[Case]:
+    """``entry``'s cases, then, where none of its own has a result in ``found`` (filled as
+    they run), its ``generic`` ones."""
+    yield from cases(entry)
+    if not any(not mixed for _, _, mixed, _ in found):
+        yield from generic_cases(entry)
 
 
 def _worst(
