@@ -143,7 +143,8 @@ def ops(
 
 def _run_index(patterns: tuple[str, ...], device: str, dtype: DType, console: Console) -> OpsIndex:
     from cl_audit.compat.opinfo import module_entries, operator_entries, opinfo_problem
-    from cl_audit.features.ops_index.probe import build_index, target_for
+    from cl_audit.features.ops_index.probe import build_index
+    from cl_audit.features.ops_index.target import target_for
 
     problem = opinfo_problem()
     if problem is not None:

@@ -25,8 +25,9 @@ from cl_audit.enums import CostKind, OpBehaviour, Phase
 from cl_audit.errors import UsageError
 from cl_audit.features.ops_index.cases import cases
 from cl_audit.features.ops_index.diff import diff
-from cl_audit.features.ops_index.probe import build_index, operator_row, probe_sample, target_for
+from cl_audit.features.ops_index.probe import build_index, operator_row, probe_sample
 from cl_audit.features.ops_index.ranking import OpLink, forward_of, rank_costs
+from cl_audit.features.ops_index.target import target_for
 from cl_audit.render.html_ops import ops_html
 from cl_audit.render.ops_table import render_op_costs, render_ops
 from cl_audit.report import load_schema

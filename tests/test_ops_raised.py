@@ -7,7 +7,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cl_audit.compat.opinfo import OperatorEntry, Sample, operator_entries, opinfo_problem
+from cl_audit.compat.opinfo import (
+    DimArgument,
+    OperatorEntry,
+    Sample,
+    operator_entries,
+    opinfo_problem,
+)
 from cl_audit.enums import OpBehaviour
 from cl_audit.features.ops_index.cases import cases
 from cl_audit.features.ops_index.probe import operator_row
@@ -134,6 +140,36 @@ def test_where_no_sample_can_be_raised_a_generic_input_is_tried():
     assert isinstance(refused, Unjudged)  # nothing takes a 4-D dot, generic or raised
 
 
+def test_the_dimensions_a_schema_names_move_with_their_axes_given_or_by_default():
+    """A diagonal of a (5, 5) matrix raised to (2, 3, 5, 5) is still the matrix's: its
+    ``dim1=0, dim2=1`` defaults are passed moved (2, 3), not left to take the diagonal of N and
+    C; a transpose's positional dims and a reduction's list of dims move the same way; a
+    dimension counted from the end stays as it was (the control), as does an argument the
+    schema does not name as a dimension (``tile``'s repetitions)."""
+    matrix = torch.randn(5, 5)
+    diagonal = (DimArgument("dim1", 1, 0), DimArgument("dim2", 2, 1))
+    entry = _entry("toy.diagonal", torch.diagonal, Sample(matrix, (), {}), dim_arguments=diagonal)
+    (raised,) = _raised(entry)
+    assert raised.kwargs == {"dim1": 2, "dim2": 3}
+    assert torch.diagonal(raised.input, **raised.kwargs).shape == (2, 3, 5)  # the matrices'
+    swap = (DimArgument("dim0", 0), DimArgument("dim1", 1))
+    transposed = _raised(
+        _entry("toy.t", torch.transpose, Sample(matrix, (0, -1), {}), dim_arguments=swap)
+    )
+    assert transposed[0].args == (2, -1)
+    over = (DimArgument("dim", 0),)
+    summed = _raised(
+        _entry("toy.sum", torch.sum, Sample(matrix, ((0, 1),), {}), dim_arguments=over)
+    )
+    assert summed[0].args == ((2, 3),)
+    ends = _raised(
+        _entry("toy.sum", torch.sum, Sample(matrix, ((-2, -1),), {}), dim_arguments=over)
+    )
+    assert ends[0].args == ((-2, -1),)
+    tiled = _raised(_entry("toy.tile", torch.tile, Sample(matrix, ((1, 2),), {})))
+    assert tiled[0].args == ((1, 2),)
+
+
 @pytest.mark.skipif(opinfo_problem() is not None, reason=str(opinfo_problem()))
 def test_torchs_index_put_einsum_broadcast_tensors_and_lu_solve_have_rows():
     wanted = {"index_put", "einsum", "broadcast_tensors", "linalg.lu_solve", "select_scatter"}
@@ -142,3 +178,5 @@ def test_torchs_index_put_einsum_broadcast_tensors_and_lu_solve_have_rows():
     assert rows.keys() == wanted
     unjudged = {name: row for name, row in rows.items() if isinstance(row, Unjudged)}
     assert not unjudged
+    (diagonal,) = [e for e in operator_entries("cpu", torch.float32) if e.name == "diagonal"]
+    assert {(a.name, a.default) for a in diagonal.dim_arguments} == {("dim1", 0), ("dim2", 1)}

@@ -17,7 +17,14 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-__all__ = ["OperatorEntry", "Sample", "module_entries", "operator_entries", "opinfo_problem"]
+__all__ = [
+    "DimArgument",
+    "OperatorEntry",
+    "Sample",
+    "module_entries",
+    "operator_entries",
+    "opinfo_problem",
+]
 
 _MODULE = "torch.testing._internal.common_methods_invocations"
 _MODULES = "torch.testing._internal.common_modules"
@@ -31,6 +38,17 @@ class Sample:
     input: Any
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class DimArgument:
+    """An argument of an operator's schema that names dimensions of its input (``dim1``,
+    ``start_dim``, ``source``; ``dim`` given as a list): its name, its position among the
+    arguments after the input (None where the schemas differ) and its default (None: none)."""
+
+    name: str
+    position: int | None
+    default: int | tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -50,10 +68,53 @@ class OperatorEntry:
     keepdim: bool = False
     unsupported: str | None = None  # why it has no samples in this dtype on this device
     dtype: str | None = None  # its samples' own dtype, where it takes none of the index's
+    dim_arguments: tuple[DimArgument, ...] = ()
 
 
 # The dtypes an operator that takes no dtype of the index is judged in, the first it takes.
 _OWN = (torch.int64, torch.bool, torch.complex64)
+
+
+# Schema arguments that name dimensions of the input, moved when a sample is raised (``dims``
+# is not among them: ``tile``'s are repetitions).
+_DIM_ARGUMENTS = (
+    "dim",
+    "dim0",
+    "dim1",
+    "dim2",
+    "dimension",
+    "start_dim",
+    "end_dim",
+    "source",
+    "destination",
+)
+
+
+@functools.cache
+def _dim_arguments(aten_name: str) -> tuple[DimArgument, ...]:
+    """The integer arguments of ``aten::aten_name``'s schemas named in ``_DIM_ARGUMENTS``:
+    each with its position after the input where every schema that has it agrees, and its
+    default where they agree."""
+    try:
+        schemas = torch._C._jit_get_schemas_for_operator(f"aten::{aten_name}")
+    except RuntimeError:
+        return ()
+    seen: dict[str, tuple[set[int], set[object]]] = {}
+    for schema in schemas:
+        for position, argument in enumerate(schema.arguments[1:]):
+            if argument.name in _DIM_ARGUMENTS and "int" in str(argument.type):
+                positions, defaults = seen.setdefault(argument.name, (set(), set()))
+                positions.add(position)
+                default = argument.default_value
+                defaults.add(tuple(default) if isinstance(default, list) else default)
+    return tuple(
+        DimArgument(
+            name,
+            positions.pop() if len(positions) == 1 else None,
+            defaults.pop() if len(defaults) == 1 else None,  # type: ignore[arg-type]
+        )
+        for name, (positions, defaults) in seen.items()
+    )
 
 
 @functools.cache
@@ -121,11 +182,23 @@ def operator_entries(device: str, dtype: torch.dtype) -> Iterator[OperatorEntry]
             for s in info.sample_inputs(device, own, requires_grad=False):
                 yield Sample(s.input, tuple(s.args), dict(s.kwargs))
 
-        position, keepdim = _dims(getattr(info, "aten_name", None) or info.name)
+        aten = getattr(info, "aten_name", None) or info.name
+        position, keepdim = _dims(aten)
         inplace = getattr(info, "inplace_variant", None)
         out = bool(getattr(info, "supports_out", False))
         other = None if own == dtype else str(own).removeprefix("torch.")
-        yield OperatorEntry(name, info.op, samples, inplace, out, position, keepdim, None, other)
+        yield OperatorEntry(
+            name,
+            info.op,
+            samples,
+            inplace,
+            out,
+            position,
+            keepdim,
+            None,
+            other,
+            _dim_arguments(aten),
+        )
 
 
 def _module_call(x: Any, module: nn.Module, state: dict[str, Any], *args: Any, **kwargs: Any):

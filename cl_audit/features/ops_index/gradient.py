@@ -4,7 +4,7 @@ on real tensors or on fake tensors of a device this machine lacks."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -12,10 +12,8 @@ from cl_audit.compat.backward import run_backward
 from cl_audit.compat.pytree import map_tensors, tensor_leaves
 from cl_audit.enums import OpBehaviour
 from cl_audit.features.ops_index.cases import channels_last
+from cl_audit.features.ops_index.target import Target
 from cl_audit.rule.layout import MemoryLayout, layout_of
-
-if TYPE_CHECKING:
-    from cl_audit.features.ops_index.probe import Target
 
 __all__ = ["first_map", "input_gradient"]
 

@@ -10,27 +10,25 @@ import time
 import warnings
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import torch
 from torch.profiler import record_function
 
 from cl_audit.compat.backward import backward_problem
-from cl_audit.compat.cuda import cuda_present, fake_cuda_problem
 from cl_audit.compat.failures import is_device_runtime_error
-from cl_audit.compat.fake_mode import fake_tensor, meta_failures_quiet, new_fake_mode
 from cl_audit.compat.operators import aten_op_name
 from cl_audit.compat.opinfo import OperatorEntry, Sample
 from cl_audit.compat.pytree import map_tensors, tensor_leaves
 from cl_audit.enums import Engine, OpBehaviour
-from cl_audit.errors import UsageError, first_line
+from cl_audit.errors import first_line
 from cl_audit.execution.audit_context import watching
 from cl_audit.execution.timing import Profiler, copies_by_call
 from cl_audit.features.ops_index.cases import Case, cases, channels_last, generic_cases
 from cl_audit.features.ops_index.gradient import first_map, input_gradient
+from cl_audit.features.ops_index.target import CPU, Target
 from cl_audit.intercept.dispatch import CALL_LABEL
-from cl_audit.predict.fake_tensors import KernelSourceMode
 from cl_audit.report.ops_report import (
     WORST,
     CaseRow,
@@ -42,13 +40,10 @@ from cl_audit.report.ops_report import (
 from cl_audit.rule.layout import MemoryLayout, layout_of
 
 __all__ = [
-    "CPU",
-    "Target",
     "build_index",
     "operator_row",
     "probe_sample",
     "select",
-    "target_for",
     "with_copies",
 ]
 
@@ -74,46 +69,6 @@ def _size_one(tensor: torch.Tensor) -> str:
 
 def _first(value: object) -> torch.Tensor | None:
     return next(iter(tensor_leaves(value)), None)
-
-
-@dataclass(frozen=True)
-class Target:
-    """Where the samples run: ``place`` puts a CPU tensor there (with its strides), and every
-    call runs inside ``context()`` (the fake mode and kernel-source overrides of a predicted
-    device)."""
-
-    device: str
-    predicted: bool = False
-    place: Callable[[torch.Tensor], torch.Tensor] = lambda t: t
-    context: Callable[[], contextlib.AbstractContextManager[object]] = contextlib.nullcontext
-
-
-CPU = Target("cpu")
-
-
-def target_for(device: str) -> Target:
-    """The CPU; a CUDA device (fake tensors with the kernel-source overrides, a prediction,
-    where this machine has no GPU); ``UsageError`` where fake CUDA cannot predict honestly."""
-    kind = torch.device(device).type
-    if kind == "cpu":
-        return CPU
-    if kind != "cuda":
-        raise UsageError(f"cl-audit ops runs on cpu or cuda, not {device}")
-    if cuda_present():
-        return Target("cuda", place=lambda t: t.to("cuda"))
-    problem = fake_cuda_problem(runtime=False)  # a call reaching the runtime: its row's error
-    if problem is not None:
-        raise UsageError(problem)
-    mode = new_fake_mode()
-    kernels = KernelSourceMode.for_device(torch.device("cuda"))
-
-    @contextlib.contextmanager
-    def fake_cuda() -> Iterator[None]:
-        with meta_failures_quiet(), mode, kernels.over(mode):
-            yield
-
-    cuda = torch.device("cuda")
-    return Target("cuda", True, lambda t: fake_tensor(mode, t, cuda), fake_cuda)
 
 
 class _Producers:
