@@ -14,6 +14,7 @@ import torch
 import torchvision
 import training_models as tm
 from literal_reports import before_version_8
+from torch import nn
 from typer.testing import CliRunner
 
 from cl_audit import audit_model
@@ -334,6 +335,32 @@ def test_the_restrided_candidates_leave_out_what_a_convolution_took_as_its_weigh
     # the control: the table given back its NCHW strides is no candidate
     model.table.data = model.table.data.contiguous()
     assert restrided(model, frozenset({"patch.weight"})) == ()
+
+
+class _PositionsBeside(nn.Module):
+    """ResizedPositions inside a model that holds two more restrided tables at its root, the
+    larger first: an untried lead names the two its trials would keep (``nearest``: the site's
+    own module's table, then the largest its root holds), not every restrided tensor."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.positions = tm.ResizedPositions(resized=False)
+        self.register_buffer("large", torch.zeros(1, 8, 6, 6))
+        self.register_buffer("small", torch.zeros(1, 8, 2, 2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.positions(x)
+
+
+def test_an_untried_keep_lead_names_the_tensors_nearest_its_site_not_every_one():
+    torch.manual_seed(0)
+    report = audit_model(_PositionsBeside(), _input(), train=True, **ANY)
+    lead = next(s.remedy for s in report.cost.sites if s.op == "Tensor.reshape")
+    assert lead.note.endswith("(it would keep one of: positions.table, large)")
+    # the control: the model's own ResizedPositions alone names its one table
+    alone = audit_model(tm.ResizedPositions(resized=False), _input(), train=True, **ANY)
+    (only,) = [s.remedy for s in alone.cost.sites if s.op == "Tensor.reshape"]
+    assert only.note.endswith("(it would keep one of: table)")
 
 
 def test_in_training_the_parameter_and_its_gradient_copy_are_leads_naming_it():

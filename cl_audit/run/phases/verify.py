@@ -173,17 +173,16 @@ def _kept_leads(cost: Cost, kept: tuple[str, ...]) -> Cost:
 
 def _noted(cost: Cost, reason: str, kept: tuple[str, ...]) -> Cost:
     """Each lead with why it was not tried; one that would keep a restrided tensor as it was
-    names the tensors it would keep."""
-    candidates = f" (it would keep one of: {', '.join(kept)})"
+    names the tensors its trials would keep (``nearest`` its site)."""
+
+    def note(site: CostSite) -> str:
+        assert site.remedy is not None
+        if site.remedy.pattern not in KEPT_PATTERNS:
+            return reason
+        return f"{reason} (it would keep one of: {', '.join(nearest(kept, site.module_path))})"
+
     sites = tuple(
-        replace(
-            s,
-            remedy=replace(
-                s.remedy, note=reason + candidates * (s.remedy.pattern in KEPT_PATTERNS)
-            ),
-        )
-        if s.remedy is not None
-        else s
+        replace(s, remedy=replace(s.remedy, note=note(s))) if s.remedy is not None else s
         for s in cost.sites
     )
     return replace(cost, sites=sites)
