@@ -3,8 +3,9 @@ docs/ops.md, from the indexes themselves.
 
     python scripts/summarise_ops.py reports/ops/cpu-float32_torch-*.json.gz
 
-Per index: the rows by behaviour, the share of ``op_db`` judged (``op_db``'s entries are its
-rows and its listed operators; ``module_db``'s are named ``nn.`` and a capital, ``nn.Conv2d``),
+Per index: the rows judged by behaviour (a row with an error, whose samples could not be made,
+is not judged), the share of ``op_db`` judged (``op_db``'s entries are its rows and its listed
+operators; ``module_db``'s are named ``nn.`` and a capital, ``nn.Conv2d``),
 the listed operators by reason, the mixed-layout cases, the gradients, and the seconds.
 """
 
@@ -39,15 +40,17 @@ def summarise(path: Path) -> None:
     behaviours = Counter(r["behaviour"] for r in rows if r["behaviour"])
     errors = sum(1 for r in rows if r["behaviour"] is None)
     op_rows = [r for r in rows if not MODULE.match(r["op"])]
+    op_judged = [r for r in op_rows if r["behaviour"] is not None]
     op_listed = [u for u in listed if not MODULE.match(u["op"])]
     entries = len(op_rows) + len(op_listed)
-    share = 100 * len(op_rows) / entries
+    share = 100 * len(op_judged) / entries
     counts = " | ".join(str(behaviours[b]) for b in ORDER)
     print(f"## {path.name} (torch {index['torch']}, {index['device']}, {index['dtype']})")
     print(
-        f"| {index['torch']} | {len(rows)} | {counts} | {errors} | {len(op_rows)} of {entries} "
-        f"({share:.1f}%) | {len(listed)} | {index['seconds']:.1f} |"
+        f"| {index['torch'].split('+')[0]} | {len(rows) - errors} | {counts} | {errors} | "
+        f"{len(op_judged)} of {entries} ({share:.1f}%) | {len(listed)} | {index['seconds']:.1f} |"
     )
+    print("rows with an error:", [r["op"] for r in rows if r["behaviour"] is None])
     print("listed:", dict(Counter(_kind(u["reason"]) for u in listed)))
     print("op_db listed:", dict(Counter(_kind(u["reason"]) for u in op_listed)))
     mixed: dict[str, Counter[str]] = {}
