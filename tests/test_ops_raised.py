@@ -170,6 +170,23 @@ def test_the_dimensions_a_schema_names_move_with_their_axes_given_or_by_default(
     assert tiled[0].args == ((1, 2),)
 
 
+@pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta")
+def test_an_operator_of_sparse_tensors_is_listed_as_such_not_a_row_with_an_error():
+    """A sparse CSR matrix has no strides to raise or to make channels_last: its operator is
+    listed with that reason (it was a row with expand's error); the same operator given a
+    dense matrix is judged (the control)."""
+
+    def product(a, b):
+        return a @ b if a.layout is torch.strided else torch.sparse.mm(a, b)
+
+    dense = torch.randn(5, 5)
+    sparse = _entry("toy.sparse", product, Sample(dense.to_sparse_csr(), (torch.randn(5, 3),), {}))
+    row = operator_row(sparse)
+    assert isinstance(row, Unjudged) and "sparse (sparse_csr): no strides" in row.reason
+    strided = _entry("toy.dense", product, Sample(dense, (torch.randn(5, 3),), {}))
+    assert isinstance(operator_row(strided), OperatorRow)
+
+
 @pytest.mark.skipif(opinfo_problem() is not None, reason=str(opinfo_problem()))
 def test_torchs_index_put_einsum_broadcast_tensors_and_lu_solve_have_rows():
     wanted = {"index_put", "einsum", "broadcast_tensors", "linalg.lu_solve", "select_scatter"}

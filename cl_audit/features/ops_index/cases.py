@@ -47,6 +47,7 @@ __all__ = [
     "cases",
     "channels_last",
     "generic_cases",
+    "strided",
 ]
 
 SAMPLES = "samples"
@@ -82,14 +83,19 @@ def _is_map(value: object) -> bool:
     return isinstance(value, torch.Tensor) and value.dim() in (4, 5)
 
 
+def strided(first: torch.Tensor | None) -> bool:
+    """Whether a sample's first tensor is one that has strides (a sparse one has no order)."""
+    return first is not None and first.layout is torch.strided
+
+
 def cases(entry: OperatorEntry) -> Iterator[Case]:
     """Every case of ``entry``, database samples first (see the module docstring)."""
     lower: list[tuple[int, Sample]] = []
     maps: list[Sample] = []
     for sample in entry.samples():
         first = first_tensor(sample.input)
-        if first is None or sample.kwargs.get("memory_format") is torch.contiguous_format:
-            continue  # no tensor; or NCHW asked for by name (x.float(memory_format=...))
+        if not strided(first) or sample.kwargs.get("memory_format") is torch.contiguous_format:
+            continue  # no tensor, or a sparse one; or NCHW asked by name (x.float(memory_format=))
         if _is_map(first):
             maps.append(sample)
             yield Case(SAMPLES, entry.call, sample)
@@ -116,7 +122,7 @@ def generic_cases(entry: OperatorEntry) -> Iterator[Case]:
     for sample in entry.samples():
         if made == _RAISED_TRIED:
             return
-        if first_tensor(sample.input) is None:
+        if not strided(first_tensor(sample.input)):
             continue
         made += 1
 

@@ -27,6 +27,7 @@ from cl_audit.execution.audit_context import watching
 from cl_audit.execution.timing import Profiler, copies_by_call
 from cl_audit.features.ops_index.cases import Case, cases, channels_last, generic_cases
 from cl_audit.features.ops_index.gradient import first_map, input_gradient
+from cl_audit.features.ops_index.raising import first_tensor
 from cl_audit.features.ops_index.target import CPU, Target
 from cl_audit.intercept.dispatch import CALL_LABEL
 from cl_audit.report.ops_report import (
@@ -280,10 +281,17 @@ def _worst(
 
 def _reason(entry: OperatorEntry, made: int, errors: list[str]) -> str:
     """Why an operator has no row: no case could be made from its samples (none takes a
-    tensor first: a factory, a scalar's; or each asks for NCHW by name), or none ran in NCHW."""
+    tensor first: a factory, a scalar's; its first tensors are sparse; or each asks for NCHW by
+    name), or none ran in NCHW."""
     if not made:
-        if any(s.kwargs.get("memory_format") is torch.contiguous_format for s in entry.samples()):
+        samples = list(entry.samples())
+        if any(s.kwargs.get("memory_format") is torch.contiguous_format for s in samples):
             return "every sample asks for NCHW by name (memory_format=torch.contiguous_format)"
+        firsts = [first_tensor(s.input) for s in samples]
+        sparse = {str(t.layout).removeprefix("torch.") for t in firsts if t is not None}
+        sparse.discard("strided")
+        if sparse:
+            return f"its samples' first input is sparse ({', '.join(sorted(sparse))}): no strides"
         return "no sample takes a tensor first (a factory, or an operator of scalars)"
     if not errors:
         return "no sample's first input is a floating-point tensor"
