@@ -31,6 +31,8 @@ def _kind(reason: str) -> str:
         return "CUDA-only (jiterator)"
     if "floating-point" in reason:
         return "no floating-point first input"
+    if "is sparse" in reason:
+        return "sparse first input"
     return "no 4-D input runs"
 
 

@@ -43,6 +43,7 @@ def raised_samples(entry: OperatorEntry, sample: Sample, rank: int) -> list[Samp
 
 
 def first_tensor(value: object) -> torch.Tensor | None:
+    """A sample's first input, or the first tensor of a list given first (``torch.cat``'s)."""
     if isinstance(value, torch.Tensor):
         return value
     if isinstance(value, (list, tuple)) and value and isinstance(value[0], torch.Tensor):
