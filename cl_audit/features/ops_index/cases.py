@@ -38,17 +38,7 @@ from cl_audit.features.ops_index.raising import (
     with_dim,
 )
 
-__all__ = [
-    "GENERIC",
-    "MIXED",
-    "RAISED",
-    "SAMPLES",
-    "Case",
-    "cases",
-    "channels_last",
-    "generic_cases",
-    "strided",
-]
+__all__ = ["MIXED", "RAISED", "SAMPLES", "Case", "cases", "channels_last", "generic_cases"]
 
 SAMPLES = "samples"
 RAISED = "raised"
@@ -83,7 +73,7 @@ def _is_map(value: object) -> bool:
     return isinstance(value, torch.Tensor) and value.dim() in (4, 5)
 
 
-def strided(first: torch.Tensor | None) -> bool:
+def _strided(first: torch.Tensor | None) -> bool:
     """Whether a sample's first tensor is one that has strides (a sparse one has no order)."""
     return first is not None and first.layout is torch.strided
 
@@ -94,7 +84,7 @@ def cases(entry: OperatorEntry) -> Iterator[Case]:
     maps: list[Sample] = []
     for sample in entry.samples():
         first = first_tensor(sample.input)
-        if not strided(first) or sample.kwargs.get("memory_format") is torch.contiguous_format:
+        if not _strided(first) or sample.kwargs.get("memory_format") is torch.contiguous_format:
             continue  # no tensor, or a sparse one; or NCHW asked by name (x.float(memory_format=))
         if _is_map(first):
             maps.append(sample)
@@ -117,25 +107,26 @@ def cases(entry: OperatorEntry) -> Iterator[Case]:
 def generic_cases(entry: OperatorEntry) -> Iterator[Case]:
     """The ``generic`` case of each of the first samples that take a tensor first: that tensor
     (each of a list given first) replaced by a ``GENERIC`` one of its dtype, the rest as given
-    (``torch.column_stack``'s pair of 3-D tensors that differ in their second dimension)."""
+    (a concatenation along dimension 1 of (5, 2, 1) and (5, 3, 1) tensors, which no raise
+    keeps joinable)."""
     made = 0
     for sample in entry.samples():
         if made == _RAISED_TRIED:
             return
-        if not strided(first_tensor(sample.input)):
+        if not _strided(first_tensor(sample.input)):
             continue
         made += 1
-
-        def generic(t: torch.Tensor) -> torch.Tensor:
-            return torch.randn(GENERIC, device=t.device).to(t.dtype)
-
         if isinstance(sample.input, torch.Tensor):
-            given: object = generic(sample.input)
+            given: object = _generic(sample.input)
         else:
             given = type(sample.input)(
-                generic(v) if isinstance(v, torch.Tensor) else v for v in sample.input
+                _generic(v) if isinstance(v, torch.Tensor) else v for v in sample.input
             )
         yield Case(GENERIC_CASE, entry.call, Sample(given, sample.args, sample.kwargs))
+
+
+def _generic(t: torch.Tensor) -> torch.Tensor:
+    return torch.randn(GENERIC, device=t.device).to(t.dtype)
 
 
 def _over_each_axis(entry: OperatorEntry, sample: Sample) -> Iterator[Case]:

@@ -118,6 +118,7 @@ def _sizes(value: object, rank: int) -> bool:
 
 
 def _sized(sample: Sample, rank: int) -> bool:
+    """Whether a shape of ``rank`` integers is among the sample's arguments."""
     return rank > 0 and any(_sizes(v, rank) for v in (*sample.args, *sample.kwargs.values()))
 
 
@@ -274,6 +275,8 @@ def dim_of(sample: Sample, position: int | None) -> int | None:
 def with_dim(
     args: tuple[Any, ...], kwargs: dict[str, Any], position: int | None, dim: int
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``args`` and ``kwargs`` naming ``dim`` where the sample named its dimension: by its
+    keyword, else at the schema's position, else as ``dim=``."""
     named = next((k for k in _DIM_NAMES if k in kwargs), None)
     if named is not None or position is None or len(args) <= position:
         return args, {**kwargs, named or "dim": dim}
