@@ -12,13 +12,13 @@ the listed operators by reason, the mixed-layout cases, the gradients, and the s
 from __future__ import annotations
 
 import argparse
-import gzip
-import json
 import re
 from collections import Counter
 from pathlib import Path
 
-ORDER = ("refuses", "loses", "other", "copies", "follows", "keeps", "ambiguous", "no-map")
+from cl_audit.files import read_ops
+from cl_audit.report.ops_report import WORST
+
 MODULE = re.compile(r"^nn\.[A-Z]")
 
 
@@ -37,32 +37,32 @@ def _kind(reason: str) -> str:
 
 
 def summarise(path: Path) -> None:
-    index = json.loads(gzip.open(path).read())
-    rows, listed = index["rows"], index["unjudged"]
-    behaviours = Counter(r["behaviour"] for r in rows if r["behaviour"])
-    errors = sum(1 for r in rows if r["behaviour"] is None)
-    op_rows = [r for r in rows if not MODULE.match(r["op"])]
-    op_judged = [r for r in op_rows if r["behaviour"] is not None]
-    op_listed = [u for u in listed if not MODULE.match(u["op"])]
+    index = read_ops(path)
+    rows, listed = index.rows, index.unjudged
+    behaviours = Counter(r.behaviour for r in rows if r.behaviour is not None)
+    errors = [r.op for r in rows if r.behaviour is None]
+    op_rows = [r for r in rows if not MODULE.match(r.op)]
+    op_judged = [r for r in op_rows if r.behaviour is not None]
+    op_listed = [u for u in listed if not MODULE.match(u.op)]
     entries = len(op_rows) + len(op_listed)
     share = 100 * len(op_judged) / entries
-    counts = " | ".join(str(behaviours[b]) for b in ORDER)
-    print(f"## {path.name} (torch {index['torch']}, {index['device']}, {index['dtype']})")
+    counts = " | ".join(str(behaviours[b]) for b in WORST)
+    print(f"## {path.name} (torch {index.torch}, {index.device}, {index.dtype})")
     print(
-        f"| {index['torch'].split('+')[0]} | {len(rows) - errors} | {counts} | {errors} | "
-        f"{len(op_judged)} of {entries} ({share:.1f}%) | {len(listed)} | {index['seconds']:.1f} |"
+        f"| {index.torch.split('+')[0]} | {len(rows) - len(errors)} | {counts} | {len(errors)} | "
+        f"{len(op_judged)} of {entries} ({share:.1f}%) | {len(listed)} | {index.seconds:.1f} |"
     )
-    print("rows with an error:", [r["op"] for r in rows if r["behaviour"] is None])
-    print("listed:", dict(Counter(_kind(u["reason"]) for u in listed)))
-    print("op_db listed:", dict(Counter(_kind(u["reason"]) for u in op_listed)))
+    print("rows with an error:", errors)
+    print("listed:", dict(Counter(_kind(u.reason) for u in listed)))
+    print("op_db listed:", dict(Counter(_kind(u.reason) for u in op_listed)))
     mixed: dict[str, Counter[str]] = {}
     for row in rows:
-        for case in row.get("cases") or ():
-            if case.get("mixed"):
-                mixed.setdefault(case["case"], Counter())[case["behaviour"]] += 1
-    for case, seen in mixed.items():
-        print(f"mixed {case}: {dict(seen)}")
-    gradients = Counter(r.get("gradient") or "none judged" for r in rows)
+        for case in row.cases:
+            if case.mixed:
+                mixed.setdefault(case.case, Counter())[case.behaviour.value] += 1
+    for label, seen in mixed.items():
+        print(f"mixed {label}: {dict(seen)}")
+    gradients = Counter(r.gradient.value if r.gradient else "none judged" for r in rows)
     print("gradients:", dict(gradients))
     print()
 
