@@ -91,16 +91,21 @@ _DIM_ARGUMENTS = (
 
 
 @functools.cache
+def _schemas(aten_name: str) -> tuple[Any, ...]:
+    """The registered schemas of ``aten::aten_name`` (none for an operator torch has not)."""
+    try:
+        return tuple(torch._C._jit_get_schemas_for_operator(f"aten::{aten_name}"))
+    except RuntimeError:
+        return ()
+
+
+@functools.cache
 def _dim_arguments(aten_name: str) -> tuple[DimArgument, ...]:
     """The integer arguments of ``aten::aten_name``'s schemas named in ``_DIM_ARGUMENTS``:
     each with its position after the input where every schema that has it agrees, and its
     default where they agree."""
-    try:
-        schemas = torch._C._jit_get_schemas_for_operator(f"aten::{aten_name}")
-    except RuntimeError:
-        return ()
     seen: dict[str, tuple[set[int], set[object]]] = {}
-    for schema in schemas:
+    for schema in _schemas(aten_name):
         for position, argument in enumerate(schema.arguments[1:]):
             if argument.name in _DIM_ARGUMENTS and "int" in str(argument.type):
                 positions, defaults = seen.setdefault(argument.name, (set(), set()))
@@ -121,10 +126,7 @@ def _dim_arguments(aten_name: str) -> tuple[DimArgument, ...]:
 def _dims(aten_name: str) -> tuple[int | None, bool]:
     """(the position of ``dim`` after the input in every schema of ``aten::aten_name`` that
     has one, or None; whether any takes ``keepdim``), from the registered schemas."""
-    try:
-        schemas = torch._C._jit_get_schemas_for_operator(f"aten::{aten_name}")
-    except RuntimeError:
-        return None, False
+    schemas = _schemas(aten_name)
     positions = set()
     keepdim = False
     for schema in schemas:
