@@ -32,7 +32,13 @@ from cl_audit.cli_options import (
     opt,
     settings_from,
 )
-from cl_audit.cli_tools import bench_command, merge_command, ops_app, render_command
+from cl_audit.cli_tools import (
+    bench_command,
+    merge_command,
+    ops_app,
+    render_command,
+    table_command,
+)
 from cl_audit.enums import DType, Engine, GateOn, Optimizer, Strategy, TensorMode
 from cl_audit.errors import terminated_as_interrupt
 from cl_audit.report.verdict import GATE_BATCH, Gate
@@ -62,7 +68,8 @@ app = typer.Typer(cls=_AuditByDefault, rich_markup_mode=None, add_completion=Fal
     "[OPTIONS] audits (see cl-audit audit --help); cl-audit bench MODEL times it in nchw, "
     "channels-last and conv-weights; cl-audit merge combines sweep reports; cl-audit render "
     "turns a saved report into HTML; cl-audit ops indexes every operator's channels_last "
-    f"behaviour.\n\n{EXIT_CODES}"
+    "behaviour; cl-audit table measures this machine's speed table."
+    f"\n\n{EXIT_CODES}"
 )
 def _help() -> None:
     pass
@@ -113,6 +120,9 @@ def audit_command(
     optimizer: OptimizerOption = Optimizer.SGD,
     convert: Annotated[_Convert, opt(None, "What is converted.")] = _Convert.CHANNELS_LAST,
     time: Annotated[bool, opt(None, "Time the step and the flagged ops.", "--time")] = False,
+    speed_table: Annotated[
+        OptionalText, opt("NAME|FILE", "Predict speed with this table.", "--table")
+    ] = None,
     compile_: Annotated[bool, opt(None, "Also Inductor's layout decisions.", "--compile")] = False,
     force_layout_opt: Annotated[bool, opt(None, "Also forced.", "--force-layout-opt")] = False,
     show_all: Annotated[bool, opt(None, "Parameter and neutral losses too.", "--show-all")] = False,
@@ -154,6 +164,7 @@ def audit_command(
             gate=Gate.of(fail_share, parse_size(fail_bytes), gate_batch, gate, fail_slowdown),
             compile=compile_,
             force_layout_opt=force_layout_opt,
+            table=speed_table,
         )
         patterns = (tuple(p or ()) for p in (models, timm, torchvision, exclude))
         sweep = SweepSettings(
@@ -180,6 +191,7 @@ def audit_command(
 app.command("bench")(bench_command)
 app.command("merge")(merge_command)
 app.command("render")(render_command)
+app.command("table")(table_command)
 app.add_typer(ops_app, name="ops")
 
 

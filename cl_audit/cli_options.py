@@ -62,6 +62,7 @@ OptionalPath = Optional[Path]  # noqa: UP045
 OptionalPaths = Optional[list[Path]]  # noqa: UP045
 OptionalText = Optional[str]  # noqa: UP045
 OptionalAmp = Optional[Amp]  # noqa: UP045
+OptionalDTypes = Optional[list[DType]]  # noqa: UP045
 # The options that audit and bench share, declared once.
 InputSize = Annotated[OptionalText, opt("SIZE", "Per-sample CxHxW or CxTxHxW.")]
 OptionalInt = Optional[int]  # noqa: UP045
@@ -124,7 +125,8 @@ def settings_from(params: dict[str, Any], **more: Any) -> AuditSettings:
 _FLAGS = {
     "fail_share": "--fail-share", "fail_bytes": "--fail-bytes", "gate_batch": "--gate-batch",
     "force_layout_opt": "--force-layout-opt", "compile": "--compile", "time": "--time",
-    "fake": "--fake", "train": "--train", "engine": "--engine", "input_size": "--input-size",
+    "fake": "--fake", "train": "--train", "table": "--table", "resume": "--resume",
+    "force": "--force", "budget": "--budget", "engine": "--engine", "input_size": "--input-size",
     "device": "--device", "rounds": "--rounds", "steps": "--steps", "warmup": "--warmup",
     "gate": "--gate", "fail_slowdown": "--fail-slowdown", "differential": "--differential",
     "convert": "--convert", "amp": "--amp", "dtype": "--dtype", "verify": "--verify",

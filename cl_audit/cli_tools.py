@@ -1,5 +1,5 @@
-"""The ``cl-audit`` commands beside the audit: ``bench``, ``ops`` (and ``ops diff``), ``merge`` and
-``render``; ``cl_audit.cli`` registers them on its app."""
+"""The ``cl-audit`` commands beside the audit: ``bench``, ``ops`` (and ``ops diff``), ``merge``,
+``render`` and ``table``; ``cl_audit.cli`` registers them on its app."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from cl_audit.cli_options import (
     InputSize,
     OptimizerOption,
     OptionalAmp,
+    OptionalDTypes,
     OptionalInt,
     OptionalPath,
     OptionalPaths,
@@ -29,9 +30,9 @@ from cl_audit.cli_options import (
     opt,
     settings_from,
 )
-from cl_audit.enums import DType, Optimizer
+from cl_audit.enums import DType, Optimizer, Outcome
 
-__all__ = ["bench_command", "merge_command", "ops_app", "render_command"]
+__all__ = ["bench_command", "merge_command", "ops_app", "render_command", "table_command"]
 
 
 def bench_command(
@@ -153,3 +154,65 @@ def render_command(
     Exit codes: 0 written, 2 unreadable report or index, or unwritable path."""
     with exit_codes():
         commands_tools.render(report_path, html, ops_index)
+
+
+def table_command(
+    device: Annotated[str, opt("DEVICE", "cpu or cuda (mps, xpu: refused).", "--device")] = "cpu",
+    dtype: Annotated[
+        OptionalDTypes,
+        opt(
+            "DTYPE",
+            "A dtype to measure (repeatable; cpu: float32, cuda: float16 and float32).",
+            "--dtype",
+        ),
+    ] = None,
+    budget: Annotated[float, opt("MINUTES", "Measuring time, all parts.", min=0.01)] = 8.0,
+    for_models: Annotated[Patterns, opt("MODEL", MODELS_HELP + " Measured first.", "--for")] = None,
+    for_timm: Annotated[
+        Patterns, opt("NAMES", "timm models, measured first.", "--for-timm")
+    ] = None,
+    batch_size: BatchSize = None,
+    input_size: InputSize = None,
+    train: Annotated[bool, opt(None, "--for models' training steps.", "--train")] = False,
+    threads: Annotated[
+        OptionalInt, opt("N", "torch's CPU threads (part of the identity).", min=1)
+    ] = None,
+    out: Annotated[OptionalPath, opt("FILE", "Write the table here (default: the cache).")] = None,
+    resume: Annotated[bool, opt(None, "Add to the table measured so far.", "--resume")] = False,
+    force: Annotated[bool, opt(None, "Measure an existing table anew.", "--force")] = False,
+    list_only: Annotated[bool, opt(None, "Print the tables known here.", "--list")] = False,
+) -> None:
+    """Measure this machine's operation time table, which predicted speed verdicts read: the
+    host's cost per operation, the operations around convolutions and a grid of convolutions
+    in both layouts (the --for models' own configurations first), within --budget minutes,
+    written as it goes to the user's cache folder (CL_AUDIT_TABLES sets another).
+
+    Exit codes: 0 measured (or listed), 2 usage error (a device not here, a table that
+    exists without --resume or --force), 130 interrupted (what was measured is kept)."""
+    import sys
+
+    import torch
+
+    from cl_audit.features.table.session import TableRequest
+    from cl_audit.settings import parse_input_size
+    from cl_audit.sweep.selection import select
+
+    with exit_codes():
+        if threads is not None:
+            torch.set_num_threads(threads)
+        targets = select(list(for_models or ()), list(for_timm or ()), [], [])
+        request = TableRequest(
+            device=device,
+            dtypes=tuple(d.value for d in dtype) if dtype else None,
+            budget_s=budget * 60,
+            targets=tuple(targets),
+            batch_size=batch_size,
+            input_size=parse_input_size(input_size) if input_size else None,
+            train=train,
+            out=out,
+            resume=resume,
+            force=force,
+            command="cl-audit table " + " ".join(sys.argv[2:]),
+        )
+        interrupted = commands_tools.table(request, list_only, Console())
+    raise typer.Exit(EXIT[Outcome.INTERRUPTED] if interrupted else 0)

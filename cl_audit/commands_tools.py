@@ -1,5 +1,5 @@
 """What the commands beside the audit do once their options are settings: ``bench``, ``ops``
-and ``ops diff``, and ``render``."""
+and ``ops diff``, ``render`` and ``table``."""
 
 from __future__ import annotations
 
@@ -23,9 +23,10 @@ from cl_audit.sweep.selection import select
 
 if TYPE_CHECKING:
     from cl_audit.features.bench import BenchSettings
+    from cl_audit.features.table.session import TableRequest
     from cl_audit.report.ops_report import OpsIndex
 
-__all__ = ["OpsOutputs", "OpsSources", "bench", "ops", "ops_diff", "render"]
+__all__ = ["OpsOutputs", "OpsSources", "bench", "ops", "ops_diff", "render", "table"]
 
 
 def bench(
@@ -182,3 +183,27 @@ def render(report_path: Path, html: Path, ops_index: Path | None = None) -> None
             "cl-audit ops --index FILE --from-sweep REPORT"
         )
     wrote(write_outputs(report, html=html, index=index))
+
+
+def table(request: TableRequest, list_only: bool, console: Console) -> bool:
+    """Measure this machine's speed table (or, ``list_only``, print the tables known here);
+    whether Ctrl-C cut the measuring short (what was measured is kept either way)."""
+    from cl_audit.features.table.session import make_table
+    from cl_audit.predict.table_store import store, user_folder
+    from cl_audit.render.table_view import TableProgress, tables_text
+
+    if list_only:
+        console.print(tables_text(store()), soft_wrap=True)
+        console.print(f"this user's tables: {user_folder()} (CL_AUDIT_TABLES sets another)")
+        return False
+    with models_print_to_stderr(), TableProgress(console) as progress:
+        result = make_table(request, progress)
+    held = ", ".join(f"{d}: {c} convolutions, {o} probes" for d, (c, o) in result.counts.items())
+    state = "complete" if result.complete else "cut short by the budget (--resume adds more)"
+    if result.interrupted:
+        state = "interrupted: what was measured is kept (--resume goes on)"
+    console.print(f"table {result.name}: {held or 'nothing measured'}; {result.seconds:.0f} s "
+                  f"measuring; {state}", highlight=False)  # fmt: skip
+    if result.counts:
+        wrote((result.path,))
+    return result.interrupted

@@ -32,6 +32,7 @@ __all__ = [
     "Stage",
     "Status",
     "Strategy",
+    "TableMatch",
     "TensorMode",
     "Verdict",
     "Workload",
@@ -382,6 +383,15 @@ class SpeedVerdict(str, Enum):
     NO_DIFFERENCE = "no difference"
     INCONCLUSIVE = "inconclusive"  # measured rounds spread across the band
     UNKNOWN = "unknown"  # neither measured nor predictable: no table, or no NCHW run
+
+
+@unique
+class TableMatch(str, Enum):
+    """How a speed table's machine matched the one an audit ran on (``predict.table_store``)."""
+
+    THIS_MACHINE = "this-machine"  # the same device, CPU configuration, torch and library
+    SAME_DEVICE = "same-device"  # the same device model; another release, library or host
+    OTHER_DEVICE = "other-device"  # another device of the type
 
 
 @unique

@@ -8,10 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from cl_audit.enums import Amp, DType, Engine, Optimizer, Strategy, TensorMode
 from cl_audit.errors import UsageError
+from cl_audit.report.environment import dtype_name
 from cl_audit.report.verdict import GATE_BATCH, Gate
 
 __all__ = [
@@ -61,6 +60,7 @@ class AuditSettings:
     )
     force_layout_opt: bool = False  # with compile: also the decision under Inductor's force switch
     verify: bool = False  # try the cost sites' remedies in what-if runs (run.phases.verify)
+    table: str | None = None  # the speed table to predict with: a name or a file (None: chosen)
 
     def __post_init__(self) -> None:
         """Combinations that cannot take effect are refused once, here, with the reason."""
@@ -80,6 +80,11 @@ class AuditSettings:
     def bfloat16(self) -> bool:
         """Whether convolutions compute in bfloat16 (the dtype, or autocast)."""
         return self.dtype is DType.BFLOAT16 or self.amp is Amp.BF16
+
+    @property
+    def compute_dtype(self) -> str:
+        """The dtype the operations compute in: autocast's, else the model's (``float16``)."""
+        return dtype_name(self.amp.torch_dtype if self.amp is not None else self.dtype.torch_dtype)
 
     @property
     def predicted(self) -> bool:
@@ -115,14 +120,6 @@ def check_engine(engine: Engine, *, train: bool = False, time: bool = False) -> 
         raise UsageError("`train` needs `engine` dispatch: the patch engine sees no backward")
     if time and engine is not Engine.DISPATCH:
         raise UsageError("`time` needs `engine` dispatch (it labels each aten call)")
-
-
-def _device_type(text: str) -> str | None:
-    """The device's type, or None for a string the run plan will refuse."""
-    try:
-        return torch.device(text).type
-    except RuntimeError:
-        return None
 
 
 def parse_engine(engine: Engine | str) -> Engine:

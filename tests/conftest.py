@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 
 import pytest
 import torch
@@ -9,6 +10,9 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 
 torch.set_num_threads(1)
+# The speed tables a test sees are the shipped ones and what it makes itself: never the user's
+# own (``cl-audit table`` writes them to the user's cache folder otherwise).
+os.environ["CL_AUDIT_TABLES"] = tempfile.mkdtemp(prefix="cl-audit-tables-")
 
 
 def channels_last(*shape: int) -> torch.Tensor:

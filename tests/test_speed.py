@@ -19,7 +19,7 @@ from torch_checks import needs_node_by_node
 
 from cl_audit import audit_model
 from cl_audit.enums import SpeedBasis, SpeedClass, SpeedVerdict, TensorMode
-from cl_audit.predict import speed_table
+from cl_audit.predict import table_store
 from cl_audit.report import ModelReport, load_schema
 from cl_audit.report.speed_report import speed_verdict
 from cl_audit.run.audit_module import audit_module
@@ -104,15 +104,16 @@ def test_conversions_cost_time_in_channels_last_only_where_the_model_converts():
 
 def test_a_prediction_names_its_table_and_the_operations_it_had_no_samples_of():
     speed = _speed(sm.Pointwise())
-    table = speed_table.table_for("cpu")
-    assert speed.basis is SpeedBasis.PREDICTED and speed.table == table.name
+    (table,) = table_store.store().of("cpu")  # the shipped one: the tests' folder is empty
+    assert speed.basis is SpeedBasis.PREDICTED and speed.table.name == table.name
+    assert speed.table.identity == table.identity and speed.table.source == "shipped"
     assert ("table", table.described) in speed.settings
     assert "aten::sigmoid" in speed.stand_ins  # not probed: priced as an addition, and said
     assert "aten::max_pool2d_with_indices" not in speed.stand_ins  # probed: its own samples
 
 
 def test_without_a_table_the_speed_is_unknown_and_says_so(monkeypatch):
-    monkeypatch.setattr(speed_table, "tables", lambda: ())
+    monkeypatch.setattr(table_store, "_shipped", lambda: ())
     speed = _speed(sm.Convolutions())
     assert speed.verdict is SpeedVerdict.UNKNOWN and speed.speedup is None
     assert "no speed table for cpu" in speed.note
@@ -150,7 +151,7 @@ def test_the_speed_gate_is_refused_where_no_verdict_can_be_had(monkeypatch):
 
     from cl_audit.cli import app
 
-    monkeypatch.setattr(speed_table, "tables", lambda: ())
+    monkeypatch.setattr(table_store, "_shipped", lambda: ())
     refused = CliRunner().invoke(app, [f"{MODELS}:steady", "--gate", "speed"])
     assert refused.exit_code == 2
     assert "--gate speed needs a speed verdict, and no cpu table" in refused.output

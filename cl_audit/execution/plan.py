@@ -20,7 +20,7 @@ from cl_audit.enums import Engine, GateOn, TensorMode, Workload
 from cl_audit.errors import UsageError
 from cl_audit.execution.autocast import autocast_for
 from cl_audit.execution.tensors import TENSORS, FakeStepTensors, Tensors
-from cl_audit.predict.speed_table import table_for
+from cl_audit.predict.table_store import choose
 from cl_audit.report import AppliedOverride
 from cl_audit.report.environment import autocast_name
 from cl_audit.report.sections import Conditions
@@ -82,6 +82,8 @@ def plan_run(settings: AuditSettings) -> RunPlan:
         raise UsageError(problem)
     if settings.gate.on is GateOn.SPEED:
         _check_speed_gate(settings, device, TENSORS[settings.tensor_mode].predicted)
+    elif settings.table is not None:
+        choose(device.type, settings.compute_dtype, settings.table)  # a bad name fails here
     workload = Workload.TRAINING_STEP if settings.train else Workload.INFERENCE
     tensors = TENSORS[settings.tensor_mode]
     if tensors.predicted and workload.train:
@@ -99,14 +101,16 @@ def _check_speed_gate(settings: AuditSettings, device: torch.device, predicted: 
         raise UsageError("`gate` speed compares with the NCHW run: keep `differential` on")
     if settings.time and not predicted:
         return
-    amp = settings.amp
-    dtype = str(amp.torch_dtype if amp else settings.dtype.torch_dtype).removeprefix("torch.")
-    table = table_for(device.type)
-    if table is None or dtype not in table.dtypes():
-        what = f"no {device.type} table" if table is None else f"{table.name} holds no {dtype}"
+    dtype = settings.compute_dtype
+    choice = choose(device.type, dtype, settings.table)
+    if choice is None or dtype not in choice.table.dtypes():
+        what = (
+            f"no {device.type} table" if choice is None else f"{choice.table.name} holds no {dtype}"
+        )
         raise UsageError(
             f"`gate` speed needs a speed verdict, and {what} to predict one from: give `time` "
-            f"to measure it here, or measure a table (scripts/op_times.py --device {device.type})"
+            f"to measure it here, or make this machine's table (cl-audit table --device "
+            f"{device.type} --dtype {dtype})"
         )
 
 

@@ -1,27 +1,28 @@
 """The time a run's operations take on a device, predicted from its speed table: the per-operation
 model behind a predicted speed verdict.
 
-The cost ledger hands every operation of a run to an ``OpTimes`` (``observe``), which keeps
-what the model needs and nothing else: each operation's name, its input's elements, channels
-and layout; each convolution's shape and passes; each matrix product's and attention's size.
-``predict`` then prices them with a ``SpeedTable``:
+The cost ledger hands every operation of a run to an ``OpTimes`` (``observe``), which keeps,
+in order, what the model needs and nothing else: each operation's name, its input's shape,
+elements, channels and layout; each convolution's shape and passes; each matrix product's and
+attention's size; whether it synchronises; the phase it ran in. ``predict`` then prices each
+operation with a ``SpeedTable``:
 
 - a convolution (forward, input gradient, weight gradient) from the table's grid, by its kind,
-  kernel, stride and work, in the layout its input ran in;
+  kernel, stride and work, in the layout its input ran in (a configuration the table measured
+  exactly is looked up);
 - a matrix product as the 1x1 channels_last convolution of the same sizes (the same GEMM);
-  attention as its products (four per query, key and value head forward, ten backward);
+  attention as its products (two per query, key and value head forward, five backward);
 - a copy at the dense or the converting copy's rate, by whether it changes the layout; the
   conversions inside kernels (the ledger's) at the converting copy's rate;
 - every other operation from the table's samples of its own name and layout, scaled by its
   elements; an operation the table never measured at the elementwise ``aten::add``'s rate,
   counted in ``StepTime.stand_ins`` (and reported) rather than silently.
 
-Each operation also costs the host something beyond its kernel (dispatch, autograd's record
-and its backward, Python around it), per operation of a forward or of a training step as the
-table says. A step is the host's time plus the share of the kernels' time it waits for
-(``overlap``): all of it on the CPU, where nothing runs ahead; on CUDA the host queues kernels
-while the device runs them, and the table says how much of the device's time a step still
-waits for (fitted to measured steps: ``scripts/validate_speed.py --calibrate``).
+Each operation also costs the host its own time (Python, dispatch, autograd's record, the
+launch), which the table measured on its machine per kind of operation: a forward's under no
+gradient, a training step's forward, backward and optimizer operations, views, and waiting at
+a synchronisation. The step is then the queue of both (``predict.queue``): on the CPU the host
+runs each kernel itself; on a GPU it enqueues them while the device runs the ones before.
 """
 
 from __future__ import annotations
@@ -33,8 +34,9 @@ from enum import Enum
 import torch
 
 from cl_audit.compat.operators import aten_op_name, op_traits
-from cl_audit.enums import SpeedClass
-from cl_audit.predict.speed_table import ConvCall, SpeedTable
+from cl_audit.enums import Phase, SpeedClass
+from cl_audit.predict.queue import Issued, replay
+from cl_audit.predict.speed_table import ConvCall, HostCosts, SpeedTable
 
 __all__ = ["OpTimes", "StepTime", "predict", "speed_kind"]
 
@@ -51,6 +53,7 @@ class _Kind(Enum):
     ATTENTION_BACKWARD = "attention backward"
     COPY = "copy"
     VIEW = "view"  # no kernel: the host's time alone
+    SYNC = "sync"  # the host waits for the device (a value read back, a data-dependent size)
     TABLE = "table"  # from the table's samples of its name
 
 
@@ -63,6 +66,15 @@ _ATTENTION = frozenset(
      "aten._scaled_dot_product_flash_attention_for_cpu", "aten._efficient_attention_forward"]
 )  # fmt: skip
 _COPIES = frozenset(["aten.clone", "aten.copy_", "aten._to_copy", "aten.copy", "aten.contiguous"])
+# Operations after which the host waits for the device: a value read back (``.item()``), an
+# output whose size depends on the data, and GradScaler's unscale, whose inf check
+# ``GradScaler.step`` reads with ``.item()`` before the optimizer step (a fake run has no value
+# to read, so the fake scaler skips that read: the unscale stands for it).
+_SYNCS = frozenset(
+    ["aten._local_scalar_dense", "aten.nonzero", "aten.masked_select", "aten._unique2",
+     "aten.unique_consecutive", "aten.unique_dim", "aten.equal", "aten.is_nonzero",
+     "aten._amp_foreach_non_finite_check_and_unscale_"]
+)  # fmt: skip
 _NORMS = frozenset(
     ["native_batch_norm", "_native_batch_norm_legit", "_native_batch_norm_legit_no_training",
      "_native_batch_norm_legit_functional", "cudnn_batch_norm", "miopen_batch_norm",
@@ -71,6 +83,8 @@ _NORMS = frozenset(
      "miopen_batch_norm_backward", "native_group_norm_backward", "native_layer_norm_backward",
      "_fused_rms_norm", "_fused_rms_norm_backward"]
 )  # fmt: skip
+_PASS_CLASS = {"forward": SpeedClass.CONV_FORWARD, "input_grad": SpeedClass.CONV_INPUT_GRAD,
+               "weight_grad": SpeedClass.CONV_WEIGHT_GRAD}  # fmt: skip
 
 
 def speed_kind(op: object) -> tuple[_Kind, SpeedClass, str, bool]:
@@ -88,6 +102,8 @@ def speed_kind(op: object) -> tuple[_Kind, SpeedClass, str, bool]:
         return kind, SpeedClass.ATTENTION, table_name, False
     if name in _COPIES:
         return _Kind.COPY, SpeedClass.ELEMENTWISE, table_name, False
+    if name in _SYNCS:
+        return _Kind.SYNC, SpeedClass.OTHER, table_name, False
     pointwise, reduction, view, _ = op_traits(op)
     if view:
         return _Kind.VIEW, SpeedClass.OTHER, table_name, False
@@ -131,81 +147,128 @@ def _conv_call(data: torch.Tensor, weight: torch.Tensor, out: torch.Tensor) -> C
     return ConvCall(n, cin, h, w, cout, groups, k, stride, out.shape[2], out.shape[3])
 
 
+# What an operation is priced by (hashable: operations alike are priced once):
+#   (TABLE, name, layout, elements, channels, class, dense, shape of the first input)
+#   (CONV, ConvCall, layout, passes); (MATMUL, count, m, k, n, class); (COPY, elements,
+#   converts, to another device); (VIEW,); (SYNC,)
+Key = tuple
+
+
 @dataclass
 class OpTimes:
-    """What one run's operations need for their time to be predicted (see the module
-    docstring). Fed on every operation: one cached lookup and a list append per operation,
-    the sizes read only where the kind needs them."""
+    """What one run's operations need for their time to be predicted, in the order they ran
+    (see the module docstring): each operation's key and phase. Fed on every operation: one
+    cached lookup and an append, the sizes read only where the kind needs them."""
 
-    ops: list[tuple[str, str, int, int, SpeedClass, bool]] = field(default_factory=list)
-    convs: list[tuple[ConvCall, str, tuple[str, ...]]] = field(default_factory=list)
-    products: list[tuple[float, int, int, int, SpeedClass]] = field(default_factory=list)
-    copies: list[tuple[int, bool]] = field(default_factory=list)  # (elements, converts)
-    views: int = 0
+    events: list[tuple[Key, Phase]] = field(default_factory=list)
     _kinds: dict[object, tuple[_Kind, SpeedClass, str, bool]] = field(default_factory=dict)
 
-    def observe(self, op: object, inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> None:
+    def observe(
+        self,
+        op: object,
+        inputs: list[torch.Tensor],
+        outputs: list[torch.Tensor],
+        phase: Phase = Phase.FORWARD,
+    ) -> None:
         known = self._kinds.get(op)
         if known is None:
             known = self._kinds[op] = speed_kind(op)
+        key = self._key(known, inputs, outputs)
+        if key is not None:
+            self.events.append((key, phase))
+
+    def _key(
+        self,
+        known: tuple[_Kind, SpeedClass, str, bool],
+        inputs: list[torch.Tensor],
+        outputs: list[torch.Tensor],
+    ) -> Key | None:
         kind, cls, name, dense = known
         if kind is _Kind.TABLE:
             first = inputs[0] if inputs else (outputs[0] if outputs else None)
-            if first is not None:
-                elements = sum(t.numel() for t in inputs) or first.numel()
-                if cls is SpeedClass.NORMALISATION and _eval_norm(name, outputs):
-                    name += ":eval"
-                self.ops.append((name, _layout(first), elements, _channels(first), cls, dense))
-        elif kind is _Kind.VIEW:
-            self.views += 1
-        elif kind is _Kind.COPY:
-            if inputs and outputs:
-                source, copy = inputs[-1] if name == "aten::copy_" else inputs[0], outputs[0]
-                self.copies.append((copy.numel(), _layout(source) != _layout(copy)))
-        elif kind is _Kind.CONV and len(inputs) >= 2 and outputs:
+            if first is None:
+                return None
+            elements = sum(t.numel() for t in inputs) or first.numel()
+            if cls is SpeedClass.NORMALISATION and _eval_norm(name, outputs):
+                name += ":eval"
+            shape = tuple(first.shape)
+            return (kind, name, _layout(first), elements, _channels(first), cls, dense, shape)
+        if kind is _Kind.VIEW or kind is _Kind.SYNC:
+            return (kind,)
+        if kind is _Kind.COPY:
+            if not inputs or not outputs:
+                return None
+            source, copy = inputs[-1] if name == "aten::copy_" else inputs[0], outputs[0]
+            away = source.device != copy.device
+            return (kind, copy.numel(), _layout(source) != _layout(copy), away)
+        if kind is _Kind.CONV and len(inputs) >= 2 and outputs:
             call = _conv_call(inputs[0], inputs[1], outputs[0])
-            if call is not None:
-                self.convs.append((call, _layout(inputs[0]), ("forward",)))
-        elif kind is _Kind.CONV_BACKWARD and len(inputs) >= 3:
+            return None if call is None else (kind, call, _layout(inputs[0]), ("forward",))
+        if kind is _Kind.CONV_BACKWARD and len(inputs) >= 3:
             grad, data, weight = inputs[0], inputs[1], inputs[2]
             call = _conv_call(data, weight, grad)
             passes = tuple(
                 p for p, shape in (("input_grad", data.shape), ("weight_grad", weight.shape))
                 if any(o.shape == shape for o in outputs)
             )  # fmt: skip
-            if call is not None and passes:
-                self.convs.append((call, _layout(data), passes))
-        elif kind is _Kind.MATMUL:
-            self._product(name, inputs, cls)
-        elif kind in (_Kind.ATTENTION, _Kind.ATTENTION_BACKWARD) and len(inputs) >= 3:
+            if call is None or not passes:
+                return None
+            return (_Kind.CONV, call, _layout(data), passes)
+        if kind is _Kind.MATMUL:
+            return _product(inputs, cls)
+        if kind in (_Kind.ATTENTION, _Kind.ATTENTION_BACKWARD) and len(inputs) >= 3:
             q, k = inputs[0], inputs[1]
             if q.dim() == 4 and k.dim() == 4:
                 heads, length, depth = q.shape[0] * q.shape[1], q.shape[2], q.shape[3]
                 products = 5 if kind is _Kind.ATTENTION_BACKWARD else 2
-                self.products.append((products * heads, length, depth, k.shape[2], cls))
+                return (_Kind.MATMUL, products * heads, length, depth, k.shape[2], cls)
+        return None
 
-    def _product(self, name: str, inputs: list[torch.Tensor], cls: SpeedClass) -> None:
-        """(count, m, k, n) of a matrix product: the last two inputs are its operands."""
-        if len(inputs) < 2:
-            return
-        a, b = inputs[-2], inputs[-1]
-        if a.dim() < 2 or b.dim() < 2:
-            return
-        batch = a.shape[0] if a.dim() == 3 else 1
-        self.products.append((batch, a.shape[-2], a.shape[-1], b.shape[-1], cls))
+    def convolutions(self) -> set[tuple[ConvCall, str, tuple[str, ...]]]:
+        """Each distinct convolution the run made: its sizes, layout and passes."""
+        return {key[1:] for key, _ in self.events if key[0] is _Kind.CONV}
+
+    def maps(self) -> Counter[tuple[str, tuple[int, ...]]]:
+        """The operations priced from the table's samples, by name and input shape (calls)."""
+        return Counter((key[1], key[7]) for key, _ in self.events if key[0] is _Kind.TABLE)
+
+
+def _product(inputs: list[torch.Tensor], cls: SpeedClass) -> Key | None:
+    """(MATMUL, count, m, k, n, class) of a matrix product: its last two inputs, operands."""
+    if len(inputs) < 2:
+        return None
+    a, b = inputs[-2], inputs[-1]
+    if a.dim() < 2 or b.dim() < 2:
+        return None
+    batch = a.shape[0] if a.dim() == 3 else 1
+    return (_Kind.MATMUL, batch, a.shape[-2], a.shape[-1], b.shape[-1], cls)
 
 
 @dataclass(frozen=True)
 class StepTime:
-    """A run's predicted step: milliseconds by class, the device's and the host's totals, and
-    the operations the table had no samples of (name -> calls)."""
+    """A run's predicted step: its milliseconds (the queue's end), the device's busy time by
+    class and in all, the host's own time, the kernels launched and the operations the table
+    had no samples of (name -> calls); with the step's operations as the queue took them and
+    each one's conversion microseconds, to replay it without them."""
 
     ms: float
     device_ms: float
     host_ms: float
-    launches: int  # operations that run a kernel (views run none)
+    launches: int
     by_class: dict[SpeedClass, float]
     stand_ins: dict[str, int]
+    issued: tuple[Issued, ...] = ()
+    converting_us: tuple[float, ...] = ()
+    asynchronous: bool = False
+
+    def replayed_without_conversions(self, fraction: float) -> float:
+        """The step's milliseconds with ``fraction`` of every conversion's kernel time gone
+        (what fixing the cost sites would leave)."""
+        ops = (
+            Issued(op.host_us, op.device_us - fraction * c, op.sync) if c else op
+            for op, c in zip(self.issued, self.converting_us, strict=True)
+        )
+        return replay(ops, self.asynchronous).end_us / 1e3
 
 
 def predict(
@@ -213,41 +276,95 @@ def predict(
 ) -> StepTime:
     """The step ``times`` recorded, priced by ``table`` for ``dtype`` (the run's compute
     dtype: autocast's, else the model's), a training step's or a forward's host costs, with
-    ``converted_elements`` converted inside kernels (the ledger's)."""
+    ``converted_elements`` converted inside kernels (the ledger's), replayed on the table's
+    device (``predict.queue``)."""
     by_class: dict[SpeedClass, float] = defaultdict(float)
     stand_ins: Counter[str] = Counter()
-    for (name, layout, elements, channels, cls, dense), calls in Counter(times.ops).items():
+    prices: dict[Key, _Price] = {}
+    issued, converting = [], []
+    for key, phase in times.events:
+        price = prices.get(key)
+        if price is None:
+            price = prices[key] = _price(key, table, dtype)
+        us, parts, missing = price
+        conversion = 0.0
+        for cls, part in parts:
+            by_class[cls] += part / 1e3
+            if cls is SpeedClass.CONVERSION:
+                conversion += part
+        for name in missing:
+            stand_ins[name] += 1
+        sync = key[0] is _Kind.SYNC or (key[0] is _Kind.COPY and key[3])
+        issued.append(Issued(_host_us(table.host, key[0], phase, train), us, sync))
+        converting.append(conversion)
+    if converted_elements:  # inside the kernels that converted: device time, no launch
+        us = table.op_us("copy:convert", "nchw", dtype, converted_elements, 1) or 0.0
+        by_class[SpeedClass.CONVERSION] += us / 1e3
+        issued.append(Issued(0.0, us))
+        converting.append(us)
+    timeline = replay(issued, table.asynchronous)
+    launches = sum(1 for op in issued if op.device_us > 0)
+    return StepTime(
+        timeline.end_us / 1e3,
+        timeline.device_us / 1e3,
+        timeline.host_us / 1e3,
+        launches,
+        dict(by_class),
+        dict(stand_ins),
+        tuple(issued),
+        tuple(converting),
+        table.asynchronous,
+    )
+
+
+def _host_us(host: HostCosts, kind: _Kind, phase: Phase, train: bool) -> float:
+    """The host's own microseconds for one operation of ``kind`` in ``phase``."""
+    if kind is _Kind.VIEW:
+        return host.view_grad if train and phase is not Phase.OPTIMIZER else host.view
+    if kind is _Kind.SYNC:
+        return host.sync
+    if not train:
+        return host.forward
+    if phase is Phase.BACKWARD:
+        return host.backward
+    return host.optimizer if phase is Phase.OPTIMIZER else host.forward_grad
+
+
+# An operation's price: its kernels' microseconds, their split by class, and the names of
+# what the table had no samples of (each call counted)
+_Price = tuple[float, tuple[tuple[SpeedClass, float], ...], tuple[str, ...]]
+
+
+def _price(key: Key, table: SpeedTable, dtype: str) -> _Price:
+    """What one operation's kernels cost (see the module docstring)."""
+    kind = key[0]
+    if kind is _Kind.TABLE:
+        name, layout, elements, channels, cls, dense = key[1:7]
         us = table.op_us(name, layout, dtype, elements, channels, dense)
-        if us is None:
-            stand_ins[name] += calls
-            us = table.op_us("aten::add", layout, dtype, elements, channels, True) or table.floor_us
-        by_class[cls] += calls * us / 1e3  # calls alike priced once (op-heavy loops repeat them)
-    pass_class = {"forward": SpeedClass.CONV_FORWARD, "input_grad": SpeedClass.CONV_INPUT_GRAD,
-                  "weight_grad": SpeedClass.CONV_WEIGHT_GRAD}  # fmt: skip
-    for call, layout, passes in times.convs:
+        if us is not None:
+            return us, ((cls, us),), ()
+        us = table.op_us("aten::add", layout, dtype, elements, channels, True) or table.floor_us
+        return us, ((cls, us),), (name,)
+    if kind is _Kind.CONV:
+        call, layout, passes = key[1:]
+        parts, missing = [], []
         for p in passes:
             ms = table.conv_ms(call, dtype, layout, p)
             if ms is None:
-                stand_ins[f"aten::convolution ({dtype})"] += 1
-                continue
-            by_class[pass_class[p]] += ms
-    for count, m, k, n, cls in times.products:
+                missing.append(f"aten::convolution ({dtype})")
+            else:
+                parts.append((_PASS_CLASS[p], ms * 1e3))
+        return sum(us for _, us in parts), tuple(parts), tuple(missing)
+    if kind is _Kind.MATMUL:
+        count, m, k, n, cls = key[1:]
         gemm = ConvCall(count * m, k, 1, 1, n, 1, 1, 1, 1, 1)
         ms = table.conv_ms(gemm, dtype, "channels_last", "forward")
         if ms is None:
-            stand_ins[f"matrix product ({dtype})"] += 1
-            continue
-        by_class[cls] += ms
-    for elements, converts in times.copies:
+            return 0.0, (), (f"matrix product ({dtype})",)
+        return ms * 1e3, ((cls, ms * 1e3),), ()
+    if kind is _Kind.COPY:
+        elements, converts = key[1], key[2]
         op = "copy:convert" if converts else "copy:dense"
         us = table.op_us(op, "nchw", dtype, elements, 1) or table.floor_us
-        by_class[SpeedClass.CONVERSION if converts else SpeedClass.ELEMENTWISE] += us / 1e3
-    if converted_elements:
-        us = table.op_us("copy:convert", "nchw", dtype, converted_elements, 1)
-        by_class[SpeedClass.CONVERSION] += (us or 0.0) / 1e3
-    device = sum(by_class.values())
-    launches = len(times.ops) + sum(len(p) for _, _, p in times.convs) + len(times.products)
-    launches += len(times.copies)
-    host = launches * table.host_us[train] / 1e3
-    total = host + table.overlap * device
-    return StepTime(total, device, host, launches, dict(by_class), dict(stand_ins))
+        return us, ((SpeedClass.CONVERSION if converts else SpeedClass.ELEMENTWISE, us),), ()
+    return 0.0, (), ()  # views and synchronisations launch nothing the model prices

@@ -54,10 +54,7 @@ from cl_audit.report.model_report import (
     TimelineEvent,
     Timing,
     by_call_site,
-    environment_from_dict,
-    findings_from_dicts,
     summarise,
-    tuple_or_none,
 )
 from cl_audit.report.sweep_report import (
     Comparison,
@@ -126,8 +123,6 @@ __all__ = [
     "compare",
     "decode_document",
     "encode_document",
-    "environment_from_dict",
-    "findings_from_dicts",
     "load_schema",
     "merge",
     "operator_coverage",
@@ -135,5 +130,4 @@ __all__ = [
     "plain_json",
     "read_envelope",
     "summarise",
-    "tuple_or_none",
 ]

@@ -1,10 +1,15 @@
 """The versioned JSON envelopes of reports: formats and versions, gzip, schema loading.
 
 Every document is ``{"format": ..., "version": ..., ...}``; readers check both and accept the
-versions they know. Version 13 of the report envelope and 9 of the sweep envelope add ``speed``
-(whether channels_last pays: the step's time in both layouts, measured or predicted, by
-operation class, with its verdict) and the gate's ``on`` and ``slowdown`` (``--gate speed``,
-``--fail-slowdown``); older documents are read without a speed section, their gate on bytes.
+versions they know. Version 14 of the report envelope and 10 of the sweep envelope write
+``speed.table`` as an object: the table's name, the machine it describes (``identity``), how
+that matched the machine the audit ran on (``match``, ``differences``, ``this_machine``),
+whether ``--table`` chose it and where it came from; older documents named the table alone (a
+string, read as a table of unknown machine). Version 13 of the report envelope and 9 of the
+sweep envelope add ``speed`` (whether channels_last pays: the step's time in both layouts,
+measured or predicted, by operation class, with its verdict) and the gate's ``on`` and
+``slowdown`` (``--gate speed``, ``--fail-slowdown``); older documents are read without a speed
+section, their gate on bytes.
 Version 12 of the report envelope and 8 of the sweep envelope say
 ``environment.mode`` "fake-step" for a fake training step, whose backward cl-audit runs node by
 node (versions 6-11 said "replayed" for a step traced and replayed; read as they were). Version 9
@@ -39,7 +44,8 @@ T = TypeVar("T")
 REPORT_FORMAT = "cl-audit.report"
 
 
-REPORT_VERSION = 13  # 13: speed (measured or predicted), cost.gate.on and .slowdown
+REPORT_VERSION = 14  # 14: speed.table an object (the table's machine, how it matched this one)
+# 13: speed (measured or predicted), cost.gate.on and .slowdown
 # 12: environment.mode "fake-step" (a fake training step's backward run
 # node by node) where a fake training step was "replayed"
 # 11: ddp (--train --ddp); 10: compiled.data_dependent
@@ -64,7 +70,7 @@ OPS_VERSION = 4
 OPS_READABLE = (1, 2, 3, OPS_VERSION)
 
 
-REPORT_READABLE = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, REPORT_VERSION)
+REPORT_READABLE = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, REPORT_VERSION)
 
 
 class ReportFormatError(ValueError):
@@ -141,12 +147,13 @@ def read_envelope(
 
 def load_schema(name: str = "report", version: int | None = None) -> dict[str, Any]:
     """The JSON Schema shipped in the package for ``cl-audit.<name>`` documents (report, sweep,
-    bench, ops) of ``version`` (the current one by default)."""
+    bench, ops, speed-table) of ``version`` (the current one by default)."""
     current = {
         "report": REPORT_VERSION,
         "sweep": SWEEP_VERSION,
         "bench": BENCH_VERSION,
         "ops": OPS_VERSION,
+        "speed-table": TABLE_VERSION,
     }[name]
     version = current if version is None else version
     file = f"{name}.schema.json" if version == current else f"{name}-v{version}.schema.json"
@@ -156,8 +163,16 @@ def load_schema(name: str = "report", version: int | None = None) -> dict[str, A
 SWEEP_FORMAT = "cl-audit.sweep"
 
 
-SWEEP_VERSION = 9  # 9: a row's speed section, cost.gate.on and .slowdown (as report 13)
+# An operation time table (``predict.speed_table``, made by ``cl-audit table``). 2: the machine's
+# identity, the host's cost per kind of operation measured, convolutions with their passes
+# measured apart (version 1 was never written outside this project; its shipped tables were
+# rewritten as version 2).
+TABLE_FORMAT, TABLE_VERSION = "cl-audit.speed-table", 2
+
+
+SWEEP_VERSION = 10  # 10: as report 14, a row's speed.table an object
+# 9: a row's speed section, cost.gate.on and .slowdown (as report 13)
 # 8: environment.mode "fake-step" for a fake training sweep; 7: as report 9,
 # fix sites followed through folds; 6: as report 8, remedies proven; 5: as report 7, rows judged
 # at gate.batch
-SWEEP_READABLE = (1, 2, 3, 4, 5, 6, 7, 8, SWEEP_VERSION)
+SWEEP_READABLE = (1, 2, 3, 4, 5, 6, 7, 8, 9, SWEEP_VERSION)

@@ -200,7 +200,12 @@ def summarise(
 
 def with_verdict(data: dict[str, Any]) -> dict[str, Any]:
     """A report or sweep row as written, its summary with a verdict: one written before verdicts
-    (versions 1 and 2) gets that of its findings (offending when there are offenders)."""
+    (versions 1 and 2) gets that of its findings (offending when there are offenders); a speed
+    section that named its table alone (report versions 13, sweep 9) has it as a table whose
+    machine is not known."""
+    speed = data.get("speed")
+    if isinstance(speed, dict) and isinstance(speed.get("table"), str):
+        data = {**data, "speed": {**speed, "table": {"name": speed["table"]}}}
     summary = data.get("summary")
     if summary is None or summary.get("verdict") is not None:
         return data
@@ -381,15 +386,3 @@ def _upgraded(data: dict[str, Any], version: int) -> dict[str, Any]:
             "differential": {"status": DifferentialStatus.SKIPPED.value, "message": message},
         }
     return data
-
-
-def tuple_or_none(value: list[int] | None) -> tuple[int, ...] | None:
-    return None if value is None else tuple(value)
-
-
-def environment_from_dict(data: dict[str, Any]) -> Environment:
-    return decode(Environment, data)
-
-
-def findings_from_dicts(items: Any) -> tuple[Finding, ...]:
-    return tuple(decode(Finding, f) for f in items)

@@ -11,6 +11,7 @@ from typing import ClassVar
 
 from cl_audit.enums import GateOn, SpeedBasis, SpeedClass, SpeedVerdict, Verdict
 from cl_audit.report.codec import JsonForm
+from cl_audit.report.machine import TableUse
 from cl_audit.report.verdict import Cost
 
 __all__ = ["ClassTime", "LayoutTime", "Speed", "offends", "round_ratios", "speed_verdict"]
@@ -82,8 +83,10 @@ class Speed:
     splits each step by operation class; ``conversion_share`` is the conversions' share of the
     channels_last step; ``sites_ms`` the time of the cost sites' operations in that step, and
     ``fixed_speedup`` the speedup with it gone (what fixing the sites would gain). ``table``
-    names the operation time table a prediction used; ``stand_ins`` the operations it had no
-    samples of (priced as an elementwise addition). ``note`` says what is missing, and why."""
+    is the operation time table a prediction used: whose machine it describes and how that
+    matched this one (report version 14; older reports named it alone); ``stand_ins`` the
+    operations it had no samples of (priced as an elementwise addition). ``note`` says what is
+    missing, and why."""
 
     basis: SpeedBasis | None
     verdict: SpeedVerdict
@@ -98,7 +101,7 @@ class Speed:
     conversion_share: float | None = None
     sites_ms: float | None = None
     fixed_speedup: float | None = None
-    table: str | None = None
+    table: TableUse | None = None
     stand_ins: tuple[str, ...] = ()
     settings: tuple[tuple[str, str], ...] = ()  # how it was measured or predicted
     note: str | None = None
@@ -121,10 +124,14 @@ class Speed:
         )
 
     def headline(self) -> str:
-        """``channels_last 1.32x faster (measured); fixing the sites: about 1.36x``."""
+        """``channels_last 1.32x faster (measured); fixing the sites: about 1.36x``, or
+        ``... (predicted with this machine's table)``."""
         if not self.known or self.speedup is None:
             return f"speed unknown: {self.note}" if self.note else "speed unknown"
-        basis = "measured" if self.basis is SpeedBasis.MEASURED else f"predicted, {self.table}"
+        if self.basis is SpeedBasis.MEASURED:
+            basis = "measured"
+        else:
+            basis = f"predicted with {self.table.label}" if self.table else "predicted"
         if self.verdict is SpeedVerdict.INCONCLUSIVE:
             text = (
                 f"channels_last inconclusive against NCHW ({self.speedup:.2f}x, rounds "

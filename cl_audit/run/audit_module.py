@@ -20,17 +20,19 @@ import torch
 from torch import nn
 
 from cl_audit.enums import Amp, Engine, Optimizer, Stage, Strategy
-from cl_audit.errors import ModelFailedError
+from cl_audit.errors import ModelFailedError, UsageError
 from cl_audit.execution.assemble import assemble
 from cl_audit.execution.inputs import Example, example_of
 from cl_audit.execution.plan import RunPlan, plan_run
+from cl_audit.execution.tensors import TensorRun
+from cl_audit.intercept.ledger import Ledger
 from cl_audit.report import ModelReport
 from cl_audit.report.environment import dtype_name
 from cl_audit.report.verdict import GATE_BATCH, Gate
 from cl_audit.run.phases import PHASES, Sections, Subject
 from cl_audit.settings import AuditSettings, parse_engine
 
-__all__ = ["audit_model", "audit_module"]
+__all__ = ["audit_model", "audit_module", "operations"]
 
 
 def audit_module(
@@ -56,19 +58,9 @@ def audit_module(
     ``ModelFailedError`` naming the stage when the model fails.
     """
     plan = settings if isinstance(settings, RunPlan) else plan_run(settings)
-    label = name or type(model).__name__
     example = example_of(inputs)
     first = example.first
-    with as_it_came(model, plan.workload.train):
-        run = plan.tensors.bind(model, example, plan)
-        try:
-            forward = run.converted()
-        except Exception as e:
-            raise ModelFailedError(Stage.SETUP, label, e) from e
-        subject = Subject(plan, run, model, forward, label, loss)
-        done = Sections()
-        for section, phase in PHASES:
-            done = replace(done, **{section: phase(subject, done)})
+    run, done = _phases(model, example, plan, name or type(model).__name__, loss, PHASES)
     audited, compared = done.audited, done.comparison
     assert audited is not None and compared is not None
     comparison = compared.comparison
@@ -85,6 +77,43 @@ def audit_module(
         compiled=done.compiled,
         speed=done.speed,
     )
+
+
+def operations(
+    model: nn.Module, inputs: tuple[Any, ...] | Example, settings: AuditSettings | RunPlan
+) -> tuple[Ledger, Ledger]:
+    """The cost ledgers of an audit of ``model``, in channels_last and in NCHW, with the
+    operations the speed prediction prices (``cl-audit table --for`` measures them first); the
+    audit's first two phases alone (``differential`` must be on)."""
+    plan = settings if isinstance(settings, RunPlan) else plan_run(settings)
+    _, done = _phases(model, example_of(inputs), plan, type(model).__name__, None, PHASES[:2])
+    audited, compared = done.audited, done.comparison
+    if audited is None or compared is None or audited.ledger is None or compared.ledger is None:
+        raise UsageError("the operations of a run need its NCHW comparison: keep `differential`")
+    return audited.ledger, compared.ledger
+
+
+def _phases(
+    model: nn.Module,
+    example: Example,
+    plan: RunPlan,
+    label: str,
+    loss: Callable[[Any], torch.Tensor] | None,
+    phases: tuple[tuple[str, Callable[[Subject, Sections], Any]], ...],
+) -> tuple[TensorRun, Sections]:
+    """``phases`` run in turn on the model bound to the plan's tensors, and what they returned;
+    the model as it came in afterwards (``as_it_came``)."""
+    with as_it_came(model, plan.workload.train):
+        run = plan.tensors.bind(model, example, plan)
+        try:
+            forward = run.converted()
+        except Exception as e:
+            raise ModelFailedError(Stage.SETUP, label, e) from e
+        subject = Subject(plan, run, model, forward, label, loss)
+        done = Sections()
+        for section, phase in phases:
+            done = replace(done, **{section: phase(subject, done)})
+    return run, done
 
 
 @contextlib.contextmanager

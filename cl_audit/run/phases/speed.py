@@ -15,11 +15,11 @@ from collections import defaultdict
 import torch
 
 from cl_audit.enums import SpeedBasis, SpeedClass, SpeedVerdict, Strategy
-from cl_audit.execution.plan import RunPlan
 from cl_audit.execution.rounds import Configuration, alternate, configure
 from cl_audit.execution.timing import Profiler
+from cl_audit.intercept.ledger import Ledger
 from cl_audit.predict.speed_model import StepTime, predict, speed_kind
-from cl_audit.predict.speed_table import SpeedTable, table_for
+from cl_audit.predict.table_store import Choice, choose, this_machine
 from cl_audit.report.speed_report import (
     ClassTime,
     LayoutTime,
@@ -30,7 +30,7 @@ from cl_audit.report.speed_report import (
 from cl_audit.run.phases.audited import COMPARED
 from cl_audit.run.phases.subject import Sections, Subject
 
-__all__ = ["ROUNDS", "STEPS", "WARMUP", "speed_phase"]
+__all__ = ["ROUNDS", "STEPS", "WARMUP", "predict_speed", "speed_phase"]
 
 ROUNDS, STEPS, WARMUP = 7, 3, 3  # measured: alternating rounds, steps a round, least warm-up
 
@@ -51,13 +51,6 @@ def _unknown(band: float, device: str, note: str) -> Speed:
     return Speed(None, SpeedVerdict.UNKNOWN, band, device, note=note)
 
 
-def _dtype(plan: RunPlan) -> str:
-    """The dtype the operations compute in: autocast's, else the model's."""
-    amp = plan.settings.amp
-    dtype = amp.torch_dtype if amp is not None else plan.settings.dtype.torch_dtype
-    return str(dtype).removeprefix("torch.")
-
-
 def _predicted(subject: Subject, done: Sections, band: float) -> Speed:
     plan = subject.plan
     device = plan.device.type
@@ -67,30 +60,39 @@ def _predicted(subject: Subject, done: Sections, band: float) -> Speed:
     if cl is None or nchw is None:
         why = "no NCHW run" if plan.settings.differential else "no NCHW run (differential off)"
         return _unknown(band, device, f"{why}: nothing to predict against")
-    table = table_for(device)
-    if table is None:
+    dtype = plan.settings.compute_dtype
+    here = this_machine(device, plan.device.index or 0)
+    choice = choose(device, dtype, plan.settings.table, here)
+    if choice is None:
         return _unknown(
             band,
             device,
-            f"no speed table for {device} (cl_audit/predict/tables): measure one with "
-            f"scripts/op_times.py --device {device}, or time the model here with `time`",
+            f"no speed table for {device}: make this machine's (cl-audit table --device "
+            f"{device}), or time the model here with `time`",
         )
-    dtype = _dtype(plan)
+    return predict_speed(cl, nchw, choice, dtype, plan.workload.train, band)
+
+
+def predict_speed(
+    cl: Ledger, nchw: Ledger, choice: Choice, dtype: str, train: bool, band: float
+) -> Speed:
+    """The speed section two runs' ledgers (channels_last, NCHW) make with the chosen table,
+    their operations computing in ``dtype``, a forward's or a training step's host costs."""
+    table = choice.table
     if dtype not in table.dtypes():
-        return _unknown(band, device, f"{table.name} holds no {dtype} measurements")
+        return _unknown(band, table.device, f"{table.name} holds no {dtype} measurements")
     size = torch.empty((), dtype=getattr(torch, dtype)).element_size()
-    train = plan.workload.train
     steps = [
         predict(ledger.times, table, dtype, train, ledger.converted_in_kernels() // size)
         for ledger in (cl, nchw)
     ]
-    return _section(steps[0], steps[1], table, dtype, train, band, device)
+    return _section(steps[0], steps[1], choice, dtype, train, band, table.device)
 
 
 def _section(
     cl: StepTime,
     nchw: StepTime,
-    table: SpeedTable,
+    choice: Choice,
     dtype: str,
     train: bool,
     band: float,
@@ -98,18 +100,27 @@ def _section(
 ) -> Speed:
     if cl.ms <= 0 or nchw.ms <= 0:
         return _unknown(band, device, "the step runs no operation: nothing to time")
+    table = choice.table
     speedup = nchw.ms / cl.ms
     classes = _classes(cl.by_class, nchw.by_class)
     sites = max(cl.by_class.get(SpeedClass.CONVERSION, 0.0)
                 - nchw.by_class.get(SpeedClass.CONVERSION, 0.0), 0.0)  # fmt: skip
     stand_ins = sorted(set(cl.stand_ins) | set(nchw.stand_ins))
+    host = table.host
+    kinds = ("forward_grad", "backward", "optimizer") if train else ("forward",)
     settings = (
         ("table", table.described),
+        ("match", choice.use.label),
         ("dtype", dtype),
         ("workload", "training step" if train else "forward"),
-        ("host per operation", f"{table.host_us[train]:.1f} us"),
-        ("kernel time waited for", f"{table.overlap:.2f}"),
-    )
+        ("host per operation", ", ".join(f"{k} {getattr(host, k):.1f} us" for k in kinds)),
+        ("step", "the host's and the device's queue" if table.asynchronous
+         else "each operation's host time, then its kernel"),
+    )  # fmt: skip
+    # the cost sites' time: the channels_last step replayed without the conversions it makes
+    # beyond NCHW's (on a queue, a host-bound step hides part of them)
+    converted = cl.by_class.get(SpeedClass.CONVERSION, 0.0)
+    sites = cl.ms - cl.replayed_without_conversions(sites / converted) if converted else 0.0
     return Speed(
         basis=SpeedBasis.PREDICTED,
         verdict=speed_verdict(speedup, None, None, band),
@@ -119,10 +130,10 @@ def _section(
         channels_last=LayoutTime(cl.ms, cl.device_ms, cl.host_ms, cl.launches),
         nchw=LayoutTime(nchw.ms, nchw.device_ms, nchw.host_ms, nchw.launches),
         classes=classes,
-        conversion_share=_share(cl.by_class.get(SpeedClass.CONVERSION, 0.0) * table.overlap, cl.ms),
-        sites_ms=sites * table.overlap,
-        fixed_speedup=_fixed(nchw.ms, cl.ms, sites * table.overlap),
-        table=table.name,
+        conversion_share=_share(cl.ms - cl.replayed_without_conversions(1.0), cl.ms),
+        sites_ms=sites,
+        fixed_speedup=_fixed(nchw.ms, cl.ms, sites),
+        table=choice.use,
         stand_ins=tuple(stand_ins),
         settings=settings,
     )
