@@ -193,7 +193,7 @@ def table_command(
 
     import torch
 
-    from cl_audit.features.table.session import TableRequest
+    from cl_audit.features.table.measure import TableRequest
     from cl_audit.settings import parse_input_size
     from cl_audit.sweep.selection import select
 

@@ -23,7 +23,7 @@ from cl_audit.sweep.selection import select
 
 if TYPE_CHECKING:
     from cl_audit.features.bench import BenchSettings
-    from cl_audit.features.table.session import TableRequest
+    from cl_audit.features.table.measure import TableRequest
     from cl_audit.report.ops_report import OpsIndex
 
 __all__ = ["OpsOutputs", "OpsSources", "bench", "ops", "ops_diff", "render", "table"]
@@ -188,7 +188,7 @@ def render(report_path: Path, html: Path, ops_index: Path | None = None) -> None
 def table(request: TableRequest, list_only: bool, console: Console) -> bool:
     """Measure this machine's speed table (or, ``list_only``, print the tables known here);
     whether Ctrl-C cut the measuring short (what was measured is kept either way)."""
-    from cl_audit.features.table.session import make_table
+    from cl_audit.features.table.measure import make_table
     from cl_audit.predict.table_store import store, user_folder
     from cl_audit.render.table_view import TableProgress, tables_text
 
@@ -197,7 +197,7 @@ def table(request: TableRequest, list_only: bool, console: Console) -> bool:
         console.print(f"this user's tables: {user_folder()} (CL_AUDIT_TABLES sets another)")
         return False
     with models_print_to_stderr(), TableProgress(console) as progress:
-        result = make_table(request, progress)
+        result = make_table(request, progress, lambda path, text: write_text(path, text, "--out"))
     held = ", ".join(f"{d}: {c} convolutions, {o} probes" for d, (c, o) in result.counts.items())
     state = "complete" if result.complete else "cut short by the budget (--resume adds more)"
     if result.interrupted:

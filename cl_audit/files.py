@@ -31,8 +31,6 @@ from cl_audit.report.envelope import (
     OPS_READABLE,
     REPORT_READABLE,
     SWEEP_READABLE,
-    TABLE_FORMAT,
-    TABLE_VERSION,
     check_envelope,
 )
 from cl_audit.report.ops_report import OpsIndex
@@ -43,7 +41,6 @@ __all__ = [
     "read_ops",
     "read_report",
     "read_sweep",
-    "read_table_document",
     "write_json",
     "write_text",
 ]
@@ -185,14 +182,13 @@ def _mode(path: Path) -> int:
 
 def _valid(data: Any, kind: str) -> Any:
     """``data`` if the shipped JSON Schema of its format's version (``kind``: report, sweep,
-    ops, speed-table) takes it; ``ReportFormatError`` naming the first thing it refuses otherwise (a
+    ops) takes it; ``ReportFormatError`` naming the first thing it refuses otherwise (a
     document the reader could read but which no cl-audit wrote: negative counts, unknown
     verdicts). Envelope checks (format, version) come first, from the reader's own words."""
     import jsonschema
 
     formats = {"report": (REPORT_FORMAT, REPORT_READABLE), "sweep": (SWEEP_FORMAT, SWEEP_READABLE),
-               "ops": (OPS_FORMAT, OPS_READABLE),
-               "speed-table": (TABLE_FORMAT, (TABLE_VERSION,))}  # fmt: skip
+               "ops": (OPS_FORMAT, OPS_READABLE)}  # fmt: skip
     version = check_envelope(data, *formats[kind])  # the reader's own words first
     if kind == "report" and data.get("status") == "error":
         return data  # a failed run's report: the reader says what it is
@@ -224,17 +220,6 @@ def read_ops(path: Path) -> OpsIndex:
     its version's schema)."""
     try:
         return OpsIndex.from_dict(_valid(decode_document(path.read_bytes()), "ops"))
-    except OSError as e:
-        raise UsageError(f"{path}: {e.strerror}") from None
-    except ReportFormatError as e:
-        raise UsageError(f"{path}: {e}") from None
-
-
-def read_table_document(path: Path) -> dict[str, Any]:
-    """An operation time table's document (``cl-audit table``; gzip or not), valid under its
-    version's schema; ``predict.table_store`` reads the table from it."""
-    try:
-        return _valid(decode_document(path.read_bytes()), "speed-table")
     except OSError as e:
         raise UsageError(f"{path}: {e.strerror}") from None
     except ReportFormatError as e:

@@ -6,7 +6,13 @@
 
 From the rows of a sweep report that ran (status ok), those with at most ``--max-parameters``
 parameters whose timm configuration's input side is at most ``--max-size``; ``--named`` are
-listed first (not drawn), and are not drawn again.
+listed first (not drawn), and are not drawn again; the models of the ``--exclude`` lists (an
+earlier check's) are not drawn either.
+
+    python scripts/draw_models.py --timm 45 --seed 66 --max-parameters 30e6 \
+        --from reports/timm_torch-2.14.1_cpu_fake.json.gz \
+        --exclude reports/speed/models_cpu.txt reports/speed/models_cuda.txt \
+        > reports/speed/models_cpu_held_out.txt
 """
 
 from __future__ import annotations
@@ -28,7 +34,13 @@ def main() -> None:
     p.add_argument("--max-parameters", type=float, default=60e6)
     p.add_argument("--max-size", type=int, default=256)
     p.add_argument("--named", default="")
+    p.add_argument("--exclude", type=Path, nargs="*", default=[], help="model lists")
     a = p.parse_args()
+    excluded = {
+        line.split("#")[0].strip().removeprefix("tv:")
+        for path in a.exclude
+        for line in path.read_text().splitlines()
+    }
     opener = gzip.open if a.report.suffix == ".gz" else open
     with opener(a.report, "rt") as f:
         rows = json.load(f)["models"]
@@ -36,6 +48,8 @@ def main() -> None:
 
     def fits(row: dict) -> bool:
         if row["status"] != "ok" or row["parameters"] > a.max_parameters or row["name"] in named:
+            return False
+        if row["name"] in excluded:
             return False
         cfg = timm.models.get_pretrained_cfg(row["name"])
         return cfg is not None and max(cfg.input_size[1:]) <= a.max_size
@@ -45,6 +59,7 @@ def main() -> None:
     print(
         f"# scripts/draw_models.py --from {a.report} --timm {a.timm} --seed {a.seed} "
         f"--max-parameters {a.max_parameters:g} --max-size {a.max_size} --named {a.named}"
+        + (f" --exclude {' '.join(map(str, a.exclude))}" if a.exclude else "")
     )
     print(f"# {a.timm} drawn of {len(pool)}; named first")
     for name in named:

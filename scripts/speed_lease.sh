@@ -1,20 +1,23 @@
 #!/usr/bin/env bash
-# What one short GPU lease measures for the speed verdict (#58), in one call of about 9 minutes
-# on an H200 machine; every part writes as it goes and stops at its own time limit.
-#   1. scripts/op_times.py --device cuda, float16: the probes (profiled) and the convolution
-#      grid -> table-fp16.json (+ .jsonl);
+# What one short GPU lease measures for this machine's speed (issue #66), in one call of about
+# 10 minutes; every part writes as it goes and stops at its own time limit.
+#   1. cl-audit table --device cuda (float16 and float32, TABLE_MINUTES, default 5): this GPU's
+#      table, into $OUT/tables (the host's cost per operation, the probes, the grid at batch 64
+#      and 128);
 #   2. scripts/speed_truth.py: fp16 training steps at batch 64 of reports/speed/models_cuda.txt,
-#      both layouts alternated, one profiled step each -> speed-truth-cuda.jsonl;
-#   3. scripts/op_times.py, bfloat16 and float32: probes and every fourth grid configuration
-#      -> table-more.json (+ .jsonl).
-# Afterwards, here: scripts/op_times.py --compact table-fp16.json table-more.json --out
-# cl_audit/predict/tables/ makes the table cl-audit reads; validate_speed.py --calibrate its host.
+#      both layouts alternated, one profiled step each -> speed-truth-cuda-train.jsonl
+#      (TRAIN_S, default 200 s; the models already in the file are skipped: a second call with
+#      the same OUT goes on down the list);
+#   3. the same models' fp16 inference at batch 128 -> speed-truth-cuda-infer.jsonl (INFER_S,
+#      default 130 s).
+# Afterwards, here: scripts/validate_speed.py on each truth file with --table $OUT/tables/...
+# and --table cuda-nvidia-h200_torch-2.11.0_cudnn-9.19 (the shipped one).
 #   bash scripts/speed_lease.sh       # where `python3` has a CUDA build of torch
 # Optional: .whl/*.whl (timm 1.0.31, the release the reports use) installed first.
 set -u
 OUT=${OUT:-/tmp/speed-lease}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
+mkdir -p "$OUT/tables"
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD CL_AUDIT_TABLES=$OUT/tables
 if compgen -G ".whl/*.whl" >/dev/null; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
         --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD
@@ -27,19 +30,21 @@ LOG=$OUT/lease.log
     nproc
 } >>"$LOG" 2>&1
 start=$(date +%s)
-timeout 175 python3 scripts/op_times.py --device cuda --dtypes float16 --probe-budget-s 20 \
-    --budget-s 125 --out "$OUT/table-fp16.json" >>"$LOG" 2>&1
-echo "== op_times fp16: $(($(date +%s) - start)) s" >>"$LOG"
-timeout 320 python3 scripts/speed_truth.py --device cuda --train --amp fp16 --batch 64 \
-    --rounds 5 --steps 2 --budget-s 285 --models-file reports/speed/models_cuda.txt \
-    --out "$OUT/speed-truth-cuda.jsonl" >>"$LOG" 2>&1
-echo "== speed_truth: $(($(date +%s) - start)) s" >>"$LOG"
-left=$((520 - ($(date +%s) - start)))
-if [ "$left" -gt 30 ]; then
-    timeout "$left" python3 scripts/op_times.py --device cuda --dtypes bfloat16,float32 --every 4 \
-        --probe-budget-s 10 --budget-s $((left - 25)) --out "$OUT/table-more.json" >>"$LOG" 2>&1
-fi
-echo "== all: $(($(date +%s) - start)) s" >>"$LOG"
+minutes=${TABLE_MINUTES:-5}
+timeout $((minutes * 60 + 90)) python3 -m cl_audit table --device cuda --budget "$minutes" \
+    --force >>"$LOG" 2>&1
+echo "== table: $(($(date +%s) - start)) s" >>"$LOG"
+for workload in train infer; do
+    if [ "$workload" = train ]; then
+        args=(--train --batch 64) budget=${TRAIN_S:-200}
+    else
+        args=(--batch 128) budget=${INFER_S:-130}
+    fi
+    timeout $((budget + 40)) python3 scripts/speed_truth.py --device cuda --amp fp16 "${args[@]}" \
+        --rounds 5 --steps 2 --budget-s "$budget" --models-file reports/speed/models_cuda.txt \
+        --out "$OUT/speed-truth-cuda-$workload.jsonl" >>"$LOG" 2>&1
+    echo "== speed_truth $workload: $(($(date +%s) - start)) s" >>"$LOG"
+done
 tail -n 60 "$LOG"
-for f in "$OUT"/*.jsonl; do gzip "$f"; done
-ls -la "$OUT"
+for f in "$OUT"/*.jsonl "$OUT"/tables/*.jsonl; do gzip -f "$f"; done
+ls -la "$OUT" "$OUT/tables"

@@ -15,7 +15,7 @@ CUDA, CPU time on the CPU) grouped by input shapes.
 A training step is SGD (momentum 0.9) on cross-entropy of random labels (the sum of the
 outputs where the output is not a (batch, classes) tensor), with fp16 autocast through a
 gradient scaler, as cl-audit's step. Models: ``name`` (timm) or ``tv:name`` (torchvision),
-random weights.
+random weights; with ``--size`` a timm model that takes ``img_size`` is built for that side.
 """
 
 from __future__ import annotations
@@ -41,13 +41,25 @@ def build(name: str, size: int | None) -> tuple[torch.nn.Module, tuple[int, int,
 
         model = torchvision.models.get_model(name[3:], weights=None)
         return model, (3, size or 224, size or 224)
-    import timm
 
-    model = timm.create_model(name, pretrained=False)
+    model = timm_model(name, size)
     shape = tuple(model.pretrained_cfg.get("input_size", (3, 224, 224)))
     if size:
         shape = (shape[0], size, size)
     return model, shape
+
+
+def timm_model(name: str, size: int | None) -> torch.nn.Module:
+    """A timm model built for ``size`` where it takes an ``img_size`` (a vision transformer's
+    position table made for that side), else as it is."""
+    import timm
+
+    if size:
+        try:
+            return timm.create_model(name, pretrained=False, img_size=size)
+        except TypeError:  # a model without an img_size argument runs any side
+            pass
+    return timm.create_model(name, pretrained=False)
 
 
 def loss_of(output: object, target: torch.Tensor) -> torch.Tensor:

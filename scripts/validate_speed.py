@@ -32,7 +32,7 @@ import torch
 from cl_audit.enums import Amp, TensorMode
 from cl_audit.predict.table_store import choose, this_machine
 from cl_audit.run.audit_module import operations
-from cl_audit.run.phases.speed import predict_speed
+from cl_audit.run.phases.speed import predict_speed, profiled_class
 from cl_audit.settings import AuditSettings
 
 BAND = 0.05
@@ -44,14 +44,15 @@ def read_truth(path: Path) -> list[dict]:
         return [r for r in map(json.loads, f) if r.get("status") == "ok"]
 
 
-def build(name: str) -> torch.nn.Module:
+def build(name: str, size: int) -> torch.nn.Module:
+    """The model as ``speed_truth.py`` built it (a timm model for ``size`` where it can)."""
     if name.startswith("tv:"):
         import torchvision
 
         return torchvision.models.get_model(name[3:], weights=None)
-    import timm
+    from speed_truth import timm_model
 
-    return timm.create_model(name, pretrained=False)
+    return timm_model(name, size)
 
 
 def predicted(row: dict, a: argparse.Namespace, tables: list) -> dict[str, dict]:
@@ -67,7 +68,8 @@ def predicted(row: dict, a: argparse.Namespace, tables: list) -> dict[str, dict]
         verify=False,
     )
     torch.manual_seed(0)
-    cl, nchw = operations(build(row["name"]), (torch.randn(*shape),), settings)
+    model = build(row["name"], shape[-1])
+    cl, nchw = operations(model, (torch.randn(*shape),), settings)
     found = {}
     for choice in tables:
         speed = predict_speed(cl, nchw, choice, settings.compute_dtype, a.train, BAND)
@@ -86,6 +88,41 @@ def predicted(row: dict, a: argparse.Namespace, tables: list) -> dict[str, dict]
             "stand_ins": list(speed.stand_ins),
         }
     return found
+
+
+def measured_classes(truth: dict) -> dict[str, list[float]]:
+    """The measured profile's milliseconds by class in each layout (each operation's own
+    time, classed as the audit's ``--time`` classes it)."""
+    found: dict[str, list[float]] = {}
+    for i, layout in enumerate(("channels_last", "nchw")):
+        for r in truth.get("profile", {}).get(layout, []):
+            if r["op"].startswith("aten::"):
+                cls = profiled_class(r["op"]).value
+                found.setdefault(cls, [0.0, 0.0])[i] += r["us"] / 1e3
+    return found
+
+
+def cause(row: dict, table: str) -> str:
+    """The class whose channels_last-minus-NCHW time the prediction gets most wrong against the
+    measured profile (the convolutions' gradients as one class, as the profiler holds them)."""
+    merged = {"convolution input gradient": "convolution gradients",
+              "convolution weight gradient": "convolution gradients"}  # fmt: skip
+    predicted: dict[str, list[float]] = {}
+    for cls, times in row["predicted"][table]["classes"].items():
+        both = predicted.setdefault(merged.get(cls, cls), [0.0, 0.0])
+        both[0] += times[0]
+        both[1] += times[1]
+    measured = row["measured_classes"]
+    worst, gap = "", 0.0
+    for cls in set(predicted) | set(measured):
+        p = predicted.get(cls, [0.0, 0.0])
+        m = measured.get(cls, [0.0, 0.0])
+        wrong = (p[0] - p[1]) - (m[0] - m[1])
+        if abs(wrong) > abs(gap):
+            worst, gap = cls, wrong
+    p, m = predicted.get(worst, [0.0, 0.0]), measured.get(worst, [0.0, 0.0])
+    return (f"{worst}: channels_last minus NCHW predicted {p[0] - p[1]:+.2f} ms, measured "
+            f"{m[0] - m[1]:+.2f} ms (the profiled step's own times)")  # fmt: skip
 
 
 def summarise(rows: list[dict], table: str) -> dict:
@@ -108,7 +145,8 @@ def summarise(rows: list[dict], table: str) -> dict:
             round(statistics.quantiles(errors, n=10)[-1], 4) if len(errors) > 1 else None
         ),
         "misses": [
-            {"name": r["name"], "measured": round(r["speedup"], 3), "predicted": round(guess(r), 3)}
+            {"name": r["name"], "measured": round(r["speedup"], 3), "predicted": round(guess(r), 3),
+             "cause": cause(r, table)}
             for r in outside if r not in right
         ],
     }  # fmt: skip
@@ -136,7 +174,7 @@ def main() -> None:
         rows.append({"name": r["name"], "input_shape": r["input_shape"],
                      "speedup": r["ratio_quartiles"][1], "quartiles": r["ratio_quartiles"],
                      "median_rounds_speedup": r["speedup"], "median_ms": r["median_ms"],
-                     "predicted": guess})  # fmt: skip
+                     "measured_classes": measured_classes(r), "predicted": guess})  # fmt: skip
         said = ", ".join(f"{g.get('speedup', float('nan')):.3f}" for g in guess.values())
         print(f"{r['name']}: measured {rows[-1]['speedup']:.3f}, predicted {said}",
               file=sys.stderr, flush=True)  # fmt: skip

@@ -31,6 +31,7 @@ from cl_audit.intercept.tracking import (
     tensor_arguments,
 )
 from cl_audit.report import TimelineEvent
+from cl_audit.report.environment import dtype_name
 from cl_audit.rule.attribution import Location, ModuleNames, locate
 from cl_audit.rule.conversions import (
     SPATIAL_RANKS,
@@ -143,7 +144,7 @@ class Recorder(Origins):
         self._sort_inputs(inputs, sources, reshaped, contiguous)
         if self.first_spatial is None and (sources or contiguous):
             first = (sources or contiguous)[0]
-            self.first_spatial = (str(first.device), str(first.dtype).removeprefix("torch."))
+            self.first_spatial = (str(first.device), dtype_name(first.dtype))
         # Origins of the tracked contiguous data read, first first.
         found = self._origins_read(inputs, in_keys) if in_keys is not None and self._origins else []
         ledger = self.ledger

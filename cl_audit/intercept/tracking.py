@@ -14,6 +14,7 @@ from cl_audit.compat.operators import aten_op_name
 from cl_audit.enums import Conversion, Phase, Provenance, RegainSource
 from cl_audit.intercept.naming import python_op_name
 from cl_audit.report import Finding, Producer, TensorSummary
+from cl_audit.report.environment import dtype_name
 from cl_audit.rule.attribution import Location
 from cl_audit.rule.layout import layout_of
 
@@ -92,7 +93,7 @@ def summary_of(tensor: torch.Tensor) -> TensorSummary:
     return TensorSummary(
         shape=tuple(tensor.shape),
         strides=tuple(tensor.stride()),
-        dtype=str(tensor.dtype).removeprefix("torch."),
+        dtype=dtype_name(tensor.dtype),
         device=str(tensor.device),
         layout=layout_of(tensor),
     )

@@ -35,6 +35,7 @@ __all__ = [
     "ConvCall",
     "HostCosts",
     "SpeedTable",
+    "kernel_name",
 ]
 
 LAYOUTS = ("channels_last", "nchw")
@@ -47,6 +48,12 @@ _SAME_KERNEL = {"aten::relu": "aten::clamp_min", "aten::relu_": "aten::clamp_min
                 "aten::_native_batch_norm_legit_no_training:eval": "aten::native_batch_norm:eval",
                 "aten::cudnn_batch_norm:eval": "aten::native_batch_norm:eval"}  # fmt: skip
 _NEIGHBOURS = 4  # configurations an unmeasured convolution's time is taken from
+
+
+def kernel_name(op: str) -> str:
+    """The name the profiler gives the kernel ``op`` runs (an in-place form runs its
+    out-of-place kernel; relu is clamp_min's), ``op`` itself where that is all it is."""
+    return _SAME_KERNEL.get(op) or (op[:-1] if op.endswith("_") else op)
 
 
 @dataclass(frozen=True)
@@ -131,6 +138,7 @@ class SpeedTable:
         self.asynchronous = self.device != "cpu"  # a GPU runs kernels while the host goes on
         self.measured: str = data.get("measured", "")
         self.made_by: str = data.get("made_by", "")
+        self.seconds: float = data.get("seconds", 0.0)
         self.models: tuple[str, ...] = tuple(data.get("models", ()))
         host = dict(data["host"])
         self.host = HostCosts(**{k: host[k] for k in HostCosts.__dataclass_fields__ if k in host})
@@ -185,9 +193,8 @@ class SpeedTable:
             found = [self.op_us(op, lay, dtype, elements, channels) for lay in LAYOUTS]
             return sum(u for u in found if u is not None) / len(found) if all(found) else None
         samples = self._ops.get((op, layout, dtype))
-        if not samples:  # an in-place form runs its out-of-place kernel; relu is clamp_min's
-            same = _SAME_KERNEL.get(op) or (op[:-1] if op.endswith("_") else None)
-            samples = self._ops.get((same, layout, dtype)) if same else None
+        if not samples:
+            samples = self._ops.get((kernel_name(op), layout, dtype))
         if not samples:
             return None
         e, _, us = min(

@@ -14,6 +14,7 @@ how it matched (``TableUse``).
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import os
 import platform
@@ -28,8 +29,15 @@ import torch
 from cl_audit.compat.cuda import cuda_present
 from cl_audit.enums import TableMatch
 from cl_audit.errors import UsageError
-from cl_audit.files import read_table_document
 from cl_audit.predict.speed_table import SpeedTable
+from cl_audit.report.envelope import (
+    TABLE_FORMAT,
+    TABLE_VERSION,
+    ReportFormatError,
+    check_envelope,
+    decode_document,
+    load_schema,
+)
 from cl_audit.report.machine import MachineIdentity, TableUse, release
 
 __all__ = [
@@ -39,12 +47,18 @@ __all__ = [
     "backend_version",
     "choose",
     "cpu_model",
+    "fingerprint",
+    "keep_threads",
     "store",
     "this_machine",
     "user_folder",
 ]
 
 TABLES_ENV = "CL_AUDIT_TABLES"
+# The threads the user's runs compute with, where this process computes with others: a sweep's
+# forked worker runs one thread so that workers share the cores, and predicts for the machine
+# the sweep was started on (``keep_threads``).
+_kept_threads: list[int] = []
 _RANK = {TableMatch.THIS_MACHINE: 0, TableMatch.SAME_DEVICE: 1, TableMatch.OTHER_DEVICE: 2}
 
 
@@ -79,6 +93,12 @@ def backend_version(device_type: str) -> str:
     return f"onednn-{found.group(1)}" if found else "onednn-none"
 
 
+def keep_threads() -> None:
+    """Remember the threads torch computes with now, as this machine's, before a worker
+    changes them for itself."""
+    _kept_threads[:] = [torch.get_num_threads()]
+
+
 def this_machine(device_type: str, index: int = 0) -> MachineIdentity | None:
     """This machine as a table of ``device_type`` would describe it; None where it has no
     such device (a fake CUDA audit on a machine without a GPU). Asks CUDA for the device's
@@ -86,10 +106,10 @@ def this_machine(device_type: str, index: int = 0) -> MachineIdentity | None:
     torch_release = torch.__version__.split("+")[0]
     cores = os.cpu_count()
     if device_type == "cpu":
+        threads = _kept_threads[0] if _kept_threads else torch.get_num_threads()
         return MachineIdentity(
-            "cpu", cpu_model(), cores, torch.get_num_threads(), torch=torch_release,
-            backend=backend_version("cpu"),
-        )  # fmt: skip
+            "cpu", cpu_model(), cores, threads, torch=torch_release, backend=backend_version("cpu")
+        )
     if device_type == "cuda" and cuda_present():
         props = torch.cuda.get_device_properties(index)
         return MachineIdentity(
@@ -146,7 +166,27 @@ def store() -> Store:
 
 @functools.cache
 def _user_table(path: Path, mtime_ns: int) -> SpeedTable:
-    return SpeedTable(read_table_document(path), source=str(path))
+    return SpeedTable(_document(path), source=str(path))
+
+
+def _document(path: Path) -> dict:
+    """A table file's document (gzip or not), valid under its version's schema; a one-line
+    ``UsageError`` naming the file and what is wrong otherwise."""
+    import jsonschema
+
+    try:
+        data = decode_document(path.read_bytes())
+        check_envelope(data, TABLE_FORMAT, (TABLE_VERSION,))
+        schema = jsonschema.Draft202012Validator(load_schema("speed-table"))
+        error = jsonschema.exceptions.best_match(schema.iter_errors(data))
+    except OSError as e:
+        raise UsageError(f"{path}: {e.strerror}") from None
+    except ReportFormatError as e:
+        raise UsageError(f"{path}: {e}") from None
+    if error is not None:
+        where = "/".join(map(str, error.absolute_path)) or "the document"
+        raise UsageError(f"{path}: not a valid speed table: {where}: {error.message}")
+    return data
 
 
 @functools.cache
@@ -154,6 +194,16 @@ def _shipped() -> tuple[SpeedTable, ...]:
     folder = resources.files("cl_audit.predict").joinpath("tables")
     entries = sorted((e for e in folder.iterdir() if e.name.endswith(".json")), key=str)
     return tuple(SpeedTable(json.loads(e.read_text())) for e in entries)
+
+
+def fingerprint() -> str:
+    """A digest of every table known here (name, source, when measured, its contents' size):
+    what a cached row's predicted speed depends on beyond the settings."""
+    known = store()
+    parts = [
+        (t.name, t.source, t.measured, t.seconds, sorted(t.counts().items())) for t in known.tables
+    ]
+    return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:16]
 
 
 def load_file(path: Path) -> SpeedTable:

@@ -16,6 +16,7 @@ from cl_audit.render.wording import (
     predicted_note,
     remedy_lines,
     speed_lines,
+    table_warning,
     timing_line,
     verify_text,
 )
@@ -314,7 +315,10 @@ def _speed_section(speed: Speed) -> str:
         else ""
     )
     notes = "".join(f'<p class="dim">{esc(line)}</p>' for line in speed_lines(speed))
-    return f"<h2>Does channels_last pay?</h2><p>{esc(speed.headline())}</p>{table}{notes}"
+    warning = table_warning(speed)
+    warn = f'<p class="warn">{esc(warning)}</p>' if warning else ""
+    head = f"<h2>Does channels_last pay?</h2><p>{esc(speed.headline())}</p>{warn}"
+    return f"{head}{table}{notes}"
 
 
 def _links(index: OpsIndex, report: ModelReport) -> str:

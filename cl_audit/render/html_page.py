@@ -31,7 +31,7 @@ table{border-collapse:collapse;margin:.4em 0;width:100%}
 th,td{border:1px solid #d7dae0;padding:.25em .45em;text-align:left;vertical-align:top}
 th{background:#f1f3f6;cursor:pointer;user-select:none;white-space:nowrap}
 td.num,th.num{text-align:right}code{font-size:.92em;overflow-wrap:anywhere}code.op,code.site{white-space:nowrap;overflow-wrap:normal}
-.verdict-minor{color:#a86400}
+.verdict-minor{color:#a86400}.warn{color:#a86400;font-weight:600}
 .remedy-verified{color:#1e7d32}.remedy-refuted{color:#a86400}
 tr.target{outline:2px solid #f0a020}
 .cards{display:flex;gap:.6em;flex-wrap:wrap}.card{border:1px solid #d7dae0;border-radius:6px;

@@ -34,6 +34,7 @@ from cl_audit.render.wording import (
     predicted_note,
     remedy_head,
     speed_lines,
+    table_warning,
     timing_line,
     trial_figures,
     trial_text,
@@ -99,6 +100,8 @@ def summary_text(report: ModelReport) -> Text:
     amp = f", autocast {env.autocast}" if env.autocast else ""
     mode = predicted_note(report)
     lines = [headline(report)] if report.cost is not None or report.speed is not None else []
+    warning = table_warning(report.speed)
+    lines += [warning] if warning else []
     lines += [
         f"model {report.model or '(unnamed)'}  input {'x'.join(map(str, report.input_shape or ()))}"
         f"  {env.device} {env.dtype}{amp}  engine {env.engine.value}{mode}",
@@ -132,7 +135,7 @@ def _modules_cell(group: SiteGroup) -> str:
     first = group.first
     where = module_text(group.module_paths[0], first.module_class)
     others = len(group.module_paths) - 1
-    return where + (f" and {others} more module{'s' * (others > 1)}" if others else "")
+    return where + (f" and {plural(others, 'more module')}" if others else "")
 
 
 class CallSite:
@@ -199,7 +202,7 @@ def offenders_table(
         cause = _producer_cell(f.root_cause, f.mixed_formats)
         if cause:
             where += f"\n[magenta]root cause: {cause}[/magenta]"
-        trips = f"{group.round_trips} round trip{'s' * (group.round_trips > 1)}"
+        trips = plural(group.round_trips, "round trip")
         kinds = [trips] * bool(group.round_trips) + [f"{group.terminal} terminal"] * bool(
             group.terminal
         )

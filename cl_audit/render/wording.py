@@ -10,6 +10,7 @@ from cl_audit.enums import (
     BucketMatch,
     Evidence,
     RemedyStatus,
+    TableMatch,
     TensorMode,
 )
 from cl_audit.report import (
@@ -50,6 +51,7 @@ __all__ = [
     "remedy_head",
     "remedy_lines",
     "speed_lines",
+    "table_warning",
     "timing_line",
     "trial_figures",
     "trial_text",
@@ -65,9 +67,9 @@ def cost_line(cost: Cost, train: bool) -> str:
     gate = cost.gate
     return (
         f"channels_last adds {format_bytes(cost.extra_bytes)} per {unit} ({cost.share:.2%} of "
-        f"{format_bytes(cost.bytes_written)} written) at {sites} site{'s' * (sites != 1)}; "
+        f"{format_bytes(cost.bytes_written)} written) at {plural(sites, 'site')}; "
         f"saves {format_bytes(cost.saved_bytes)}"
-        + (f" at {saving} site{'s' * (saving != 1)}" if saving else "")
+        + (f" at {plural(saving, 'site')}" if saving else "")
         + f"; net {format_bytes(cost.net_bytes)}"
         + (" (the gate weighs what channels_last adds: a saving elsewhere removes no copy)"
            if cost.saved_bytes else "")
@@ -123,7 +125,7 @@ def verify_text(cost: Cost) -> str | None:
     counts = Counter(
         s.remedy.status for s in cost.sites if s.remedy is not None and s.remedy.evidence
     )
-    found = ", ".join(f"{status.value} at {n} site{'s' * (n != 1)}" for status, n in counts.items())
+    found = ", ".join(f"{status.value} at {plural(n, 'site')}" for status, n in counts.items())
     return f"remedies tried in what-if runs ({cost.verify_seconds:.1f} s): {found or 'none'}"
 
 
@@ -240,6 +242,25 @@ def headline(report: ModelReport) -> str:
         text = f"{report.verdict.value}: {cost.share:.2%} of the bytes at {plural(sites, 'site')}"
     speed = report.speed
     return text if speed is None else f"{text}; {speed.headline()}"
+
+
+def table_warning(speed: Speed | None) -> str | None:
+    """What to do when a prediction used another machine's table (None: this machine's, or
+    none used); the headline names the table already."""
+    use = None if speed is None else speed.table
+    if use is None or use.identity is None or use.match is TableMatch.THIS_MACHINE:
+        return None
+    device = use.identity.device
+    if use.this_machine is None:
+        return (
+            f"the speed is {use.identity.model}'s, not a machine at hand: to predict for your "
+            f"{device.upper()} machine, make its table there (cl-audit table --device {device} "
+            "--out FILE) and pass --table FILE"
+        )
+    return (
+        f"the speed is predicted for another machine ({use.identity.short()}): make this "
+        f"machine's table with cl-audit table --device {device}"
+    )
 
 
 def speed_lines(speed: Speed) -> list[str]:

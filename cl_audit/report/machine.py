@@ -121,7 +121,7 @@ class TableUse:
             return f"table {self.name}"
         chosen = ", chosen" if self.chosen else ""
         if self.match is TableMatch.THIS_MACHINE:
-            kind = " (shipped: a machine like this one)" if self.source == "shipped" else ""
+            kind = ", shipped for a machine like it" if self.source == "shipped" else ""
             return f"this machine's table{kind}{chosen}"
         if self.this_machine is None:
             here = f"this machine: no {self.identity.device.upper()} device"

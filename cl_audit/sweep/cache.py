@@ -3,8 +3,9 @@
 An entry is one small JSON file named by the SHA-256 of its key: the model, every setting that
 can change a row (all of ``SweepSettings`` but ``jobs`` and ``timeline``), and the versions of
 cl-audit (with a digest of its own source, so an edited checkout never reads old rows), torch,
-torchvision, timm, Python and the CPU capability torch dispatches for. The entry repeats its key
-and holds the SHA-256 of every source file the model's audit ran through
+torchvision, timm, Python and the CPU capability torch dispatches for, and the speed tables
+known here (``predict.table_store.fingerprint``: a table made since changes the rows). The
+entry repeats its key and holds the SHA-256 of every source file the model's audit ran through
 (``cl_audit.sweep.footprint``); a row is reused only when the key matches and every file hashes
 the same. Entries are written to a temporary file and renamed into place, so concurrent shards
 sharing the directory never see half an entry; one that cannot be read is a miss, never
@@ -31,6 +32,7 @@ import torch
 
 from cl_audit.errors import UsageError
 from cl_audit.files import write_text
+from cl_audit.predict.table_store import fingerprint
 from cl_audit.report import ModelRow, ReportFormatError
 from cl_audit.report.envelope import SWEEP_VERSION
 from cl_audit.report.environment import distribution_version
@@ -70,6 +72,7 @@ def versions() -> dict[str, str | None]:
         "timm": distribution_version("timm"),
         "python": platform.python_version(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "speed_tables": fingerprint(),  # a predicted speed reads the tables known here
     }
 
 

@@ -110,7 +110,10 @@ def set_up_worker(job: Job) -> None:
     any process (the parent turns its own into an interrupt)."""
     import torch
 
+    from cl_audit.predict.table_store import keep_threads
+
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the parent's handler is the parent's
+    keep_threads()  # a prediction is for the machine the sweep runs on, not this worker's
     torch.set_num_threads(1)
     if job.mode is Mode.FAKE:
         gc.disable()

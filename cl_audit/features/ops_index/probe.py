@@ -30,6 +30,7 @@ from cl_audit.features.ops_index.gradient import first_map, input_gradient
 from cl_audit.features.ops_index.raising import first_tensor
 from cl_audit.features.ops_index.target import CPU, Target
 from cl_audit.intercept.dispatch import CALL_LABEL
+from cl_audit.report.environment import dtype_name
 from cl_audit.report.ops_report import (
     WORST,
     CaseRow,
@@ -311,7 +312,7 @@ def build_index(entries: Iterable[OperatorEntry], target: Target, dtype: torch.d
             unjudged.append(row)
         else:
             rows.append(row)
-    name = str(dtype).removeprefix("torch.")
+    name = dtype_name(dtype)
     seconds = time.perf_counter() - start
     problem = backward_problem() if target.predicted else None
     return OpsIndex(

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from cl_audit.execution.timing import Profiler
 from cl_audit.features.table.clock import Clock, alternated
 from cl_audit.predict.speed_table import LAYOUTS
 
@@ -124,16 +125,13 @@ def measure_probe(
 def _aten_profile(call: Callable[[], object], device: str) -> list[dict[str, Any]]:
     """Each aten operation's own time over ``PROFILED_CALLS`` profiled calls, with its input
     shapes (its calls counted: the rows divide by them)."""
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    if device == "cuda":
-        activities.append(torch.profiler.ProfilerActivity.CUDA)
-    with torch.profiler.profile(activities=activities, record_shapes=True) as prof:
+    with Profiler(torch.device(device), shapes=True, times=True) as profiler:
         for _ in range(PROFILED_CALLS):
             call()
         if device == "cuda":
             torch.cuda.synchronize()
     rows = []
-    for e in prof.key_averages(group_by_input_shape=True):
+    for e in profiler.events().key_averages(group_by_input_shapes=True):
         own = getattr(e, "self_device_time_total", 0.0) if device == "cuda" else (
             e.self_cpu_time_total
         )  # fmt: skip

@@ -30,7 +30,7 @@ from cl_audit.report.speed_report import (
 from cl_audit.run.phases.audited import COMPARED
 from cl_audit.run.phases.subject import Sections, Subject
 
-__all__ = ["ROUNDS", "STEPS", "WARMUP", "predict_speed", "speed_phase"]
+__all__ = ["ROUNDS", "STEPS", "WARMUP", "predict_speed", "profiled_class", "speed_phase"]
 
 ROUNDS, STEPS, WARMUP = 7, 3, 3  # measured: alternating rounds, steps a round, least warm-up
 
@@ -223,15 +223,18 @@ def _profiled(c: Configuration, device: torch.device) -> dict[SpeedClass, float]
         )  # fmt: skip
         if us <= 0:
             continue
-        bare = event.key.removeprefix("aten::")
-        cls = _PROFILED.get(bare)
-        if cls is None:
-            cls = _class_of_name(bare)
-        by_class[cls] += us / 1e3
+        by_class[profiled_class(event.key)] += us / 1e3
     return dict(by_class)
 
 
-def _class_of_name(bare: str) -> SpeedClass:
+def profiled_class(name: str) -> SpeedClass:
+    """The class of an operation the profiler names (``aten::mkldnn_convolution``): the
+    operations that run inside the ones the audit sees by their own names, the rest as the
+    speed model classes them."""
+    bare = name.removeprefix("aten::")
+    known = _PROFILED.get(bare)
+    if known is not None:
+        return known
     if "convolution_backward" in bare:
         return SpeedClass.CONV_GRADIENTS
     packet = getattr(torch.ops.aten, bare, None)

@@ -29,8 +29,7 @@ from cl_audit.features.table.document import Log, document, table_name
 from cl_audit.features.table.host import HOST_BASIS, measure_host
 from cl_audit.features.table.probes import DTYPES, PROBE_SHAPES, measure_probe, probe_names
 from cl_audit.features.table.targets import Target, target
-from cl_audit.files import write_text
-from cl_audit.predict.speed_table import ConvCall
+from cl_audit.predict.speed_table import ConvCall, kernel_name
 from cl_audit.predict.table_store import this_machine, user_folder
 from cl_audit.sources import ModelRef
 
@@ -103,8 +102,13 @@ def check_request(request: TableRequest) -> None:
         raise UsageError("`resume` goes on from the table, `force` replaces it: give one")
 
 
-def make_table(request: TableRequest, progress: Progress) -> TableResult:
-    """Measure this machine's table as ``request`` says (see the module docstring)."""
+# writes a file whole or not at all (the edge's ``files.write_text``): path, text
+Write = Callable[[Path, str], None]
+
+
+def make_table(request: TableRequest, progress: Progress, write: Write) -> TableResult:
+    """Measure this machine's table as ``request`` says (see the module docstring), the table
+    written whole by ``write`` every few seconds and at the end."""
     check_request(request)
     identity = this_machine(request.device)
     assert identity is not None  # check_request made sure the device is here
@@ -119,7 +123,8 @@ def make_table(request: TableRequest, progress: Progress) -> TableResult:
     benchmark = torch.backends.cudnn.benchmark
     torch.backends.cudnn.benchmark = True  # as users set it: each shape's kernel autotuned
     log = Log.open(log_path, identity, request.resume)
-    session = _Session(request, log, out, progress)
+    log.add({"part": "run", "command": request.command or "cl-audit table"})
+    session = _Session(request, log, out, progress, write)
     result = TableResult(out, name)
     try:
         result.complete = session.run()
@@ -138,8 +143,11 @@ def make_table(request: TableRequest, progress: Progress) -> TableResult:
 class _Session:
     """One run of ``make_table``: the parts in order against the clock."""
 
-    def __init__(self, request: TableRequest, log: Log, out: Path, progress: Progress) -> None:
+    def __init__(
+        self, request: TableRequest, log: Log, out: Path, progress: Progress, write: Write
+    ) -> None:
         self.request, self.log, self.out, self.progress = request, log, out, progress
+        self.write = write
         self.device = request.device
         self.clock = Clock(self.device)
         self.start = time.monotonic()
@@ -159,9 +167,9 @@ class _Session:
         }
 
     def save(self, complete: bool) -> None:
-        made = self.request.command or "cl-audit table"
+        made = "; ".join(r["command"] for r in self.log.of("run"))
         doc = document(self.log, self.settings(), made, complete)
-        write_text(self.out, json.dumps(doc, separators=(",", ":")) + "\n", "--out")
+        self.write(self.out, json.dumps(doc, separators=(",", ":")) + "\n")
         self.saved = time.monotonic()
 
     def counts(self) -> dict[str, tuple[int, int]]:
@@ -260,9 +268,9 @@ class _Session:
         done = self.log.probes_done()
         for t in targets:
             for op, shape in t.maps:
+                names = {n.removesuffix(":eval") for n in (op, kernel_name(op))}
                 for name, ops in runs_ops.items():
-                    if (op in ops or op.removesuffix(":eval") in ops) and (
-                        name, dtype, shape) not in done:  # fmt: skip
+                    if names & ops and (name, dtype, shape) not in done:
                         done.add((name, dtype, shape))
                         yield self._probe_step(name, dtype, shape)
 
