@@ -25,9 +25,7 @@ SPREAD = 0.25
 
 def noisy(row: dict) -> bool:
     low, _, high = row["ratio_quartiles"]
-    spread = max(
-        (max(r) - min(r)) / statistics.median(r) for r in row["rounds_ms"].values()
-    )
+    spread = max((max(r) - min(r)) / statistics.median(r) for r in row["rounds_ms"].values())
     return low < 1 < high or spread > SPREAD
 
 
