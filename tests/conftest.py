@@ -25,6 +25,23 @@ def engine(request: pytest.FixtureRequest) -> str:
     return request.param
 
 
+# The unit tier (``pytest -m unit``, under a minute on 2 cores): the modules whose tests start
+# no subprocess and build no registry model: the rule, the recorder and ledger, the speed model
+# and its tables, the codec and the envelopes, the renderers, the restoring of torch.
+UNIT_MODULES = frozenset(
+    ["test_attribution", "test_codec", "test_compare", "test_docs", "test_layout",
+     "test_one_time", "test_ops_raised", "test_provenance", "test_recorder", "test_render",
+     "test_report", "test_restore", "test_rule", "test_signature", "test_speed_tables",
+     "test_timing", "test_session"]
+)  # fmt: skip
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.stem in UNIT_MODULES:
+            item.add_marker(pytest.mark.unit)
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--update-golden",

@@ -23,8 +23,6 @@ from cl_audit.predict.speed_table import ConvCall, SpeedTable
 from cl_audit.report import ModelReport
 from cl_audit.report.machine import MachineIdentity, TableUse, release
 
-pytestmark = pytest.mark.unit
-
 # --- the queue model -------------------------------------------------------------------------
 
 
@@ -243,3 +241,53 @@ def test_a_version_13_report_naming_its_table_alone_is_read_as_a_table_of_unknow
     assert old.speed.table == TableUse(name=report.speed.table.name)
     assert old.speed.table.label == f"table {report.speed.table.name}"
     assert ModelReport.from_dict(copy.deepcopy(old.to_dict())).speed.table == old.speed.table
+
+
+# --- the host's cost by phase ----------------------------------------------------------------
+
+
+def test_each_operation_pays_the_host_cost_of_its_phase():
+    from cl_audit.enums import Phase
+    from cl_audit.predict.speed_model import OpTimes, predict
+
+    doc = _document(CPU, "t")
+    doc["host"] = {"forward": 1.0, "forward_grad": 10.0, "backward": 100.0, "optimizer": 1000.0,
+                   "view": 0.5, "view_grad": 0.5, "sync": 0.5}  # fmt: skip
+    table = SpeedTable(doc)
+    x = torch.ones(2, 64, 4, 4)
+    add = torch.ops.aten.add.Tensor
+    times = OpTimes()
+    for phase, calls in ((Phase.FORWARD, 2), (Phase.BACKWARD, 3), (Phase.OPTIMIZER, 1)):
+        for _ in range(calls):
+            times.observe(add, [x, x], [x], phase)
+    assert predict(times, table, "float32", train=True).host_ms == pytest.approx(
+        (2 * 10 + 3 * 100 + 1000) / 1e3
+    )
+    # the control: a forward under no gradient pays the forward's cost whatever it is told
+    assert predict(times, table, "float32", train=False).host_ms == pytest.approx(6 / 1e3)
+
+
+def test_a_training_audit_hands_the_speed_model_its_phases():
+    import speed_models as sm
+
+    from cl_audit.enums import Phase, TensorMode
+    from cl_audit.run.audit_module import operations
+    from cl_audit.settings import AuditSettings
+
+    settings = AuditSettings(tensor_mode=TensorMode.FAKE, train=True, verify=False)
+    cl, nchw = operations(sm.Convolutions(), (torch.randn(2, 3, 16, 16),), settings)
+    for ledger in (cl, nchw):
+        assert [p for _, p in ledger.times.phases] == [
+            Phase.FORWARD, Phase.BACKWARD, Phase.OPTIMIZER
+        ]  # fmt: skip
+    inference = AuditSettings(tensor_mode=TensorMode.FAKE, verify=False)
+    forward, _ = operations(sm.Convolutions(), (torch.randn(2, 3, 16, 16),), inference)
+    assert [p for _, p in forward.times.phases] == [Phase.FORWARD]  # the control
+
+
+def test_a_run_of_no_operation_has_no_events_and_its_step_no_time():
+    from cl_audit.predict.speed_model import OpTimes, predict
+
+    empty = OpTimes()
+    assert list(empty.events) == [] and predict(empty, SpeedTable(_document(CPU, "t")),
+                                                "float32", train=False).ms == 0  # fmt: skip

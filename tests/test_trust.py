@@ -21,7 +21,7 @@ import torch
 from cl_audit import audit_model, files
 from cl_audit.errors import UsageError
 from cl_audit.render.outputs import write_outputs
-from cl_audit.report import ModelReport, load_schema
+from cl_audit.report import REPORT_VERSION, ModelReport, load_schema
 
 TOYS = str(Path(__file__).with_name("toy_models.py"))
 SPEED = str(Path(__file__).with_name("speed_models.py"))
@@ -206,7 +206,7 @@ def test_documents_read_back_are_refused_where_their_schema_refuses_them(tmp_pat
     path.write_text(json.dumps(bad))
     done = _cli("render", str(path), "--html", str(tmp_path / "bad.html"))
     assert done.returncode == 2 and "Traceback" not in done.stderr
-    assert "not a valid report of version 13: summary/losses" in done.stderr
+    assert f"not a valid report of version {REPORT_VERSION}: summary/losses" in done.stderr
     assert not (tmp_path / "bad.html").exists()
 
 

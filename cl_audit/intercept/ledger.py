@@ -201,7 +201,7 @@ class Ledger:
 
     def observe(self, record: OpRecord) -> None:
         """One operation, after it ran."""
-        self.times.observe(record.aten_op, record.inputs, record.outputs)
+        self.times.observe(record.aten_op, record.inputs, record.outputs, record.phase)
         if record.aten_op is _CONVOLUTION and len(record.in_keys) > 1:
             self.convolution_weights.add(record.in_keys[1])
         call, phase = record.call, record.phase

@@ -28,6 +28,7 @@ runs each kernel itself; on a GPU it enqueues them while the device runs the one
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -150,18 +151,22 @@ def _conv_call(data: torch.Tensor, weight: torch.Tensor, out: torch.Tensor) -> C
 # What an operation is priced by (hashable: operations alike are priced once):
 #   (TABLE, name, layout, elements, channels, class, dense, shape of the first input)
 #   (CONV, ConvCall, layout, passes); (MATMUL, count, m, k, n, class); (COPY, elements,
-#   converts, to another device); (VIEW,); (SYNC,)
+#   converts, to another device); (VIEW,) and (SYNC,), each made once
 Key = tuple
+_VIEW_KEY, _SYNC_KEY = (_Kind.VIEW,), (_Kind.SYNC,)
 
 
 @dataclass
 class OpTimes:
     """What one run's operations need for their time to be predicted, in the order they ran
-    (see the module docstring): each operation's key and phase. Fed on every operation: one
-    cached lookup and an append, the sizes read only where the kind needs them."""
+    (see the module docstring): each operation's key, and where each phase began (the index of
+    its first key). Fed on every operation: one cached lookup and an append, the sizes read
+    only where the kind needs them."""
 
-    events: list[tuple[Key, Phase]] = field(default_factory=list)
+    keys: list[Key] = field(default_factory=list)
+    phases: list[tuple[int, Phase]] = field(default_factory=list)
     _kinds: dict[object, tuple[_Kind, SpeedClass, str, bool]] = field(default_factory=dict)
+    _phase: Phase | None = None  # the phase of the last key
 
     def observe(
         self,
@@ -175,7 +180,18 @@ class OpTimes:
             known = self._kinds[op] = speed_kind(op)
         key = self._key(known, inputs, outputs)
         if key is not None:
-            self.events.append((key, phase))
+            if phase is not self._phase:
+                self.phases.append((len(self.keys), phase))
+                self._phase = phase
+            self.keys.append(key)
+
+    @property
+    def events(self) -> Iterator[tuple[Key, Phase]]:
+        """Each operation's key with its phase, in order."""
+        ends = [start for start, _ in self.phases[1:]] + [len(self.keys)]
+        for (start, phase), end in zip(self.phases, ends[: len(self.phases)], strict=True):
+            for key in self.keys[start:end]:
+                yield key, phase
 
     def _key(
         self,
@@ -191,15 +207,17 @@ class OpTimes:
             elements = sum(t.numel() for t in inputs) or first.numel()
             if cls is SpeedClass.NORMALISATION and _eval_norm(name, outputs):
                 name += ":eval"
-            shape = tuple(first.shape)
+            shape = first.shape  # a torch.Size: a tuple already
             return (kind, name, _layout(first), elements, _channels(first), cls, dense, shape)
-        if kind is _Kind.VIEW or kind is _Kind.SYNC:
-            return (kind,)
+        if kind is _Kind.VIEW:
+            return _VIEW_KEY
+        if kind is _Kind.SYNC:
+            return _SYNC_KEY
         if kind is _Kind.COPY:
             if not inputs or not outputs:
                 return None
             source, copy = inputs[-1] if name == "aten::copy_" else inputs[0], outputs[0]
-            away = source.device != copy.device
+            away = source.is_cuda != copy.is_cuda  # to or from the host
             return (kind, copy.numel(), _layout(source) != _layout(copy), away)
         if kind is _Kind.CONV and len(inputs) >= 2 and outputs:
             call = _conv_call(inputs[0], inputs[1], outputs[0])
@@ -226,11 +244,11 @@ class OpTimes:
 
     def convolutions(self) -> set[tuple[ConvCall, str, tuple[str, ...]]]:
         """Each distinct convolution the run made: its sizes, layout and passes."""
-        return {key[1:] for key, _ in self.events if key[0] is _Kind.CONV}
+        return {key[1:] for key in self.keys if key[0] is _Kind.CONV}
 
     def maps(self) -> Counter[tuple[str, tuple[int, ...]]]:
         """The operations priced from the table's samples, by name and input shape (calls)."""
-        return Counter((key[1], key[7]) for key, _ in self.events if key[0] is _Kind.TABLE)
+        return Counter((key[1], tuple(key[7])) for key in self.keys if key[0] is _Kind.TABLE)
 
 
 def _product(inputs: list[torch.Tensor], cls: SpeedClass) -> Key | None:

@@ -62,15 +62,16 @@ class TableProgress:
 def tables_text(known: Store) -> Text:
     """Every table known here, a few lines each: ``*`` marks the one an audit here picks for
     its device type, with how it matches this machine."""
-    picked: dict[str, tuple[TableUse, list[str]]] = {}
+    picked: dict[tuple[str, str], tuple[TableUse, list[str]]] = {}  # (name, source) ->
     for device in sorted({t.device for t in known.tables}):
         for dtype in ("float32", "float16", "bfloat16"):
             choice = choose(device, dtype, here=this_machine(device))
             if choice is not None and dtype in choice.table.dtypes():
-                picked.setdefault(choice.table.name, (choice.use, []))[1].append(dtype)
+                key = (choice.table.name, choice.table.source)
+                picked.setdefault(key, (choice.use, []))[1].append(dtype)
     out = Text()
     for t in known.tables:
-        found = picked.get(t.name)
+        found = picked.get((t.name, t.source))
         out.append(f"{'*' if found else ' '} {t.name}\n", style="bold" if found else "")
         if found is not None:
             use, dtypes = found
