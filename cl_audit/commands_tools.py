@@ -190,7 +190,8 @@ def table(request: TableRequest, list_only: bool, console: Console) -> bool:
     whether Ctrl-C cut the measuring short (what was measured is kept either way)."""
     from cl_audit.features.table.measure import make_table
     from cl_audit.predict.table_store import store, user_folder
-    from cl_audit.render.table_view import TableProgress, tables_text
+    from cl_audit.render.progress import TableProgress
+    from cl_audit.render.table_view import tables_text
 
     if list_only:
         console.print(tables_text(store()), soft_wrap=True)

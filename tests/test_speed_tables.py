@@ -270,17 +270,17 @@ def test_each_operation_pays_the_host_cost_of_its_phase():
 def test_a_training_audit_hands_the_speed_model_its_phases():
     import speed_models as sm
 
-    from cl_audit.enums import Phase, TensorMode
+    from cl_audit.enums import Phase
     from cl_audit.run.audit_module import operations
     from cl_audit.settings import AuditSettings
 
-    settings = AuditSettings(tensor_mode=TensorMode.FAKE, train=True, verify=False)
+    settings = AuditSettings(train=True, verify=False)  # eager: every release trains so
     cl, nchw = operations(sm.Convolutions(), (torch.randn(2, 3, 16, 16),), settings)
     for ledger in (cl, nchw):
         assert [p for _, p in ledger.times.phases] == [
             Phase.FORWARD, Phase.BACKWARD, Phase.OPTIMIZER
         ]  # fmt: skip
-    inference = AuditSettings(tensor_mode=TensorMode.FAKE, verify=False)
+    inference = AuditSettings(verify=False)
     forward, _ = operations(sm.Convolutions(), (torch.randn(2, 3, 16, 16),), inference)
     assert [p for _, p in forward.times.phases] == [Phase.FORWARD]  # the control
 

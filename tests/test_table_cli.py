@@ -17,6 +17,7 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+from test_sweep import cl_audit
 
 from cl_audit.report import load_schema
 
@@ -24,15 +25,9 @@ MODELS = str(Path(__file__).with_name("speed_models.py"))
 SMALL = ("--input-size", "3x32x32")
 
 
-def _cli(folder: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 300):
-    return subprocess.run(
-        [sys.executable, "-m", "cl_audit", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-        env={**os.environ, "CL_AUDIT_TABLES": str(folder), **(env or {})},
-    )
+def _cli(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """The console script with ``folder`` as the user's table folder."""
+    return cl_audit(*args, cwd=folder, env={"CL_AUDIT_TABLES": str(folder)})
 
 
 def _flat(text: str) -> str:

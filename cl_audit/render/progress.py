@@ -1,4 +1,6 @@
-"""Sweep progress: a rich bar with ETA on a terminal, one line per finished model in a log."""
+"""Progress: a sweep's (a rich bar with ETA on a terminal, one line per finished model in a
+log) and ``cl-audit table``'s (the budget as a bar, what is measured and the time left; a line
+per part in a log)."""
 
 from __future__ import annotations
 
@@ -17,10 +19,25 @@ from cl_audit.render.wording import format_bytes
 from cl_audit.report import ModelRow
 from cl_audit.sources import ModelRef
 
-__all__ = ["SweepProgress"]
+__all__ = ["SweepProgress", "TableProgress"]
 
 
-class SweepProgress:
+class _Live:
+    """A rich bar shown while inside (None off a terminal: the subclass prints lines)."""
+
+    _bar: Progress | None = None
+
+    def __enter__(self) -> _Live:
+        if self._bar is not None:
+            self._bar.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+
+class SweepProgress(_Live):
     """Counts clean, offending and failed models as rows arrive, and those reused from the
     cache (counted among those already done)."""
 
@@ -46,15 +63,6 @@ class SweepProgress:
                 transient=True,
             )
             self._task = self._bar.add_task(self._describe(), total=total, completed=already_done)
-
-    def __enter__(self) -> SweepProgress:
-        if self._bar is not None:
-            self._bar.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        if self._bar is not None:
-            self._bar.stop()
 
     def _describe(self) -> str:
         c = self.counts
@@ -97,3 +105,39 @@ class SweepProgress:
             highlight=False,
             soft_wrap=True,
         )
+
+
+class TableProgress(_Live):
+    """The budget as a bar (seconds spent of it), what is measured now and the time left; in
+    a log, a line each time the part measured changes."""
+
+    def __init__(self, console: Console) -> None:
+        self._console = console
+        self._part = ""
+        if console.is_terminal:
+            self._bar = Progress(
+                TextColumn("{task.description}", table_column=None),
+                BarColumn(),
+                TextColumn("{task.fields[left]}"),
+                console=console,
+                transient=True,
+            )
+            self._task = self._bar.add_task("starting", total=1.0, left="")
+
+    def __call__(self, part: str, what: str, spent_s: float, budget_s: float) -> None:
+        left = max(budget_s - spent_s, 0.0)
+        if self._bar is not None:
+            self._bar.update(
+                self._task,
+                description=f"{part}: {what}",
+                completed=min(spent_s / budget_s, 1.0),
+                left=f"{left / 60:.1f} min left",
+            )
+            return
+        if part != self._part:
+            self._part = part
+            self._console.print(
+                f"[{spent_s:4.0f} s, {left / 60:.1f} min left] {part}: {what}",
+                highlight=False,
+                soft_wrap=True,
+            )
