@@ -417,9 +417,14 @@ def test_ci_recipe_shards_merges_and_gates_for_real(tmp_path):
         )
 
     cache = str(tmp_path / "cache")
-    for k in ("1", "2"):
-        shard = run("shard", k, "2", CACHE=cache)
-        assert shard.returncode == 0, shard.stderr
+    shards = [  # as CI's parallel jobs run them: at once
+        subprocess.Popen(["bash", str(script), "shard", k, "2"], env={**env, "CACHE": cache},
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for k in ("1", "2")
+    ]  # fmt: skip
+    for shard in shards:
+        _, err = shard.communicate(timeout=600)
+        assert shard.returncode == 0, err
     out = tmp_path / "out"
     again = run("shard", "2", "2", CACHE=cache)  # the next CI run, its cache restored
     assert again.returncode == 0, again.stderr

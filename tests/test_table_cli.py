@@ -40,7 +40,7 @@ def _tables(folder: Path) -> dict[str, dict]:
 
 
 def test_a_table_is_measured_refused_resumed_and_then_predicts_as_this_machines(tmp_path):
-    made = _cli(tmp_path, "table", "--budget", "0.2", "--for", f"{MODELS}:steady", *SMALL)
+    made = _cli(tmp_path, "table", "--budget", "0.15", "--for", f"{MODELS}:steady", *SMALL)
     assert made.returncode == 0, made.stderr
     ((name, table),) = _tables(tmp_path).items()
     jsonschema.validate(table, load_schema("speed-table"))
@@ -56,7 +56,7 @@ def test_a_table_is_measured_refused_resumed_and_then_predicts_as_this_machines(
     again = _cli(tmp_path, "table", "--budget", "0.1")
     assert again.returncode == 2 and "exists" in again.stderr and "--resume" in again.stderr
 
-    resumed = _cli(tmp_path, "table", "--budget", "0.2", "--resume")
+    resumed = _cli(tmp_path, "table", "--budget", "0.1", "--resume")
     assert resumed.returncode == 0, resumed.stderr
     grown = _tables(tmp_path)[name]
     assert len(grown["convolutions"]) > len(table["convolutions"])
@@ -75,7 +75,7 @@ def test_a_table_is_measured_refused_resumed_and_then_predicts_as_this_machines(
     assert "cuda-nvidia-h200" in listed.stdout  # the shipped ones beside it
 
     # another thread count: its own table, and each labels the other as another machine's
-    one = _cli(tmp_path, "table", "--budget", "0.2", "--threads", "1")
+    one = _cli(tmp_path, "table", "--budget", "0.1", "--threads", "1")
     assert one.returncode == 0, one.stderr
     (single,) = [n for n in _tables(tmp_path) if n != name]
     assert "1t_torch" in single
