@@ -8,11 +8,13 @@
 #   3. a one-thread table and the first 20 held-out models measured with one thread, likewise,
 #   4. each measured set predicted with the tables (scripts/validate_speed.py).
 #     bash scripts/speed_check_cpu.sh [STEP...]   (default: all four)
+# OUT names the folder (another machine's check beside this one's); SHIPPED the table step 4
+# holds against the machine's own (default: the CPU table shipped before cl-audit table).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 release=$($PY -c 'import torch; print(torch.__version__.split("+")[0])')
-out=reports/speed/check-cpu_torch-$release
+out=${OUT:-reports/speed/check-cpu_torch-$release}
 mkdir -p "$out"
 export CL_AUDIT_TABLES=$out/tables
 models=reports/speed/models_cpu_held_out.txt
@@ -32,10 +34,11 @@ for step in $steps; do
        --models-file "$out/models-1t.txt" --out "$out/truth-1t.jsonl" 2>&1 | tail -n 30 > "$out/truth-1t.log"
      $PY scripts/remeasure_noisy.py "$out/truth-1t.jsonl" --out "$out/truth-1t-final.jsonl" -- \
        --device cpu --batch 4 --size 192 --rounds 9 --steps 2 --threads 1 ;;
-  4) t2=$(ls "$CL_AUDIT_TABLES"/cpu-*-2c2t_*.json); t1=$(ls "$CL_AUDIT_TABLES"/cpu-*-2c1t_*.json)
-     shipped=reports/speed/tables-v1/cpu-2core_torch-2.14.1_onednn-3.12.0_v2.json  # shipped before
+  4) t2=$(ls "$CL_AUDIT_TABLES"/cpu-*-2c2t_*.json); t1=$(ls "$CL_AUDIT_TABLES"/cpu-*-2c1t_*.json 2>/dev/null || true)
+     shipped=${SHIPPED:-reports/speed/tables-v1/cpu-2core_torch-2.14.1_onednn-3.12.0_v2.json}
      $PY scripts/validate_speed.py "$out/truth-2t-final.jsonl" --device cpu --table "$t2" \
-       --table "$shipped" --table "$t1" --out "$out/validation-2t.json" 2> "$out/validation-2t.log"
+       --table "$shipped" ${t1:+--table "$t1"} --out "$out/validation-2t.json" 2> "$out/validation-2t.log"
+     [ -n "$t1" ] || continue  # no one-thread check made
      OMP_NUM_THREADS=1 $PY scripts/validate_speed.py "$out/truth-1t-final.jsonl" --device cpu \
        --table "$t1" --table "$t2" --table "$shipped" --out "$out/validation-1t.json" \
        2> "$out/validation-1t.log" ;;
