@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from rich.console import Console
 
-from cl_audit.enums import Outcome, TensorMode
+from cl_audit.enums import Outcome, Status, TensorMode
 from cl_audit.errors import ModelFailedError, UsageError
 from cl_audit.execution.plan import RunPlan, plan_run
 from cl_audit.files import (
@@ -23,7 +23,9 @@ from cl_audit.files import (
     read_sweep,
     write_json,
 )
+from cl_audit.render.wording import plural
 from cl_audit.report import FailedRun, SweepReport, compare, merge
+from cl_audit.report.speed_report import undecided
 from cl_audit.sources import BuildOptions, ModelRef, load_model
 from cl_audit.sweep import api as sweep_api
 from cl_audit.sweep.selection import Selection
@@ -184,6 +186,9 @@ def _single(
                 report = replace(report, fsdp=fsdp_check(ref, plan))
     render_report(report, console, show_all, index)
     wrote(write_outputs(report, outputs.json, outputs.html, index=index))
+    why = undecided(plan.settings.gate.on, report.speed)
+    if why is not None:
+        raise UsageError(f"`gate` speed cannot decide: the speed is unknown ({why})")
     return Outcome.OFFENDING if report.offending else Outcome.CLEAN
 
 
@@ -242,6 +247,15 @@ def _sweep(
             f"checkpoint {outcome.checkpoint} (--resume continues it)"
         )
         return Outcome.TERMINATED if outcome.terminated else Outcome.INTERRUPTED
+    on = settings.audit.gate.on
+    unknown = [(r.name, why) for r in report.models if r.status is Status.OK
+               if (why := undecided(on, r.speed)) is not None]  # fmt: skip
+    if unknown:
+        name, why = unknown[0]
+        raise UsageError(
+            f"`gate` speed cannot decide {plural(len(unknown), 'model')} of "
+            f"{report.summary.models}: the speed is unknown ({name}: {why})"
+        )
     if baseline is not None:
         return _gate(baseline, report, console)
     return _verdict(report)

@@ -71,6 +71,11 @@ class Strategy(str, Enum):
     NCHW = "nchw"  # everything NCHW (NCDHW): the baseline a bench compares with
     AS_GIVEN = "as-given"  # nothing converted: the caller chose the format
 
+    @property
+    def compared(self) -> bool:
+        """Whether the audit sets an NCHW run beside this one (the model made channels_last)."""
+        return self in (Strategy.CHANNELS_LAST, Strategy.CONV_WEIGHTS)
+
 
 @unique
 class DType(str, Enum):

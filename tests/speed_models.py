@@ -80,6 +80,20 @@ class Steady(Thrash):
         return x
 
 
+class ChannelsLastOnly(Steady):
+    """``Steady`` refusing NCHW input: its channels_last run goes, its NCHW run fails, so no
+    speed can be had."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not x.is_contiguous(memory_format=torch.channels_last):
+            raise ValueError("this model takes channels_last input only")
+        return super().forward(x)
+
+
+def channels_last_only() -> nn.Module:
+    return ChannelsLastOnly()
+
+
 def thrash() -> nn.Module:
     return Thrash()
 

@@ -129,3 +129,37 @@ def test_readme_opens_with_the_install_and_run_and_the_install_and_test_commands
     assert len(commands) == 2
     assert "pip install -e ." in commands[0] and commands[0].endswith("cl-audit resnet50")
     assert "pip install -e '.[test" in commands[1] and commands[1].endswith("-m pytest")
+
+
+CALL = re.compile(r"\bcl_audit((?:\.\w+)+)\(")
+
+
+def _documented_calls() -> set[str]:
+    """Every ``cl_audit.a.b(`` the documents call, in prose and in code."""
+    return {m[1] for d in DOCUMENTS for m in CALL.finditer(d.read_text())}
+
+
+def _resolve(dotted: str) -> object:
+    """The package's object at ``dotted``, or the pytest fixture's method (docs/integrations.md
+    calls the ``cl_audit`` fixture by the package's name)."""
+    import importlib
+
+    from cl_audit.pytest_plugin import ClAudit
+
+    parts, found = dotted.strip(".").split("."), importlib.import_module("cl_audit")
+    if len(parts) == 1 and not hasattr(found, parts[0]) and hasattr(ClAudit, parts[0]):
+        return getattr(ClAudit, parts[0])
+    for i, part in enumerate(parts):
+        if not hasattr(found, part):  # a submodule not imported by its package
+            importlib.import_module("cl_audit." + ".".join(parts[: i + 1]))
+        found = getattr(found, part)
+    return found
+
+
+def test_every_call_the_documents_show_is_callable():
+    """Issue #67: the docs called ``cl_audit.execution.audit_context()``, a module. The control:
+    that call, resolved the same way, is not callable."""
+    calls = _documented_calls()
+    assert {".audit", ".audit_model", ".audit_models"} <= calls
+    assert not [c for c in sorted(calls) if not callable(_resolve(c))]
+    assert not callable(_resolve(".execution.audit_context"))

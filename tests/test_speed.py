@@ -158,6 +158,56 @@ def test_the_speed_gate_is_refused_where_no_verdict_can_be_had(monkeypatch):
     assert "--time" in refused.output  # the way to have one: measure it
 
 
+@pytest.mark.parametrize(
+    ("args", "reason"),
+    [
+        (("--engine", "patch"), "--gate speed prices the operations the dispatch engine sees"),
+        (("--no-differential",), "--gate speed compares with the NCHW run"),
+    ],
+)
+def test_the_speed_gate_refuses_a_run_that_has_no_speed(args, reason):
+    """Never the byte verdict in its place (issue #67): the patch engine sees no operation to
+    price, and without the NCHW run there is nothing to set beside it. The control: the same
+    run gated on bytes goes."""
+    from typer.testing import CliRunner
+
+    from cl_audit.cli import app
+
+    refused = CliRunner().invoke(app, [f"{MODELS}:steady", *args, "--gate", "speed", "--no-verify"])
+    assert refused.exit_code == 2 and reason in refused.output, refused.output
+    assert CliRunner().invoke(app, [f"{MODELS}:steady", *args, "--no-verify"]).exit_code == 0
+
+
+def test_the_speed_gate_refuses_a_model_left_as_given():
+    from cl_audit.enums import GateOn, Strategy
+    from cl_audit.errors import UsageError
+    from cl_audit.execution.plan import plan_run
+    from cl_audit.report.verdict import Gate
+
+    gate = Gate(on=GateOn.SPEED)
+    with pytest.raises(UsageError, match="`convert` as-given runs one layout"):
+        plan_run(AuditSettings(strategy=Strategy.AS_GIVEN, gate=gate))
+    plan_run(AuditSettings(strategy=Strategy.CONV_WEIGHTS, gate=gate))  # the control: compared
+
+
+def test_the_speed_gate_exits_2_when_the_nchw_run_fails(tmp_path):
+    """Known only once the model ran: its NCHW run fails, so the speed is unknown; the report
+    is written, and the exit is 2 with the reason, in one model and in a sweep. The control:
+    gated on bytes, the same model exits by its byte verdict (clean: 0)."""
+    out = tmp_path / "one.json"
+    args = (f"{MODELS}:channels_last_only", "--input-size", "3x32x32", "--no-verify")
+    one = _cli(*args, "--gate", "speed", "--json", str(out))
+    assert one.returncode == 2, one.stdout + one.stderr
+    assert "--gate speed cannot decide: the speed is unknown (no NCHW run" in one.stderr
+    assert "Traceback" not in one.stderr
+    assert json.loads(out.read_text())["speed"]["verdict"] == "unknown"  # the report is kept
+    swept = _cli(*args, f"{MODELS}:steady", "--gate", "speed", "--json", str(tmp_path / "s.json"))
+    assert swept.returncode == 2, swept.stdout + swept.stderr
+    assert "cannot decide 1 model of 2" in swept.stderr
+    assert "channels_last_only" in swept.stderr
+    assert _cli(*args).returncode == 0  # the control: the byte gate decides
+
+
 def test_time_measures_both_layouts_in_alternating_rounds_through_the_cli(tmp_path):
     """Measured on this machine: only the section's shape is asserted (seven rounds each,
     quartiles around the median, the classes of both layouts), never its figures."""

@@ -99,8 +99,17 @@ def _check_speed_gate(settings: AuditSettings, device: torch.device, predicted: 
     table of the device holding the dtype the operations compute in."""
     if not settings.differential:
         raise UsageError("`gate` speed compares with the NCHW run: keep `differential` on")
+    if not settings.strategy.compared:
+        raise UsageError(
+            f"`gate` speed compares channels_last with NCHW: `convert` {settings.strategy.value} "
+            "runs one layout"
+        )
     if settings.time and not predicted:
         return
+    if settings.engine is not Engine.DISPATCH:
+        raise UsageError(
+            "`gate` speed prices the operations the dispatch engine sees: give `engine` dispatch"
+        )
     dtype = settings.compute_dtype
     choice = choose(device.type, dtype, settings.table)
     if choice is None or dtype not in choice.table.dtypes():

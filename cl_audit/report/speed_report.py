@@ -14,7 +14,9 @@ from cl_audit.report.codec import JsonForm
 from cl_audit.report.machine import TableUse
 from cl_audit.report.verdict import Cost
 
-__all__ = ["ClassTime", "LayoutTime", "Speed", "offends", "round_ratios", "speed_verdict"]
+__all__ = [
+    "ClassTime", "LayoutTime", "Speed", "offends", "round_ratios", "speed_verdict", "undecided"
+]  # fmt: skip
 
 
 def offends(verdict: Verdict | None, cost: Cost | None, speed: Speed | None) -> bool:
@@ -23,6 +25,18 @@ def offends(verdict: Verdict | None, cost: Cost | None, speed: Speed | None) -> 
     if cost is not None and cost.gate.on is GateOn.SPEED:
         return speed is not None and speed.verdict is SpeedVerdict.SLOWER
     return verdict is Verdict.OFFENDING
+
+
+def undecided(on: GateOn, speed: Speed | None) -> str | None:
+    """Why a gate ``on`` speed cannot decide (the speed unknown, and why); None where it can,
+    or where the gate is on bytes. The command exits 2 then, never by the byte verdict."""
+    if on is not GateOn.SPEED:
+        return None
+    if speed is None:
+        return "the run has no speed section"
+    if speed.verdict is SpeedVerdict.UNKNOWN:
+        return speed.note or "the speed is unknown"
+    return None
 
 
 def speed_verdict(

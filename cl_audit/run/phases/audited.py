@@ -12,7 +12,7 @@ from torch import nn
 
 from cl_audit.compat.failures import is_data_dependent_error, is_device_runtime_error
 from cl_audit.compat.storage import storage_key
-from cl_audit.enums import CallLabels, Engine, Stage, Strategy
+from cl_audit.enums import CallLabels, Engine, Stage
 from cl_audit.errors import ModelFailedError, UsageError
 from cl_audit.execution.audit_context import Audit, audit
 from cl_audit.execution.plan import RunPlan
@@ -32,9 +32,7 @@ from cl_audit.predict.divergences import kernel_copy_table
 from cl_audit.report.sections import Training
 from cl_audit.run.phases.subject import Audited, Sections, Subject
 
-__all__ = ["COMPARED", "Audited", "instrumented", "run_audited"]
-
-COMPARED = (Strategy.CHANNELS_LAST, Strategy.CONV_WEIGHTS)  # strategies run again in NCHW
+__all__ = ["Audited", "instrumented", "run_audited"]
 
 
 def run_audited(subject: Subject, done: Sections) -> Audited:
@@ -122,7 +120,7 @@ def _hint(plan: RunPlan, run: TensorRun, error: Exception) -> str | None:
 def _nchw_runs(plan: RunPlan, run: TensorRun, loss: Callable[[Any], torch.Tensor] | None) -> bool:
     """Whether the forward or step that failed in channels_last runs in NCHW (strategies that
     make the model channels_last): then channels_last is what breaks it."""
-    if plan.settings.strategy not in COMPARED:
+    if not plan.settings.strategy.compared:
         return False
     try:
         step = run.stepper(plan.changed(timeline=False, time=False), run.nchw(), loss)
@@ -142,7 +140,7 @@ def _ledger(plan: RunPlan) -> Ledger | None:
     settings = plan.settings
     if not settings.differential or settings.engine is not Engine.DISPATCH:
         return None
-    if settings.strategy not in COMPARED:
+    if not settings.strategy.compared:
         return None
     if not plan.tensors.predicted:
         return Ledger(measured=True)

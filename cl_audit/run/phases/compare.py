@@ -13,7 +13,7 @@ from cl_audit.execution.audit_context import watching
 from cl_audit.report import DifferentialRun, Finding
 from cl_audit.report.sections import Comparison
 from cl_audit.rule.attribution import ModuleNames
-from cl_audit.run.phases.audited import COMPARED, instrumented
+from cl_audit.run.phases.audited import instrumented
 from cl_audit.run.phases.subject import Compared, Sections, Subject
 
 __all__ = ["compare"]
@@ -31,7 +31,7 @@ def compare(subject: Subject, done: Sections) -> Compared:
         return Compared(
             Comparison(DifferentialRun(DifferentialStatus.SKIPPED, "not asked for"), offenders)
         )
-    if settings.strategy not in COMPARED:
+    if not settings.strategy.compared:
         skipped = DifferentialRun(DifferentialStatus.SKIPPED, "the model's format is the caller's")
         return Compared(Comparison(skipped, offenders))
     train = plan.workload.train

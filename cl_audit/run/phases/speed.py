@@ -27,7 +27,6 @@ from cl_audit.report.speed_report import (
     round_ratios,
     speed_verdict,
 )
-from cl_audit.run.phases.audited import COMPARED
 from cl_audit.run.phases.subject import Sections, Subject
 
 __all__ = ["ROUNDS", "STEPS", "WARMUP", "predict_speed", "profiled_class", "speed_phase"]
@@ -40,7 +39,7 @@ def speed_phase(subject: Subject, done: Sections) -> Speed:
     plan = subject.plan
     settings = plan.settings
     band, device = settings.gate.slowdown, plan.device.type
-    if settings.strategy not in COMPARED:
+    if not settings.strategy.compared:
         return _unknown(band, device, "the model's format is the caller's: nothing to compare")
     if settings.time and not plan.tensors.predicted:
         return _measured(subject, band)
