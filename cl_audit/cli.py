@@ -3,6 +3,7 @@ package, and the one place where domain errors become exit codes (``EXIT_CODES``
 
 from __future__ import annotations
 
+import sys
 from enum import Enum
 from typing import Annotated, Any
 
@@ -30,6 +31,7 @@ from cl_audit.cli_options import (
     exit_codes,
     given,
     opt,
+    run_app,
     settings_from,
 )
 from cl_audit.cli_tools import (
@@ -197,4 +199,5 @@ app.add_typer(ops_app, name="ops")
 
 def main() -> None:
     with terminated_as_interrupt():
-        app(prog_name="cl-audit")
+        code = run_app(app)
+    sys.exit(code)

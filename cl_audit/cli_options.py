@@ -28,6 +28,7 @@ __all__ = [
     "exit_codes",
     "given",
     "opt",
+    "run_app",
     "settings_from",
 ]
 
@@ -92,6 +93,26 @@ def exit_codes() -> Iterator[None]:
         raise _fail("terminated (SIGTERM)", EXIT[Outcome.TERMINATED]) from None
     except KeyboardInterrupt:
         raise _fail("interrupted", EXIT[Outcome.INTERRUPTED]) from None
+
+
+# click's usage error (typer vendors click from 0.29 on: the class is found, not imported)
+_CLICK_USAGE = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
+
+
+def run_app(app: typer.Typer) -> int:
+    """``app``'s exit code; a usage error that click finds (a value out of range, an unknown
+    option or command) as the one line the domain's usage errors are, never click's usage
+    block."""
+    try:
+        code = app(prog_name="cl-audit", standalone_mode=False)
+    except _CLICK_USAGE as e:
+        where = f" ({e.ctx.command_path} --help)" if e.ctx is not None else ""
+        _fail(e.format_message() + where, EXIT_USAGE)
+        return EXIT_USAGE
+    except typer.Abort:  # Ctrl-C outside a command (its own handler turns it to 130 inside)
+        _fail("interrupted", EXIT[Outcome.INTERRUPTED])
+        return EXIT[Outcome.INTERRUPTED]
+    return code if isinstance(code, int) else 0
 
 
 def console_beside(*outputs: Path | None) -> Console:

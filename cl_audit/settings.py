@@ -137,6 +137,8 @@ def parse_input_size(text: str) -> tuple[int, ...]:
         dims = tuple(int(part) for part in text.lower().split("x"))
     except ValueError:
         dims = ()
-    if len(dims) not in (3, 4) or min(dims) < 1:
+    if len(dims) not in (3, 4):
         raise UsageError(f"`input_size` {text!r}: expected CxHxW or CxTxHxW, e.g. 3x224x224")
+    if min(dims) < 1:
+        raise UsageError(f"`input_size` {text!r}: each size is at least 1, not {min(dims)}")
     return dims

@@ -65,6 +65,7 @@ def test_batch_size_and_input_size_options():
     [
         (["resnet5"], "did you mean: resnet50"),
         (["resnet18", "--input-size", "224"], "expected CxHxW"),
+        (["resnet18", "--input-size", "3x0x5"], "each size is at least 1, not 0"),
         ([], "no model selected"),
         (["resnet18", "--confirm"], "use it with --fake"),
         (["resnet18", "resnet34", "--shard", "3/2"], "expected K/N"),
@@ -136,6 +137,22 @@ def test_console_script_subprocess_exit_codes():
     assert "did you mean" in unknown.stderr
     broken = run_cli(f"{TOYS}:broken")
     assert broken.returncode == 3 and "Traceback" not in broken.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["resnet18", "--batch-size", "0"], "Invalid value for '--batch-size'"),
+        (["resnet18", "--fail-sharee", "1"], "--fail-share"),  # the option meant, suggested
+        (["resnet18", "--input-size", "3x0x5"], "not 0"),  # the control: the domain's own
+    ],
+)
+def test_what_click_refuses_is_one_line_exit_2_from_the_console_script(args, said):
+    """Issue #67: ``--batch-size 0`` printed click's four-line usage block."""
+    result = run_cli(*args)
+    assert result.returncode == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("error: ") and said in line
 
 
 def test_a_torchvision_that_cannot_load_beside_this_torch_is_one_line_exit_2(tmp_path):

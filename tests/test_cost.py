@@ -678,3 +678,13 @@ def test_a_gradient_copied_to_its_parameters_strides_settles_the_chain_behind_it
         ledger.observe(record)
     chain = 8 * 8 * 2 + 8 * 8 * 4 + 8 * 8 * 4  # the half gradient, its cast, the copy
     assert ledger.written_fixed == 8 * 8 * 4 + chain + 64 * 4  # the empty, the chain, derived
+
+
+def test_audit_model_given_a_factory_says_to_call_it():
+    """Issue #67: ``audit_model(lambda: net)`` raised AttributeError ('modules'). The control:
+    the module the factory makes audits."""
+    with pytest.raises(TypeError, match=r"not a function \(a factory\? call it"):
+        audit_model(lambda: cm.ContiguousCopy(), torch.randn(2, 3, 8, 8))
+    with pytest.raises(TypeError, match=r"an nn\.Module, not a str$"):
+        audit_model("resnet18", torch.randn(2, 3, 8, 8))
+    assert audit_model(cm.ContiguousCopy(), torch.randn(2, 3, 8, 8), verify=False).cost

@@ -144,3 +144,27 @@ def test_sweeps_of_only_minor_rows_or_none_render(shape):
     report = shape()
     text = rendered(lambda c: render_sweep(report, c))
     assert f"{report.summary.models} models: 0 offending, {report.summary.minor} minor" in text
+
+
+def test_one_change_tried_is_singular():
+    """Issue #67: "1 changes tried". A real audit's verified remedy, its evidence cut to the
+    one change that failed; the control: all its failed changes, plural."""
+    import torch
+    import toy_models
+
+    from cl_audit import audit_model
+    from cl_audit.enums import RemedyStatus
+
+    model, size = toy_models.channel_shuffle()
+    report = audit_model(model, torch.randn(2, *size), fail_share=0, fail_bytes=0)
+    site = report.cost.sites[0]
+    failed = tuple(t for t in site.remedy.evidence if not t.holds)
+    assert len(failed) >= 2
+
+    def shown(evidence) -> str:
+        remedy = replace(site.remedy, status=RemedyStatus.REFUTED, evidence=evidence)
+        cost = replace(report.cost, sites=(replace(site, remedy=remedy),))
+        return rendered(lambda c: render_report(replace(report, cost=cost), c))
+
+    assert "1 change tried, none held" in shown(failed[:1])
+    assert f"{len(failed)} changes tried, none held" in shown(failed)

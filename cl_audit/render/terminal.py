@@ -241,7 +241,8 @@ def _fix_cell(site: CostSite) -> str:
         if held is not None:
             lines.append(f"[dim]proven: {escape(trial_figures(held))}[/dim]")
         elif remedy.evidence:
-            lines.append(f"[dim]{len(remedy.evidence)} changes tried, none held: see below[/dim]")
+            tried = plural(len(remedy.evidence), "change")
+            lines.append(f"[dim]{tried} tried, none held: see below[/dim]")
     elif site.extra:
         lines.append("[dim]no known remedy for this pattern[/dim]")
     return "\n".join(lines)

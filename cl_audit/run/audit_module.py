@@ -195,6 +195,13 @@ def audit_model(
     (an eager inference forward; ``cl_audit.run.phases.verify``): each remedy says whether it was
     verified, refuted or is a lead, with the evidence.
     """
+    if not isinstance(model, nn.Module):
+        made = (
+            " (a factory? call it: audit_model(factory(), example_input))"
+            if callable(model)
+            else ""
+        )
+        raise TypeError(f"audit_model audits an nn.Module, not a {type(model).__name__}{made}")
     example = example_of(example_input)
     first = example.first
     if isinstance(convert, bool):
