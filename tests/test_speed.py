@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import jsonschema
@@ -235,3 +236,46 @@ def test_an_older_report_is_read_without_a_speed_section():
     jsonschema.validate(data, load_schema(version=12))
     report = ModelReport.from_dict(data)
     assert report.speed is None and report.cost.gate.on.value == "bytes"
+
+
+def _committed_speeds() -> list[tuple[str, object]]:
+    """Every speed section with classes of the committed model and sweep reports under
+    reports/ (read without their schemas: the readers' tests validate them)."""
+    import gzip
+
+    from cl_audit.report import REPORT_FORMAT, SWEEP_FORMAT, SweepReport
+
+    found = []
+    for path in sorted(Path(__file__).parent.parent.glob("reports/**/*.json*")):
+        raw = path.read_bytes()
+        text = gzip.decompress(raw) if path.suffix == ".gz" else raw
+        if b'"classes"' not in text:
+            continue
+        data = json.loads(text)
+        kind = data.get("format") if isinstance(data, dict) else None
+        if kind == SWEEP_FORMAT:
+            rows = SweepReport.from_dict(data).models
+        elif kind == REPORT_FORMAT:
+            rows = (ModelReport.from_dict(data),)
+        else:  # a validation's rows, a table
+            continue
+        found += [(f"{path.name}:{r.name}", r.speed) for r in rows if r.speed is not None]
+    return found
+
+
+def test_the_time_tables_add_up_to_their_step_in_every_committed_report():
+    """Issue #67: the predicted classes left out the host's time (their rows implied another
+    speedup than the step's). Each table's rows, the host's or the unprofiled remainder among
+    them, add up to the step in both layouts; a ratio is shown only of times that print."""
+    speeds = [(name, s) for name, s in _committed_speeds() if s.classes and s.channels_last]
+    assert len(speeds) > 100  # the registry's predicted sweep among them
+    for name, speed in speeds:
+        *parts, step = speed.rows()
+        assert step.total and step.channels_last_ms == speed.channels_last.ms, name
+        assert sum(r.channels_last_ms for r in parts) == pytest.approx(step.channels_last_ms)
+        assert sum(r.nchw_ms for r in parts) == pytest.approx(step.nchw_ms), name
+        assert all(r.speedup is None or min(r.channels_last_ms, r.nchw_ms) >= 0.005 for r in parts)
+    predicted = [s for _, s in speeds if s.basis is SpeedBasis.PREDICTED]
+    assert any(r.label == "host, not overlapped" for s in predicted for r in s.rows())
+    control = replace(predicted[0], channels_last=None)  # no step: the classes alone
+    assert [r.label for r in control.rows()] == [c.speed_class.value for c in control.classes]

@@ -31,7 +31,7 @@ from cl_audit.report import (
 )
 from cl_audit.report.distributed_report import DdpCheck, FsdpCheck
 from cl_audit.report.ops_report import OpsIndex
-from cl_audit.report.speed_report import Speed
+from cl_audit.report.speed_report import Speed, SpeedRow
 from cl_audit.rule.layout import MemoryLayout
 
 _MATCH_CLASSES = {
@@ -298,20 +298,27 @@ def _fsdp_section(check: FsdpCheck) -> str:
     )
 
 
-def _speed_section(speed: Speed) -> str:
-    """Does channels_last pay: the headline, the time by operation class, how it was had."""
-    rows = "".join(
-        f"<tr><td>{esc(c.speed_class.value)}</td>"
-        f'<td class="num" data-value="{c.channels_last_ms}">{c.channels_last_ms:.2f} ms</td>'
-        f'<td class="num" data-value="{c.nchw_ms}">{c.nchw_ms:.2f} ms</td>'
-        f'<td class="num">{f"{c.speedup:.2f}x" if c.speedup is not None else ""}</td></tr>'
-        for c in speed.classes
+def _speed_row(r: SpeedRow) -> str:
+    return (
+        f"<tr><td>{esc(r.label)}</td>"
+        f'<td class="num" data-value="{r.channels_last_ms}">{r.channels_last_ms:.2f} ms</td>'
+        f'<td class="num" data-value="{r.nchw_ms}">{r.nchw_ms:.2f} ms</td>'
+        f'<td class="num">{f"{r.speedup:.2f}x" if r.speedup is not None else "-"}</td></tr>'
     )
+
+
+def _speed_section(speed: Speed) -> str:
+    """Does channels_last pay: the headline, the time by operation class (the step's row in
+    the table's foot, which sorting leaves in place), how it was had."""
+    rows = speed.rows()
+    body = "".join(_speed_row(r) for r in rows if not r.total)
+    foot = "".join(_speed_row(r) for r in rows if r.total)
     table = (
         '<table class="sortable" id="speed"><thead><tr><th>class</th>'
         '<th class="num">channels_last</th><th class="num">NCHW</th>'
-        f'<th class="num">speedup</th></tr></thead><tbody>{rows}</tbody></table>'
-        if rows
+        f'<th class="num">speedup</th></tr></thead><tbody>{body}</tbody>'
+        f"<tfoot>{foot}</tfoot></table>"
+        if body
         else ""
     )
     notes = "".join(f'<p class="dim">{esc(line)}</p>' for line in speed_lines(speed))

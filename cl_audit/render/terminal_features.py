@@ -171,13 +171,9 @@ def speed_table(speed: Speed) -> Table:
     table.add_column("channels_last", justify="right")
     table.add_column("NCHW", justify="right")
     table.add_column("speedup", justify="right")
-    for c in speed.classes:
-        ratio = f"{c.speedup:.2f}x" if c.speedup is not None else "-"
-        table.add_row(
-            c.speed_class.value, f"{c.channels_last_ms:.2f} ms", f"{c.nchw_ms:.2f} ms", ratio
-        )
-    cl, nchw = speed.channels_last, speed.nchw
-    if cl is not None and nchw is not None:
-        total = f"{speed.speedup:.2f}x" if speed.speedup else "-"
-        table.add_row("step", f"{cl.ms:.2f} ms", f"{nchw.ms:.2f} ms", total, style="bold")
+    for r in speed.rows():
+        ratio = f"{r.speedup:.2f}x" if r.speedup is not None else "-"
+        style = "bold" if r.total else None
+        table.add_row(r.label, f"{r.channels_last_ms:.2f} ms", f"{r.nchw_ms:.2f} ms", ratio,
+                      style=style)  # fmt: skip
     return table

@@ -15,7 +15,8 @@ from cl_audit.report.machine import TableUse
 from cl_audit.report.verdict import Cost
 
 __all__ = [
-    "ClassTime", "LayoutTime", "Speed", "offends", "round_ratios", "speed_verdict", "undecided"
+    "ClassTime", "LayoutTime", "Speed", "SpeedRow", "offends", "round_ratios", "speed_verdict",
+    "undecided",
 ]  # fmt: skip
 
 
@@ -73,6 +74,26 @@ class ClassTime:
     @property
     def speedup(self) -> float | None:
         return self.nchw_ms / self.channels_last_ms if self.channels_last_ms > 0 else None
+
+
+SHOWN_MS = 0.005  # under this a time prints as 0.00 ms: no ratio is shown of it
+
+
+@dataclass(frozen=True)
+class SpeedRow:
+    """One row of the time table as printed: its milliseconds in each layout, and the ratio
+    (None where either time prints as zero: "-", never 0.00x or a ratio of rounding)."""
+
+    label: str
+    channels_last_ms: float
+    nchw_ms: float
+    total: bool = False
+
+    @property
+    def speedup(self) -> float | None:
+        if min(self.channels_last_ms, self.nchw_ms) < SHOWN_MS:
+            return None
+        return self.nchw_ms / self.channels_last_ms
 
 
 @dataclass(frozen=True)
@@ -136,6 +157,22 @@ class Speed:
             and cl
             and self.sites_ms >= 0.01 * cl.ms
         )
+
+    def rows(self) -> tuple[SpeedRow, ...]:
+        """The classes, then what of the step they leave out (predicted: the host's time not
+        hidden under the kernels; measured: the timed step beyond the profiled classes), then
+        the step: so the rows add up to the step wherever it is printed."""
+        rows = [SpeedRow(c.speed_class.value, c.channels_last_ms, c.nchw_ms) for c in self.classes]
+        cl, nchw = self.channels_last, self.nchw
+        if cl is None or nchw is None:
+            return tuple(rows)
+        left = (cl.ms - sum(r.channels_last_ms for r in rows),
+                nchw.ms - sum(r.nchw_ms for r in rows))  # fmt: skip
+        if rows and max(abs(x) for x in left) >= SHOWN_MS:
+            label = ("host, not overlapped" if self.basis is SpeedBasis.PREDICTED
+                     else "outside the classes")  # fmt: skip
+            rows.append(SpeedRow(label, *left))
+        return (*rows, SpeedRow("step", cl.ms, nchw.ms, total=True))
 
     def headline(self) -> str:
         """``channels_last 1.32x faster (measured); fixing the sites: about 1.36x``, or
