@@ -18,7 +18,9 @@ are, the rest scaled. So a test-sized input is judged as training batches are:
 so a suite can pin today's state: an op pattern (``"aten.clone"``, ``"torch.flatten"``, a
 glob such as ``"aten.upsample_*"``) or an ``(op pattern, call-site pattern)`` pair
 (``("aten.clone", "*/decoder.py:*")``). An op pattern matches the aten name or the
-Python-level name of an offender or a cost site.
+Python-level name of an offender or a cost site, or of the operation that made a cost site's
+NCHW data (its fix site or root cause): ``allow=["torch.cat"]`` allows the convolution that
+converts the cat's NCHW output back.
 """
 
 from __future__ import annotations
@@ -42,16 +44,20 @@ Allowed = str | tuple[str, str]
 
 
 def allowed(finding: Finding | CostSite, allow: Iterable[Allowed]) -> bool:
-    """Whether ``finding`` (an offender or a cost site) matches one of the ``allow`` patterns."""
+    """Whether ``finding`` (an offender or a cost site) matches one of the ``allow`` patterns;
+    a cost site also by the operation that made the NCHW data it converts (its fix site or
+    root cause): allowing the operation that loses the format allows the costs it causes."""
     python = finding.python_op if isinstance(finding, Finding) else finding.op
-    names = [n for n in (finding.aten_op, python) if n]
-    for entry in allow:
-        op, site = (entry, "*") if isinstance(entry, str) else entry
-        if any(fnmatch.fnmatchcase(n, op) for n in names) and fnmatch.fnmatchcase(
-            finding.call_site or "", site
-        ):
-            return True
-    return False
+    places = [((finding.aten_op, python), finding.call_site)]
+    if isinstance(finding, CostSite):
+        places += [((p.aten_op, p.python_op), p.call_site) for p in finding.upstream]
+    entries = [(e, "*") if isinstance(e, str) else e for e in allow]
+    return any(
+        any(n and fnmatch.fnmatchcase(n, op) for n in names)
+        and fnmatch.fnmatchcase(call_site or "", site)
+        for names, call_site in places
+        for op, site in entries
+    )
 
 
 def unexpected(

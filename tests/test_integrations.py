@@ -70,6 +70,19 @@ def test_allow_by_op_and_by_call_site_pattern():
         )
 
 
+def test_allowing_the_operation_that_loses_the_format_allows_the_costs_it_causes():
+    """Issue #67: allowing the losing operations still failed on the convolution cost sites
+    their NCHW data caused. ``MixedConcat``'s projection converts data whose order
+    ``F.interpolate`` made (its fix site); the cat of both orders is an offender of its own.
+    The control: allowing the cat alone leaves the convolution's site, which it did not cause."""
+    from toy_models import MixedConcat
+
+    x = torch.randn(2, 3, 16, 16)
+    assert_keeps_channels_last(MixedConcat(), x, allow=["F.interpolate", "torch.cat"], strict=True)
+    with pytest.raises(AssertionError, match=r"torch\.conv2d"):
+        assert_keeps_channels_last(MixedConcat(), x, allow=["torch.cat"], strict=True)
+
+
 def test_the_assertion_uses_the_gate_a_4_kib_cost_passes_unless_strict():
     report = assert_keeps_channels_last(Flattening(), torch.randn(2, 3, 8, 8))
     assert report.cost.extra_bytes == 2 * 8 * 8 * 8 * 4  # the flatten's copy: under 1 MiB
