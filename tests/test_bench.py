@@ -25,7 +25,13 @@ from cl_audit.execution.rounds import WARMUP_LIMIT
 from cl_audit.features.bench import BenchSettings, bench_module
 from cl_audit.render.html_model import model_html
 from cl_audit.report import Conversion, RegainSource, load_schema
-from cl_audit.report.bench_report import BenchReport, StrategyTiming, dashboard_records
+from cl_audit.report.bench_report import (
+    BENCH_VERSION,
+    SPREAD_BOUND,
+    BenchReport,
+    StrategyTiming,
+    dashboard_records,
+)
 from cl_audit.run.audit_module import audit_model
 from cl_audit.settings import Amp, AuditSettings, Strategy
 
@@ -285,13 +291,15 @@ def _bench(nchw: tuple[float, ...], cl: tuple[float, ...]) -> BenchReport:
 
 
 def test_a_spread_wider_than_the_difference_is_inconclusive_in_words_and_json():
-    noisy = _bench((27.0, 58.0, 1642.0, 30.0, 31.0), (30.0, 28.0, 29.0, 60.0, 31.0))
+    noisy = _bench((30.0, 33.0, 29.0, 31.0, 30.0), (31.0, 29.0, 30.0, 32.0, 29.0))
     assert noisy.verdict.value == "inconclusive"
     assert "faster" not in noisy.verdict_text and "slower" not in noisy.verdict_text
     assert "spread" in noisy.verdict_text and "middle half of 5 rounds" in noisy.verdict_text
     data = noisy.to_dict()
     jsonschema.validate(data, load_schema("bench"))
-    assert data["verdict"] == "inconclusive" and data["comparison"]["spread"] > 1
+    comparison = data["comparison"]
+    assert data["verdict"] == "inconclusive" and comparison["spread"] > comparison["difference"]
+    assert comparison["rounds_spread"] < SPREAD_BOUND  # quiet rounds: the ratios decide
 
 
 def test_a_difference_wider_than_the_spread_is_decided():
@@ -301,10 +309,37 @@ def test_a_difference_wider_than_the_spread_is_decided():
     assert slower.verdict.value == "slower"
 
 
+def test_rounds_that_spread_past_the_bound_are_inconclusive_however_the_ratios_fall():
+    """Issue #67: under load, rounds spreading by 400-850% still gave "2.83x faster". Here
+    every round of channels-last is faster than its nchw pair (the ratios' middle half above
+    1), but nchw's rounds spread by 133%: inconclusive, in words and JSON. The control: the
+    same ratios from rounds within the bound are decided."""
+    busy = _bench((30.0, 150.0, 60.0, 90.0, 120.0), (20.0, 100.0, 40.0, 60.0, 80.0))
+    assert busy.comparison.low > 1 and busy.comparison.rounds_spread > SPREAD_BOUND
+    assert busy.verdict.value == "inconclusive"
+    assert busy.verdict_text.startswith("inconclusive: the rounds spread by 133% of their median")
+    data = busy.to_dict()
+    jsonschema.validate(data, load_schema("bench"))
+    assert data["verdict"] == "inconclusive"
+    assert data["comparison"]["rounds_spread"] == pytest.approx(120 / 90)  # nchw's
+    quiet = _bench((30.0, 31.5, 30.6, 31.0, 30.3), (20.0, 21.0, 20.4, 20.6, 20.2))
+    assert quiet.verdict.value == "faster"
+
+
+def test_the_verdict_line_gives_the_tables_figure():
+    """Issue #67: the verdict line said 1.68x (the median round's ratio) where the table's
+    "vs nchw" said 1.87x (the median steps' ratio): the line now gives the table's figure, the
+    rounds' range beside it."""
+    report = _bench((30.0, 40.0, 31.0), (20.0, 20.0, 21.0))
+    figure = report.speedup(report.timing("channels-last"))
+    assert figure != report.comparison.speedup  # the two figures differ here
+    assert f"is {figure:.2f}x faster than nchw (median steps;" in report.verdict_text
+
+
 def test_a_version_1_bench_report_still_reads():
     report = BenchReport.from_dict(json.loads(_BENCH_V1))
     assert report.timings[0].warmup_steps is None
-    assert report.to_dict()["version"] == 2
+    assert report.to_dict()["version"] == BENCH_VERSION == 3
 
 
 _BENCH_V1 = json.dumps(

@@ -22,6 +22,7 @@ from cl_audit.report.codec import JsonForm, decode, encode
 __all__ = [
     "BENCH_FORMAT",
     "BENCH_VERSION",
+    "SPREAD_BOUND",
     "Attribution",
     "BenchReport",
     "Comparison",
@@ -30,6 +31,12 @@ __all__ = [
     "configuration_name",
     "dashboard_records",
 ]
+
+# Past this spread of a configuration's rounds ((slowest - fastest) / median) the machine was
+# busy while they ran: the comparison is inconclusive, however the ratios fall. On the shared
+# 2-core machine rounds spread by 18-88% (reports/pages/bench.md, repeatability); beside other
+# work by 400-850% (issue #67).
+SPREAD_BOUND = 1.0
 
 
 def configuration_name(strategy: Strategy, amp: str | None) -> str:
@@ -68,6 +75,7 @@ class Comparison:
     configuration: str
     baseline: str
     ratios: tuple[float, ...]
+    rounds_spread: float = 0.0  # the wider of the two configurations' round spreads (bench 3)
 
     json_form: ClassVar[JsonForm] = JsonForm(
         derived=("speedup", "low", "high", "spread", "difference", "verdict")
@@ -105,7 +113,15 @@ class Comparison:
         return max(self.speedup, 1 / self.speedup) - 1
 
     @property
+    def busy(self) -> bool:
+        """Whether a configuration's rounds spread past ``SPREAD_BOUND``: the machine was busy,
+        and no ratio of such rounds is trusted, however they fall."""
+        return self.rounds_spread > SPREAD_BOUND
+
+    @property
     def verdict(self) -> BenchVerdict:
+        if self.busy:
+            return BenchVerdict.INCONCLUSIVE
         if self.low > 1:
             return BenchVerdict.FASTER
         if self.high < 1:
@@ -194,7 +210,8 @@ class BenchReport:
         if cl is None or base is None:
             return None
         paired = zip(base.rounds_ms, cl.rounds_ms, strict=False)
-        return Comparison(cl.name, base.name, tuple(b / c for b, c in paired if c > 0))
+        ratios = tuple(b / c for b, c in paired if c > 0)
+        return Comparison(cl.name, base.name, ratios, max(cl.spread, base.spread))
 
     @property
     def verdict(self) -> BenchVerdict:
@@ -208,9 +225,16 @@ class BenchReport:
         c = self.comparison
         if c is None:
             return "channels-last was not compared with nchw"
-        if c.verdict is BenchVerdict.INCONCLUSIVE:
-            timing = next(t for t in self.timings if t.name == c.configuration)
-            medians = self.speedup(timing) or c.speedup  # the table's figure
+        timing = next(t for t in self.timings if t.name == c.configuration)
+        medians = self.speedup(timing) or c.speedup  # the table's figure
+        if c.busy:
+            line = (
+                f"inconclusive: the rounds spread by {c.rounds_spread:.0%} of their median (past "
+                f"the {SPREAD_BOUND:.0%} bound: the machine was busy); {c.configuration} ran "
+                f"{medians:.2f}x the speed of {c.baseline} (median steps); run again on a "
+                "quieter machine"
+            )
+        elif c.verdict is BenchVerdict.INCONCLUSIVE:
             line = (
                 f"inconclusive: {c.configuration} ran {medians:.2f}x the speed of {c.baseline} "
                 f"(median steps), {c.low:.2f}x-{c.high:.2f}x round by round (middle half of "
@@ -218,9 +242,12 @@ class BenchReport:
                 f"{abs(max(medians, 1 / medians) - 1):.0%} difference; run again on a quieter "
                 "machine or with more --rounds"
             )
-        else:
-            how = f"{c.speedup:.2f}x faster" if c.speedup >= 1 else f"{1 / c.speedup:.2f}x slower"
-            line = f"{c.configuration} is {how} than {c.baseline}"
+        else:  # the table's figure, the median steps' ratio, with the rounds' range beside it
+            how = f"{medians:.2f}x faster" if medians >= 1 else f"{1 / medians:.2f}x slower"
+            line = (
+                f"{c.configuration} is {how} than {c.baseline} (median steps; "
+                f"{c.low:.2f}x-{c.high:.2f}x round by round)"
+            )
         a = self.attribution
         if a is not None and a.configuration == c.configuration:
             line += f"; conversions take {a.share:.0%} of its step"

@@ -58,8 +58,10 @@ REPORT_VERSION = 14  # 14: speed.table an object (the table's machine, how it ma
 BENCH_FORMAT = "cl-audit.bench"  # cl_audit.report.bench_report
 
 
-BENCH_VERSION = 2  # 2: verdict a word (faster/slower/inconclusive), verdict_text, warm-up
-BENCH_READABLE = (1, BENCH_VERSION)
+# 2: verdict a word (faster/slower/inconclusive), verdict_text, warm-up; 3: the comparison's
+# rounds_spread, past whose bound the verdict is inconclusive, and verdict_text's figure the table's
+BENCH_VERSION = 3
+BENCH_READABLE = (1, 2, BENCH_VERSION)
 
 
 OPS_FORMAT = "cl-audit.ops"  # cl_audit.features.ops_index: the operator coverage index
