@@ -688,3 +688,14 @@ def test_audit_model_given_a_factory_says_to_call_it():
     with pytest.raises(TypeError, match=r"an nn\.Module, not a str$"):
         audit_model("resnet18", torch.randn(2, 3, 8, 8))
     assert audit_model(cm.ContiguousCopy(), torch.randn(2, 3, 8, 8), verify=False).cost
+
+
+def test_the_verdict_line_names_the_site_that_saves():
+    """Issue #67: "saves 1.1 MiB at 1 site" never said where. The control: a model that saves
+    nothing says nothing more."""
+    from cl_audit.render.wording import cost_line
+
+    saving = cost_line(_audit(cm.PermutedCopy()).cost, train=False)
+    assert "saves 64.0 KiB at 1 site (Tensor.contiguous at " in saving
+    assert "cost_models.py:" in saving.split("at 1 site (")[1]
+    assert "saves 0 B; net" in cost_line(_audit(cm.ContiguousCopy()).cost, train=False)

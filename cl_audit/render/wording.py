@@ -63,13 +63,18 @@ def cost_line(cost: Cost, train: bool) -> str:
     """The verdict's figures: "channels_last adds 48 MiB per forward (13%) at 9 sites; saves 0"."""
     unit = "training step" if train else "forward"
     sites = sum(1 for s in cost.sites if s.extra)
-    saving = sum(1 for s in cost.sites if s.saved)
+    savers = sorted((s for s in cost.sites if s.saved), key=lambda s: -s.saved)
+    saving = len(savers)
+    named = ""  # where: the site that saves most
+    if savers:
+        most = "the most: " if saving > 1 else ""
+        named = f" ({most}{savers[0].op} at {savers[0].call_site or '?'})"
     gate = cost.gate
     return (
         f"channels_last adds {format_bytes(cost.extra_bytes)} per {unit} ({cost.share:.2%} of "
         f"{format_bytes(cost.bytes_written)} written) at {plural(sites, 'site')}; "
         f"saves {format_bytes(cost.saved_bytes)}"
-        + (f" at {plural(saving, 'site')}" if saving else "")
+        + (f" at {plural(saving, 'site')}{named}" if saving else "")
         + f"; net {format_bytes(cost.net_bytes)}"
         + (" (the gate weighs what channels_last adds: a saving elsewhere removes no copy)"
            if cost.saved_bytes else "")
