@@ -94,6 +94,24 @@ def test_a_site_where_channels_last_saves_bytes_gets_no_remedy():
     assert control.op == "Tensor.contiguous" and control.remedy is not None
 
 
+def test_release_dependent_advice_names_the_release_the_user_runs():
+    """Issue #67: on torch 2.15 the GroupNorm site advised "use torch 2.15". Up to 2.14 the
+    advice is to move to 2.15 (the control); from 2.15 it says the copy is an earlier
+    release's measurement, to be timed on a GPU."""
+    from cl_audit.compare.remedies import SiteContext, remedy_for
+
+    def advice(release: tuple[int, int]) -> str:
+        found = remedy_for(CostKind.KERNEL, ("aten.native_group_norm",), (),
+                           SiteContext("cuda", release=release))  # fmt: skip
+        assert found is not None
+        return found.advice
+
+    assert "use torch 2.15" in advice((2, 14)) and "use torch 2.15" in advice((2, 4))
+    later = advice((2, 15))
+    assert "use torch 2.15" not in later and "an earlier release" in later
+    assert "--time" in advice((2, 16))
+
+
 def test_device_specific_remedies_hold_on_their_device_only():
     """GroupNorm's and the reflect pad's remedies are CUDA's; the CPU convolution backward's
     is the CPU's."""

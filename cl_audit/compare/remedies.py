@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from cl_audit.compat.versions import TORCH_VERSION, torch_version
 from cl_audit.enums import CostKind
 from cl_audit.report.verdict import Remedy
 
@@ -45,6 +46,7 @@ class _Entry:
     devices: frozenset[str] = frozenset({"cpu", "cuda"})  # torch device types
     together: tuple[frozenset[str], ...] = ()  # op groups the module must each cost at
     changes: tuple[str, ...] = ()  # what-if changes that carry the advice out (whatif.CHANGES)
+    releases: tuple[tuple[int, int], tuple[int, int]] = ((0, 0), (99, 0))  # [since, before)
 
 
 def _entry(
@@ -57,7 +59,11 @@ def _entry(
     devices: str = "cpu cuda",
     together: tuple[str, ...] = (),
     changes: str = "",
+    releases: str = "",
 ) -> _Entry:
+    """An entry; ``releases`` ("2.4-2.15": from 2.4 on, before 2.15) bounds the torch releases
+    whose kernels its advice describes (none: every release)."""
+    since, _, before = releases.partition("-")
     return _Entry(
         frozenset(ops.split()),
         frozenset(CostKind(k) for k in kinds.split()),
@@ -66,16 +72,18 @@ def _entry(
         frozenset(devices.split()),
         tuple(frozenset(group.split()) for group in together),
         tuple(changes.split()),
+        (torch_version(since or "0.0"), torch_version(before or "99.0")),
     )
 
 
 @dataclass(frozen=True)
 class SiteContext:
-    """What an entry may ask of a site beyond its operation: the device of the run and, per
-    cost kind, the operations costing channels_last bytes in the site's module."""
+    """What an entry may ask of a site beyond its operation: the device of the run, per cost
+    kind the operations costing channels_last bytes in the site's module, the torch release."""
 
     device: str
     module_ops: frozenset[tuple[CostKind, str]] = frozenset()
+    release: tuple[int, int] = TORCH_VERSION  # the torch the audit runs
 
 
 _KEEP_ADVICE = (
@@ -238,6 +246,18 @@ REMEDIES: tuple[_Entry, ...] = (
         "keep channels_last",
         "aten/src/ATen/native/group_norm.cpp; pytorch#111824; PR 191945",
         devices="cuda",
+        releases="-2.15",
+    ),
+    _entry(
+        "aten.native_group_norm aten.native_group_norm_backward torch.group_norm",
+        "kernel copy",
+        "GroupNorm on CUDA counted as a copy by kernels measured on an earlier torch",
+        "this torch's GroupNorm kernels keep channels_last on CUDA (PR 191945) by their "
+        "source, not measured here: the copy comes from the kernel copies of an earlier "
+        "release; time the step on a GPU (--time) before changing the model",
+        "aten/src/ATen/native/group_norm.cpp; PR 191945",
+        devices="cuda",
+        releases="2.15-",
     ),
     _entry(
         "aten.reflection_pad2d aten.replication_pad2d",
@@ -259,6 +279,9 @@ KEPT_PATTERNS = frozenset(e.remedy.pattern for e in REMEDIES if KEEP_AS_IT_WAS i
 
 def _matches(entry: _Entry, op: str | None, kind: CostKind, context: SiteContext) -> bool:
     if op is None or kind not in entry.kinds or context.device not in entry.devices:
+        return False
+    since, before = entry.releases
+    if not since <= context.release < before:
         return False
     named = any(op.startswith(p) for p in entry.ops) if entry.prefix else op in entry.ops
     return named and all(
