@@ -272,10 +272,13 @@ def test_the_time_tables_add_up_to_their_step_in_every_committed_report():
     for name, speed in speeds:
         *parts, step = speed.rows()
         assert step.total and step.channels_last_ms == speed.channels_last.ms, name
+        assert step.speedup == speed.speedup, name  # the headline's figure, measured or not
         assert sum(r.channels_last_ms for r in parts) == pytest.approx(step.channels_last_ms)
         assert sum(r.nchw_ms for r in parts) == pytest.approx(step.nchw_ms), name
         assert all(r.speedup is None or min(r.channels_last_ms, r.nchw_ms) >= 0.005 for r in parts)
     predicted = [s for _, s in speeds if s.basis is SpeedBasis.PREDICTED]
     assert any(r.label == "host, not overlapped" for s in predicted for r in s.rows())
+    measured = replace(predicted[0], basis=SpeedBasis.MEASURED, speedup=1.5)  # rounds' ratio
+    assert measured.rows()[-1].speedup == 1.5  # not the ratio of the two median steps
     control = replace(predicted[0], channels_last=None)  # no step: the classes alone
     assert [r.label for r in control.rows()] == [c.speed_class.value for c in control.classes]

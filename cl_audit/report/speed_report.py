@@ -82,15 +82,20 @@ SHOWN_MS = 0.005  # under this a time prints as 0.00 ms: no ratio is shown of it
 @dataclass(frozen=True)
 class SpeedRow:
     """One row of the time table as printed: its milliseconds in each layout, and the ratio
-    (None where either time prints as zero: "-", never 0.00x or a ratio of rounding)."""
+    (None where either time prints as zero: "-", never 0.00x or a ratio of rounding). The
+    step's row (``total``) carries the verdict's own speedup (measured: the median round's
+    ratio, not the ratio of the median steps), so the table and the headline agree."""
 
     label: str
     channels_last_ms: float
     nchw_ms: float
     total: bool = False
+    stated: float | None = None  # the step's speedup as the verdict has it
 
     @property
     def speedup(self) -> float | None:
+        if self.total:
+            return self.stated
         if min(self.channels_last_ms, self.nchw_ms) < SHOWN_MS:
             return None
         return self.nchw_ms / self.channels_last_ms
@@ -172,7 +177,7 @@ class Speed:
             label = ("host, not overlapped" if self.basis is SpeedBasis.PREDICTED
                      else "outside the classes")  # fmt: skip
             rows.append(SpeedRow(label, *left))
-        return (*rows, SpeedRow("step", cl.ms, nchw.ms, total=True))
+        return (*rows, SpeedRow("step", cl.ms, nchw.ms, total=True, stated=self.speedup))
 
     def headline(self) -> str:
         """``channels_last 1.32x faster (measured); fixing the sites: about 1.36x``, or
