@@ -63,12 +63,12 @@ def cost_line(cost: Cost, train: bool) -> str:
     """The verdict's figures: "channels_last adds 48 MiB per forward (13%) at 9 sites; saves 0"."""
     unit = "training step" if train else "forward"
     sites = sum(1 for s in cost.sites if s.extra)
-    savers = sorted((s for s in cost.sites if s.saved), key=lambda s: -s.saved)
+    savers = [s for s in cost.sites if s.saved]
     saving = len(savers)
     named = ""  # where: the site that saves most
     if savers:
-        most = "the most: " if saving > 1 else ""
-        named = f" ({most}{savers[0].op} at {savers[0].call_site or '?'})"
+        top = max(savers, key=lambda s: s.saved)
+        named = f" ({'the most: ' if saving > 1 else ''}{top.op} at {top.call_site or '?'})"
     gate = cost.gate
     return (
         f"channels_last adds {format_bytes(cost.extra_bytes)} per {unit} ({cost.share:.2%} of "
