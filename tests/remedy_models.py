@@ -160,3 +160,49 @@ class PlaneFilter(nn.Module):
             return self.b(y) * planes.mean((1, 2, 3)).view(b, c, 1, 1)
         edges = F.conv2d(F.pad(planes, [1, 1, 1, 1], mode="replicate"), self.kernel)
         return self.b(edges.reshape(b, c, 2, h, w).abs().sum(2))
+
+
+class NewUserNet(nn.Module):
+    """A small model written the way people write them (issue #67): a convolution, a group
+    norm, a bilinear upsampling, ``torch.cat`` of the map with a fresh ``torch.ones`` mask
+    (NCHW: the factory's default), a per-channel filter by ``reshape(b * c, 1, h, w)``, an
+    instance norm and a softmax over the channels. ``mask_like=True`` makes the mask in the
+    map's layout (``torch.ones_like(y[:, :1])``): the control, whose cat keeps channels_last."""
+
+    def __init__(self, mask_like: bool = False) -> None:
+        super().__init__()
+        self.a = nn.Conv2d(3, 15, 3, padding=1)
+        self.gn = nn.GroupNorm(5, 15)
+        self.b = nn.Conv2d(16, 16, 3, padding=1)
+        self.c = nn.Conv2d(16, 16, 3, padding=1)
+        self.norm = nn.InstanceNorm2d(16, affine=True)
+        self.d = nn.Conv2d(16, 8, 3, padding=1)
+        self.register_buffer("kernel", SOBEL[None, None].clone())
+        self.mask_like = mask_like
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.interpolate(self.gn(self.a(x)), scale_factor=2.0, mode="bilinear")
+        b, _, h, w = y.shape
+        if self.mask_like:
+            mask = torch.ones_like(y[:, :1])
+        else:
+            mask = torch.ones(b, 1, h, w, dtype=y.dtype, device=y.device)  # the mask
+        y = self.b(torch.cat([y, mask], 1))  # the cat
+        c = y.shape[1]
+        planes = F.conv2d(y.reshape(b * c, 1, h, w), self.kernel, padding=1)  # the filter
+        y = self.norm(self.c(planes.reshape(b, c, h, w)))  # the instance norm
+        return self.d(y).softmax(dim=1)  # the softmax
+
+
+class DroppedInstanceNorm(InstanceNormed):
+    """``InstanceNormed`` with a dropout of the first convolution's map: in training its mask is
+    drawn in the map's memory order, so the two layouts' unchanged steps differ and no change
+    can be held to either (``p=0`` draws nothing: the control)."""
+
+    def __init__(self, p: float = 0.5) -> None:
+        super().__init__()
+        self.p = p
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.dropout(self.a(x), self.p, self.training)
+        return self.b(self.norm(y))  # the instance norm

@@ -192,8 +192,8 @@ def audit_model(
     ``torch.compile``'s Inductor decides about layouts for each graph it would compile, and why
     (``force_layout_opt``: also the decision under Inductor's force switch); the verdict stays
     the eager audit's. ``verify`` tries the remedies of the costliest sites in what-if runs
-    (an eager inference forward; ``cl_audit.run.phases.verify``): each remedy says whether it was
-    verified, refuted or is a lead, with the evidence.
+    (an eager forward or training step; ``cl_audit.run.phases.verify``): each remedy says
+    whether it was verified, refuted or is a lead, with the evidence.
     """
     if not isinstance(model, nn.Module):
         made = (

@@ -6,17 +6,21 @@ A change holds when the model still runs in both layouts, each output equals the
 model's in that layout within the output dtype's tolerance (``torch.testing``'s defaults), and
 the channels_last-only bytes of the sites at its line (fixed there, or whose NCHW data began
 there), counted against the unchanged NCHW run (the model a user compares with), fall by more
-than it adds elsewhere. The what-if runs an eager inference forward: a fake run has no values
-to compare, and a training step's what-if is not built (its remedies stay leads, saying so).
+than it adds elsewhere. The what-if runs eagerly (a fake run has no values to compare): an
+inference forward, or a whole training step (forward, loss, backward, optimizer step) from the
+same parameters, buffers and random state each time, held to the unchanged step's loss and
+gradients in the same layout. A training step whose two layouts disagree when unchanged (random
+draws that follow the memory order: a dropout of a 4-D map) has no reference a change could be
+held to: its remedies stay leads, saying so.
 """
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import replace
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import torch
 from torch import nn
@@ -32,7 +36,6 @@ from cl_audit.compare.remedies import (
     site_contexts,
 )
 from cl_audit.compare.whatif import CHANGES, Change, WhatIf
-from cl_audit.compat.pytree import tensor_leaves
 from cl_audit.enums import Evidence, RemedyStatus
 from cl_audit.errors import failure_summary
 from cl_audit.execution.plan import RunPlan
@@ -41,17 +44,12 @@ from cl_audit.intercept.ledger import Ledger
 from cl_audit.report.sections import Comparison
 from cl_audit.report.verdict import Cost, CostSite, Remedy, Trial
 from cl_audit.run.phases.audited import instrumented
+from cl_audit.run.phases.held import ACROSS, StepState, held_difference, over
 from cl_audit.run.phases.subject import Compared, Sections, Subject
 
 __all__ = ["TRIED_SITES", "verify"]
 
 TRIED_SITES = 12  # the costliest call sites tried: the cost table's rows
-_TOLERANCES = {  # torch.testing.assert_close's defaults: (rtol, atol)
-    torch.float16: (1e-3, 1e-5),
-    torch.bfloat16: (1.6e-2, 1e-5),
-    torch.float32: (1.3e-6, 1e-5),
-    torch.float64: (1e-7, 1e-7),
-}
 
 
 class _Mode(Protocol):
@@ -70,8 +68,6 @@ def _untried(plan: RunPlan) -> str | None:
         return "not tried: verification off (--no-verify, or a sweep without --verify)"
     if plan.tensors.predicted:
         return "not tried: a fake run computes no values to compare"
-    if plan.workload.train:
-        return "not tried: what-if runs are made of inference forwards"
     return None
 
 
@@ -98,13 +94,16 @@ def _verified(
         return replace(comparison, cost=_noted(cost, reason, kept))
     assert nchw is not None  # a cost is weighed against the NCHW run's ledger
     started = time.perf_counter()
-    baseline = _Baseline(plan, run, model, forward, cost, nchw)
+    baseline = _Baseline(plan, run, model, forward, cost, nchw, subject.loss)
+    if baseline.incomparable is not None:
+        return replace(comparison, cost=_noted(cost, baseline.incomparable, kept))
     contexts = site_contexts(
         ((s.module_path, s.kind, (s.op, s.aten_op)) for s in cost.sites if s.extra),
         plan.device.type,
     )
     top = _top_lines(cost.sites)
     trials: dict[tuple[str, str], Trial] = {}
+    held: list[tuple[Match, Trial]] = []
     sites: list[CostSite] = []
     for site in cost.sites:
         if site.remedy is None:
@@ -119,7 +118,9 @@ def _verified(
                     trials[key] = attempt(baseline)
                 if trials[key].applied or trials[key].failure is not None:
                     tried.append((match, trials[key]))  # else not the pattern it is written for
+                    held.extend([(match, trials[key])] if trials[key].holds else [])
         sites.append(replace(site, remedy=_judged(site, tried, top)))
+    sites = [_followed(site, held, baseline) for site in sites]
     seconds = round(time.perf_counter() - started, 2)
     return replace(comparison, cost=replace(cost, sites=tuple(sites), verify_seconds=seconds))
 
@@ -240,6 +241,32 @@ def _judged(site: CostSite, tried: list[tuple[Match, Trial]], top: set[str]) -> 
     )
 
 
+def _followed(site: CostSite, held: list[tuple[Match, Trial]], baseline: _Baseline) -> CostSite:
+    """A site whose remedy was not proven takes the change that held where its NCHW data came
+    from (a line of its fix site or root cause) and took the most of its bytes away in that
+    change's what-if run: the remedy follows the fix site (an instance norm's, for the
+    convolution backward reading its NCHW gradient), and a kernel matter is said only where
+    none did."""
+    if (site.remedy is not None and site.remedy.verified) or not site.extra:
+        return site
+    lines = {p.call_site for p in site.upstream if p.call_site is not None}
+    found = [
+        (_at_site(after.sites, site), match, trial)
+        for match, trial in held
+        if trial.line in lines
+        and (after := baseline.after.get((trial.change, trial.line))) is not None
+    ]
+    left = [entry for entry in found if entry[0] < site.extra]
+    if not left:
+        return site
+    _, match, trial = min(left, key=lambda entry: entry[0])
+    remedy = Remedy(
+        match.remedy.pattern, trial.change, match.remedy.reference, RemedyStatus.VERIFIED,
+        (trial,),
+    )  # fmt: skip
+    return replace(site, remedy=remedy)
+
+
 def _at_site(sites: tuple[CostSite, ...], site: CostSite) -> int:
     """The channels_last-only bytes at ``site``'s place (module, line and operation)."""
     place = (site.module_path, site.call_site, site.op, site.kind)
@@ -270,26 +297,66 @@ class _Baseline:
         forward: Forward,
         cost: Cost,
         nchw: Ledger,
+        loss: Callable[[Any], torch.Tensor] | None = None,
     ) -> None:
         self.plan, self.run, self.model, self.forward, self.cost = plan, run, model, forward, cost
         self.quiet = plan.changed(timeline=False, time=False)
         self.measured = cost.kernel_copies is Evidence.MEASURED
-        self.ledger = nchw
+        self.ledger, self.loss = nchw, loss
+        self.train = plan.workload.train
         self._kept: dict[str, _Ran] = {}  # each tensor kept as it was -> its runs
+        self.after: dict[tuple[str, str], Cost] = {}  # (change, line) -> the cost with it made
+        self._state = StepState(run) if self.train else None
         self.outputs = (self._run(forward, None), self._nchw())
+        self.incomparable = self._incomparable()
+
+    def _incomparable(self) -> str | None:
+        """Why the unchanged training step is no reference, or None: its two layouts differ
+        beyond ``ACROSS`` times the tolerance (random draws in memory order)."""
+        if not self.train:
+            return None
+        difference, tolerance = held_difference(*self.outputs, self._dtype(), True)
+        if difference <= ACROSS * tolerance:
+            return None
+        return (
+            "not tried: the unchanged training step differs between the layouts "
+            f"(max abs difference {difference:.3g} of its loss and gradients, over {ACROSS} "
+            f"times the tolerance {tolerance:.3g}): random draws that follow the memory order "
+            "leave no reference to hold a change to"
+        )
+
+    def _dtype(self) -> torch.dtype | None:
+        """The dtype whose tolerance a training step is held to: autocast's, else each
+        tensor's own (None)."""
+        amp = self.plan.settings.amp
+        return amp.torch_dtype if self.train and amp is not None else None
 
     def _run(self, forward: Forward, ledger: Ledger | None) -> object:
-        """One forward as the audit ran it, under the checker when ``ledger`` is given."""
+        """One forward as the audit ran it, under the checker when ``ledger`` is given; a
+        training step from the state the what-if began with (``StepState``), giving its loss and
+        its gradients by name."""
         outputs: list[object] = []
-        step = self.run.stepper(self.quiet, lambda: outputs.append(forward()), None)
-        with self.run.tensor_mode():
+
+        def kept() -> object:
+            outputs.append(forward())
+            return outputs[-1]
+
+        step = self.run.stepper(self.quiet, kept, self.loss)
+        state = self._state
+        with self.run.tensor_mode(), StepState.seeded(self.plan) if state else nullcontext():
+            if state is not None:
+                state.restore()
             if ledger is None:
                 step.run(None)
             else:
                 # findings kept: the ledger's causes say where each site's NCHW data began
                 with instrumented(self.quiet, self.model, self.run, ledger) as (active, _):
                     step.run(active)
-        return outputs[0]
+        if state is None:
+            return outputs[0]
+        found = (step.step.loss(outputs[0]).detach(), *state.gradients())
+        state.restore()
+        return found
 
     def _nchw(self) -> object:
         forward = self.run.nchw()
@@ -324,9 +391,9 @@ class _Baseline:
             with modes[1]:
                 changed_nchw = self._nchw()
             difference, tolerance = max(
-                _difference(changed, self.outputs[0]),
-                _difference(changed_nchw, self.outputs[1]),
-                key=_over,
+                held_difference(changed, self.outputs[0], self._dtype(), self.train),
+                held_difference(changed_nchw, self.outputs[1], self._dtype(), self.train),
+                key=over,
             )
         except Exception as e:
             failure = f"in the {layout} run, {failure_summary(e)}"
@@ -344,6 +411,7 @@ class _Baseline:
         if after is None:
             failure = ran.failure
             return Trial(advice, line, ran.applied, failure, None, None, before, None, None, None)
+        self.after[advice, line] = after
         at_line = at(after.sites)
         moved = (after.extra_bytes - at_line) - (cost.extra_bytes - before)
         return Trial(
@@ -361,33 +429,3 @@ class _Ran(NamedTuple):
     difference: float | None
     tolerance: float | None
     after: Cost | None
-
-
-def _over(pair: tuple[float, float]) -> float:
-    """How far a difference is from its tolerance (over 1: outside)."""
-    difference, tolerance = pair
-    return difference / tolerance if tolerance else (math.inf if difference else 0.0)
-
-
-def _difference(output: object, reference: object) -> tuple[float, float]:
-    """The largest absolute difference of ``output``'s floating-point tensors from
-    ``reference``'s and the tolerance it is held to (``atol + rtol * max|reference|``, the
-    reference dtype's ``torch.testing`` defaults), of the tensor nearest its tolerance; NaN
-    where both are NaN counts as equal. ``ValueError`` when the outputs differ in structure or
-    shape."""
-    got = [t for t in tensor_leaves(output) if t.is_floating_point()]
-    want = [t for t in tensor_leaves(reference) if t.is_floating_point()]
-    if [t.shape for t in got] != [t.shape for t in want]:
-        raise ValueError("the output's tensors or shapes changed")
-    worst: tuple[float, float] = (0.0, 0.0)
-    for a, b in zip(got, want, strict=True):
-        rtol, atol = _TOLERANCES.get(b.dtype, _TOLERANCES[torch.float32])
-        a, b = a.detach().double(), b.detach().double()
-        gap = torch.where(a.isnan() & b.isnan(), 0.0, (a - b).abs())
-        difference = gap.max().item() if gap.numel() else 0.0
-        tolerance = atol + rtol * (b.nan_to_num().abs().max().item() if b.numel() else 0.0)
-        if math.isnan(difference):
-            raise ValueError("the output has NaN where the unchanged one has none")
-        if worst == (0.0, 0.0) or _over((difference, tolerance)) > _over(worst):
-            worst = (difference, tolerance)
-    return worst
