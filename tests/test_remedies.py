@@ -5,6 +5,7 @@ its sites falls; the changes that break the model are shown failed and not offer
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import cost_models as cm
@@ -455,3 +456,26 @@ def test_a_fake_training_audit_keeps_its_remedies_as_leads_and_says_why():
     remedies = [s["remedy"] for s in sites if s["remedy"] is not None]
     assert remedies and all(r["status"] == "lead" and not r["evidence"] for r in remedies)
     assert all("a fake run computes no values" in r["note"] for r in remedies)
+
+
+# --- a concatenation of mixed layouts (issue #67) ----------------------------------------------
+
+
+def test_a_cat_with_a_fresh_nchw_mask_names_the_mask_and_verifies_making_it_channels_last():
+    """``torch.cat([map, torch.ones(b, 1, h, w)])``: the one-channel mask's strides suggest NCHW,
+    so the cat writes NCHW and the next convolution converts it; the site names the mask (its
+    operand, shape and the factory line that made it) and the change holds."""
+    report = _audit(rm.NewUserNet())
+    mask_line = _line(rm.NewUserNet, "# the mask")
+    (site,) = [s for s in report.cost.sites if s.fix_site and s.fix_site.python_op == "torch.cat"]
+    assert site.remedy.status is RemedyStatus.VERIFIED
+    (trial,) = site.remedy.evidence
+    assert trial.holds and trial.site_bytes_after < trial.site_bytes_before
+    told = rf"operand 1 \(2x1x32x32, NCHW strides, made by torch\.ones at \S*{mask_line}\)"
+    assert re.search(told, trial.change), trial.change
+
+
+def test_a_cat_with_a_mask_made_like_its_partner_keeps_channels_last():
+    report = _audit(rm.NewUserNet(mask_like=True))
+    assert not [s for s in report.cost.sites if s.fix_site and s.fix_site.python_op == "torch.cat"]
+    assert {s.op for s in report.cost.sites if s.extra} >= {"F.instance_norm"}  # still audited

@@ -67,6 +67,7 @@ class Kept:
         self._tensor: torch.Tensor | None = None
         self._saved: torch.Tensor | None = None
         self.applied = 0
+        self.named: str | None = None  # a change of a tensor names none beyond it
 
     def __enter__(self) -> Kept:
         module_path, _, attribute = self._name.rpartition(".")

@@ -198,6 +198,18 @@ REMEDIES: tuple[_Entry, ...] = (
         changes="group_norm",
     ),
     _entry(
+        "torch.cat torch.concat torch.concatenate",
+        "copy kernel",
+        "a concatenation of channels_last maps with an NCHW-ordered one (a mask made by "
+        "torch.ones): torch.cat keeps a memory format only when every operand suggests it",
+        "make every operand in the same layout: create the NCHW one in its partners' "
+        "(torch.ones_like(x[:, :1]) for a mask of x's, or torch.empty(size, "
+        "memory_format=torch.channels_last).fill_(value))",
+        "aten/src/ATen/native/TensorShape.cpp cat_compute_output_memory_format (the format "
+        "every input suggests, else contiguous); measured: torch 2.14.1 on the CPU",
+        changes="operands_channels_last",
+    ),
+    _entry(
         "Tensor.softmax torch.softmax F.softmax Tensor.log_softmax torch.log_softmax F.log_softmax",
         "copy kernel",
         "a softmax over the channels of a channels_last map (its kernel writes NCHW order)",

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+from cl_audit.compare.operands import FACTORIES, named, operands_channels_last
 from cl_audit.intercept.naming import python_op_name
 from cl_audit.rule.attribution import call_site
 from cl_audit.rule.layout import MemoryLayout, layout_of
@@ -28,6 +29,7 @@ __all__ = ["CHANGES", "Change", "WhatIf"]
 Call = Callable[[tuple[Any, ...], Mapping[str, Any]], "torch.Tensor | None"]
 # (operation name, the operation, args, kwargs) -> the edited result, or None (run as written)
 Follow = Callable[[str, Any, tuple[Any, ...], Mapping[str, Any]], "torch.Tensor | None"]
+Named = Callable[[tuple[Any, ...], Mapping[str, Any], Mapping[int, tuple[str, "str | None"]]], Any]
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,8 @@ class Change:
     advice: str  # the edit, as the user would write it
     make: Call
     follow: Follow | None = None
+    # which operand the edit is for, told from the factories' results seen (``compare.operands``)
+    named: Named | None = None
 
 
 def _nchw_order(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> torch.Tensor | None:
@@ -315,6 +319,15 @@ CHANGES: dict[str, Change] = {
             _group_norm,
         ),
         Change(
+            "operands_channels_last",
+            frozenset({"torch.cat", "torch.concat", "torch.concatenate"}),
+            "make the NCHW operand in its partners' layout where it is created: "
+            "torch.ones_like(x[:, :1]) for a mask of x's, or torch.empty(size, dtype=..., "
+            "device=..., memory_format=torch.channels_last).fill_(value)",
+            operands_channels_last,
+            named=named,
+        ),
+        Change(
             "softmax_last_dim",
             frozenset({"Tensor.softmax", "torch.softmax", "F.softmax"}),
             "take it over the last dimension of the channels-last view: "
@@ -340,7 +353,10 @@ class WhatIf(TorchFunctionMode):
         super().__init__()
         self.change, self.line = change, line
         self.applied = 0
+        self.named: str | None = None  # the operand the edit was for, and where it was made
         self._made: dict[int, torch.Tensor] = {}  # the edit's results, followed (by identity)
+        self._makers: dict[int, tuple[str, str | None]] = {}  # factory results (by identity)
+        self._held: list[torch.Tensor] = []  # keeps those identities theirs
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
@@ -351,9 +367,17 @@ class WhatIf(TorchFunctionMode):
             if result is not None:
                 self._made[id(result)] = result
                 return result
+        describe = self.change.named
+        if describe is not None and name in FACTORIES:
+            made = func(*args, **kwargs)
+            self._makers[id(made)] = (name, call_site(sys._getframe(1)))
+            self._held.append(made)
+            return made
         if name in self.change.ops and call_site(sys._getframe(1)) == self.line:
+            told = None if describe is None else describe(args, kwargs, self._makers)
             result = self.change.make(args, kwargs)
             if result is not None:
+                self.named = self.named or told
                 self.applied += 1
                 if follow is not None:
                     self._made[id(result)] = result

@@ -56,6 +56,7 @@ class _Mode(Protocol):
     """A what-if change while inside: ``applied`` counts where it was made."""
 
     applied: int
+    named: str | None
 
     def __enter__(self) -> object: ...
 
@@ -369,7 +370,8 @@ class _Baseline:
         """``change`` made at ``line`` in the channels_last forward (under the checker) and
         in the NCHW one."""
         ran = self._ran(lambda: WhatIf(change, line))
-        return self._trial(change.advice, line, ran, lambda sites: _at(sites, line))
+        advice = change.advice if ran.named is None else f"{change.advice}; here {ran.named}"
+        return self._trial(advice, line, ran, lambda sites: _at(sites, line))
 
     def kept(self, name: str, site: CostSite, line: str) -> Trial:
         """The model's tensor ``name`` kept as it was in both forwards (a change of the
@@ -397,10 +399,14 @@ class _Baseline:
             )
         except Exception as e:
             failure = f"in the {layout} run, {failure_summary(e)}"
-            return _Ran(max(mode.applied for mode in modes), failure, None, None, None)
+            return _Ran(
+                max(mode.applied for mode in modes), failure, None, None, None, modes[0].named
+            )
         cost = self.cost
         after = compare_ledgers(ledger, self.ledger, cost.gate, self.plan.device.type, cost.batch)
-        return _Ran(max(mode.applied for mode in modes), None, difference, tolerance, after)
+        return _Ran(
+            max(mode.applied for mode in modes), None, difference, tolerance, after, modes[0].named
+        )
 
     def _trial(
         self, advice: str, line: str, ran: _Ran, at: Callable[[tuple[CostSite, ...]], int]
@@ -429,3 +435,4 @@ class _Ran(NamedTuple):
     difference: float | None
     tolerance: float | None
     after: Cost | None
+    named: str | None  # the operand the change was for, and where it was made
