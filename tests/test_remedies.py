@@ -479,3 +479,22 @@ def test_a_cat_with_a_mask_made_like_its_partner_keeps_channels_last():
     report = _audit(rm.NewUserNet(mask_like=True))
     assert not [s for s in report.cost.sites if s.fix_site and s.fix_site.python_op == "torch.cat"]
     assert {s.op for s in report.cost.sites if s.extra} >= {"F.instance_norm"}  # still audited
+
+
+def test_the_default_loss_is_placed_as_cl_audit_s_own_never_at_the_caller_s_frame():
+    """The default training loss is cl-audit's code: its operations (the sum whose backward writes
+    the NCHW gradient here) are placed at the training loss, not at the frame that called the
+    audit (this file; the CLI library's under ``cl-audit``). The control: a loss the user gives
+    is the user's code, placed at its line."""
+    from cl_audit.execution.training import LOSS_SITE
+
+    def producers(report: ModelReport) -> set[tuple[str, str]]:
+        return {(p.python_op, p.call_site) for s in report.cost.sites for p in s.upstream}
+
+    found = producers(_train(rm.NewUserNet()))
+    assert ("Tensor.sum", LOSS_SITE) in found
+    assert not [site for _, site in found if site and Path(__file__).name in site]
+    torch.manual_seed(0)
+    own = audit_model(rm.NewUserNet(), _input(), train=True, loss=lambda out: out.sum(), **ANY)
+    sums = {site for op, site in producers(own) if op == "Tensor.sum"}
+    assert sums and all(Path(__file__).name in site for site in sums)

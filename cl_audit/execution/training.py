@@ -24,9 +24,11 @@ from cl_audit.enums import Amp, Optimizer, Phase, Stage, Workload
 from cl_audit.execution.audit_context import Audit
 from cl_audit.execution.timing import TIMED_STEPS, WARMUP_STEPS, timed_ms
 from cl_audit.report import GradientLayout
+from cl_audit.rule.attribution import own_code
 from cl_audit.settings import AuditSettings
 
 __all__ = [
+    "LOSS_SITE",
     "Backward",
     "BoundStep",
     "FakeScaler",
@@ -39,6 +41,7 @@ __all__ = [
 ]
 
 _Forward = Callable[[], object]
+LOSS_SITE = "cl-audit's training loss"  # where the default loss's operations are placed
 
 
 class StepPlan(Protocol):
@@ -316,13 +319,14 @@ def training_loss(output: object, seed: int) -> torch.Tensor:
         else:
             tensors = [t for t in _flat_tensors(output) if t.is_floating_point()]
             tensors = [t for t in tensors if t.requires_grad]
-    if tensors is None:
-        generator = torch.Generator().manual_seed(seed)
-        labels = torch.randint(classes, (batch,), generator=generator)
-        return F.cross_entropy(output.float(), labels.to(device))
-    if not tensors:
-        raise ValueError("the model's output has no floating-point tensor to take a loss of")
-    return torch.stack([t.float().sum() for t in tensors]).sum()
+    with own_code(LOSS_SITE):
+        if tensors is None:
+            generator = torch.Generator().manual_seed(seed)
+            labels = torch.randint(classes, (batch,), generator=generator)
+            return F.cross_entropy(output.float(), labels.to(device))
+        if not tensors:
+            raise ValueError("the model's output has no floating-point tensor to take a loss of")
+        return torch.stack([t.float().sum() for t in tensors]).sum()
 
 
 def _fresh(tensor: torch.Tensor) -> torch.Tensor:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from types import FrameType
 
@@ -16,7 +18,7 @@ import torch
 from torch import nn
 
 __all__ = [
-    "Location", "ModuleNames", "call_site", "frames_call_site", "locate", "short_path",
+    "Location", "ModuleNames", "call_site", "frames_call_site", "locate", "own_code", "short_path",
 ]  # fmt: skip
 
 # cl_audit's own folder (this file lies in cl_audit/rule/), read from ``__file__`` rather than by
@@ -26,6 +28,21 @@ _OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _SKIPPED_DIRS = (os.path.dirname(os.path.abspath(torch.__file__)) + os.sep, _OWN_DIR)
 # cl_audit's own frames (the engine's, the recorder's): none is a module's (no class of
 # cl_audit is one), so their locals are never read for a ``self``
+
+
+_OWN: list[Location] = []  # where cl-audit's own operations are placed, innermost last
+
+
+@contextmanager
+def own_code(label: str) -> Iterator[None]:
+    """Operations cl-audit itself runs inside a model's audit (the default training loss) are
+    placed at ``label``, never at a frame of the code that called cl-audit (a user's script,
+    the CLI library): they are no call of the model's."""
+    _OWN.append(Location(None, None, label))
+    try:
+        yield
+    finally:
+        _OWN.pop()
 
 
 @dataclass(frozen=True)
@@ -91,6 +108,8 @@ def _frame_module(frame: FrameType) -> nn.Module | None:
 
 def locate(names: ModuleNames, frame: FrameType | None = None) -> Location:
     """Find the current module and the model-code call site, walking out from ``frame``."""
+    if _OWN:
+        return _OWN[-1]
     frame = frame if frame is not None else sys._getframe(1)
     call_site: str | None = None
     module: nn.Module | None = None
