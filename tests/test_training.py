@@ -676,8 +676,14 @@ def test_a_factorys_own_loss_is_the_one_back_propagated():
 
     from cl_audit.run.audit_module import audit_model
 
-    audit_model(torch.nn.Conv2d(3, 8, 3), torch.randn(2, 3, 8, 8), train=True, loss=loss)
+    conv, x = torch.nn.Conv2d(3, 8, 3), torch.randn(2, 3, 8, 8)
+    audit_model(conv, x, train=True, loss=loss, verify=False)
     assert called == [torch.Size([2, 8, 6, 6])] * 4  # a warm-up and the audited step, each format
+    called.clear()
+    report = audit_model(conv, x, train=True, loss=loss, fail_share=0.0, fail_bytes=0)
+    trials = {t for s in report.cost.sites if s.remedy for t in s.remedy.evidence}
+    # with the what-if steps: the unchanged step in each layout, then two steps per change, once
+    assert len(called) == 4 + 2 + 2 * len(trials)
 
 
 def _line(function: object, text: str) -> int:
