@@ -17,6 +17,7 @@ import torchvision
 import training_models as tm
 from literal_reports import before_version_8
 from torch import nn
+from torch_checks import dropout_draws_in_memory_order, needs_node_by_node
 from typer.testing import CliRunner
 
 from cl_audit import audit_model
@@ -436,7 +437,20 @@ def test_an_instance_norm_with_running_statistics_is_not_changed_in_a_training_s
     assert all(not s.remedy.evidence for s in sites)
 
 
-@pytest.mark.parametrize("p", [0.5, 0.0], ids=["dropout", "control"])
+@pytest.mark.parametrize(
+    "p",
+    [
+        pytest.param(
+            0.5,
+            marks=pytest.mark.skipif(
+                not dropout_draws_in_memory_order(),
+                reason="this torch draws a dropout's mask alike in both layouts",
+            ),
+            id="dropout",
+        ),
+        pytest.param(0.0, id="control"),
+    ],
+)
 def test_a_step_whose_layouts_differ_unchanged_holds_no_change_to_either(p):
     report = _train(rm.DroppedInstanceNorm(p))
     (norm,) = [s for s in report.cost.sites if s.op == "F.instance_norm" and s.extra]
@@ -447,6 +461,7 @@ def test_a_step_whose_layouts_differ_unchanged_holds_no_change_to_either(p):
         assert norm.remedy.status is RemedyStatus.VERIFIED
 
 
+@needs_node_by_node
 def test_a_fake_training_audit_keeps_its_remedies_as_leads_and_says_why():
     models = str(Path(rm.__file__))
     args = [f"{models}:NewUserNet", "--train", "--fake", "--input-size", "3x16x16"]

@@ -44,3 +44,14 @@ def fake_cuda_group_norm_returns_nchw() -> bool:
     with mode:
         out = F.group_norm(fake_tensor(mode, x, torch.device("cuda")), 2)
     return not _channels_last(out)
+
+
+def dropout_draws_in_memory_order() -> bool:
+    """Whether a dropout of a channels_last map draws a different mask from the same map in
+    NCHW under the same seed (its random numbers laid out in memory order)."""
+    x = torch.ones(2, 8, 6, 6)
+    masks = []
+    for t in (x, x.contiguous(memory_format=torch.channels_last)):
+        torch.manual_seed(0)
+        masks.append(F.dropout(t, 0.5, True))
+    return not torch.equal(*masks)
