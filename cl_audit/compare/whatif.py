@@ -374,10 +374,10 @@ class WhatIf(TorchFunctionMode):
             self._held.append(made)
             return made
         if name in self.change.ops and call_site(sys._getframe(1)) == self.line:
-            told = None if describe is None else describe(args, kwargs, self._makers)
             result = self.change.make(args, kwargs)
             if result is not None:
-                self.named = self.named or told
+                if describe is not None and self.named is None:  # the call's own arguments
+                    self.named = describe(args, kwargs, self._makers)
                 self.applied += 1
                 if follow is not None:
                     self._made[id(result)] = result

@@ -108,6 +108,7 @@ class Step:
         self._loss = loss or (lambda output: training_loss(output, plan.settings.seed))
         self.stage = Stage.FORWARD
         self.layouts: tuple[GradientLayout, ...] = ()
+        self.last_loss: torch.Tensor | None = None  # the latest step's loss, before any scaling
         self._optimizer: torch.optim.Optimizer | None = None
         self._scaler: torch.amp.GradScaler | FakeScaler | None = None
 
@@ -174,6 +175,7 @@ class Step:
             output = forward()
             self.stage = Stage.LOSS
             loss = self._loss(output) if train else None
+        self.last_loss = loss
         if loss is None:
             return
         self.stage = Stage.BACKWARD

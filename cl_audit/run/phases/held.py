@@ -81,8 +81,7 @@ def held_difference(
     training step's output is its loss, held to its own magnitude, and its gradients, each
     held to the largest of them all (a gradient that is zero but for rounding, a bias before a
     normalisation, carries the rounding of the step's magnitudes), ``_SUMMED`` times the rtol,
-    when ``step``. ``ValueError`` when the
-    outputs differ in structure or shape."""
+    when ``step``. ``ValueError`` when the outputs differ in structure or shape."""
     got = [t for t in tensor_leaves(output) if t.is_floating_point()]
     want = [t for t in tensor_leaves(reference) if t.is_floating_point()]
     if [t.shape for t in got] != [t.shape for t in want]:

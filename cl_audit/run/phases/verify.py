@@ -40,7 +40,6 @@ from cl_audit.enums import Evidence, RemedyStatus
 from cl_audit.errors import failure_summary
 from cl_audit.execution.plan import RunPlan
 from cl_audit.execution.tensors import Forward, TensorRun
-from cl_audit.execution.training import training_loss
 from cl_audit.intercept.ledger import Ledger
 from cl_audit.report.sections import Comparison
 from cl_audit.report.verdict import Cost, CostSite, Remedy, Trial
@@ -338,18 +337,12 @@ class _Baseline:
         training step from the state the what-if began with (``StepState``), giving its loss and
         its gradients by name."""
         outputs: list[object] = []
-        losses: list[torch.Tensor] = []
-        given = self.loss or (lambda output: training_loss(output, self.plan.settings.seed))
 
         def kept() -> object:
             outputs.append(forward())
             return outputs[-1]
 
-        def loss(output: object) -> torch.Tensor:
-            losses.append(given(output))
-            return losses[-1]
-
-        step = self.run.stepper(self.quiet, kept, loss)
+        step = self.run.stepper(self.quiet, kept, self.loss)
         state = self._state
         with self.run.tensor_mode(), StepState.seeded(self.plan) if state else nullcontext():
             if state is not None:
@@ -362,7 +355,9 @@ class _Baseline:
                     step.run(active)
         if state is None:
             return outputs[0]
-        found = (losses[0].detach(), *state.gradients())
+        loss = step.step.last_loss
+        assert loss is not None  # a training step takes its loss
+        found = (loss.detach(), *state.gradients())
         state.restore()
         return found
 
