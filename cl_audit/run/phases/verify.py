@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from contextlib import nullcontext
 from dataclasses import replace
 from typing import Any, NamedTuple, Protocol
 
@@ -40,6 +39,7 @@ from cl_audit.enums import Evidence, RemedyStatus
 from cl_audit.errors import failure_summary
 from cl_audit.execution.plan import RunPlan
 from cl_audit.execution.tensors import Forward, TensorRun
+from cl_audit.execution.training import BoundStep
 from cl_audit.intercept.ledger import Ledger
 from cl_audit.report.sections import Comparison
 from cl_audit.report.verdict import Cost, CostSite, Remedy, Trial
@@ -344,22 +344,28 @@ class _Baseline:
 
         step = self.run.stepper(self.quiet, kept, self.loss)
         state = self._state
-        with self.run.tensor_mode(), StepState.seeded(self.plan) if state else nullcontext():
-            if state is not None:
-                state.restore()
-            if ledger is None:
-                step.run(None)
-            else:
-                # findings kept: the ledger's causes say where each site's NCHW data began
-                with instrumented(self.quiet, self.model, self.run, ledger) as (active, _):
-                    step.run(active)
         if state is None:
+            with self.run.tensor_mode():
+                self._step(step, ledger)
             return outputs[0]
-        loss = step.step.last_loss
-        assert loss is not None  # a training step takes its loss
-        found = (loss.detach(), *state.gradients())
-        state.restore()
-        return found
+        try:  # the state put back even when a change breaks the step
+            with self.run.tensor_mode(), StepState.seeded(self.plan):
+                state.restore()
+                self._step(step, ledger)
+            loss = step.step.last_loss
+            assert loss is not None  # a training step takes its loss
+            return (loss.detach(), *state.gradients())
+        finally:
+            state.restore()
+
+    def _step(self, step: BoundStep, ledger: Ledger | None) -> None:
+        """The step, under the checker when ``ledger`` is given (findings kept: the ledger's
+        causes say where each site's NCHW data began)."""
+        if ledger is None:
+            step.run(None)
+            return
+        with instrumented(self.quiet, self.model, self.run, ledger) as (active, _):
+            step.run(active)
 
     def _nchw(self) -> object:
         forward = self.run.nchw()
