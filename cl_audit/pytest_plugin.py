@@ -125,7 +125,7 @@ class _Session:
             where = " (not in the baseline)" if self.path is not None else ""
             raise AssertionError(
                 f"{label} loses channels_last: {len(found)} site{'s' * (len(found) > 1)} not "
-                f"allowed{where}\n{offender_table(found)}"
+                f"allowed{where}\n{offender_table(found, train=report.environment.train)}"
             )
 
     def write(self) -> None:

@@ -78,9 +78,11 @@ def unexpected(
     return sites if cost.judged(sites) is Verdict.OFFENDING else ()
 
 
-def offender_table(findings: tuple[Finding | CostSite, ...], width: int = 100) -> str:
-    """The terminal's tables of these cost sites and offenders (op, call site, module,
-    strides or bytes) as plain text."""
+def offender_table(
+    findings: tuple[Finding | CostSite, ...], width: int = 100, train: bool = False
+) -> str:
+    """The terminal's tables of these cost sites (of a training step's audit with ``train``)
+    and offenders (op, call site, module, strides or bytes) as plain text."""
     from cl_audit.render.terminal import cost_table, offenders_table
 
     sites = tuple(f for f in findings if isinstance(f, CostSite))
@@ -88,7 +90,7 @@ def offender_table(findings: tuple[Finding | CostSite, ...], width: int = 100) -
     console = Console(width=width, no_color=True, color_system=None, record=True)
     with console.capture() as capture:
         if sites:
-            console.print(cost_table(sites))
+            console.print(cost_table(sites, train=train))
         if offenders:
             console.print(offenders_table(offenders))
     return capture.get()
@@ -134,6 +136,6 @@ def assert_keeps_channels_last(
         phase = "a training step" if train else "the forward"
         raise AssertionError(
             f"{label} loses channels_last in {phase}: {len(found)} "
-            f"site{'s' * (len(found) > 1)} not allowed\n{offender_table(found)}"
+            f"site{'s' * (len(found) > 1)} not allowed\n{offender_table(found, train=train)}"
         )
     return report

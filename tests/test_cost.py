@@ -6,6 +6,7 @@ the tensors' sizes (float32)."""
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 
 import cost_models as cm
@@ -296,6 +297,29 @@ def test_mixed_format_elementwise_operations_are_listed_apart_and_never_cost():
     assert report.cost.extra_bytes == 0
     assert [m.op for m in report.cost.mixed] == ["Tensor.add"]
     assert report.cost.mixed[0].bytes_read == MAP
+
+
+def test_the_terminal_names_the_elementwise_operation_that_read_both_orders():
+    """Issue #67: "1 elementwise operations read both orders" said neither which nor where;
+    the line names the operation, its line and its bytes; a model reading one order prints
+    no such line (the control)."""
+    from rich.console import Console
+
+    from cl_audit.render.terminal import render_report
+
+    def printed(report: ModelReport) -> str:
+        console = Console(width=200, record=True, color_system=None)
+        with console.capture() as capture:
+            render_report(report, console)
+        return capture.get()
+
+    line = next(n for n, t in enumerate(inspect.getsource(cm).splitlines(), 1) if "x + branch" in t)
+    text = printed(_audit(cm.MixedAdd()))
+    assert (
+        f"1 elementwise operation read both orders (64.0 KiB read strided; no copy, not counted "
+        f"in the cost): Tensor.add at cost_models.py:{line} (64.0 KiB)"
+    ) in text
+    assert "read both orders" not in printed(_audit(cm.Folded(fold_channels_last=True)))
 
 
 @pytest.mark.parametrize(

@@ -411,6 +411,21 @@ def test_a_training_audit_tries_the_group_norm_in_a_step_and_the_backward_site_f
     assert all("GroupNorm" in s.remedy.advice for s in backward)
     (merge,) = [s for s in report.cost.sites if s.op == "Tensor.reshape" and s.extra]
     assert merge.remedy.status is RemedyStatus.VERIFIED and "groups=c" in merge.remedy.advice
+    # what was held is said as what it was: a step's loss and gradients, a forward's output
+    assert "proven: loss and gradients max |diff|" in _printed(report)
+    assert "output max |diff|" not in _printed(report)
+    assert "proven: output max |diff|" in _printed(_audit(rm.NewUserNet()))  # the control
+
+
+def _printed(report: ModelReport) -> str:
+    from rich.console import Console
+
+    from cl_audit.render.terminal import render_report
+
+    console = Console(width=200, record=True, color_system=None)
+    with console.capture() as capture:
+        render_report(report, console)
+    return capture.get()
 
 
 def test_the_training_what_ifs_leave_the_model_and_the_random_state_as_the_audit_left_them():

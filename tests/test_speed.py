@@ -211,13 +211,19 @@ def test_the_speed_gate_exits_2_when_the_nchw_run_fails(tmp_path):
 
 def test_time_measures_both_layouts_in_alternating_rounds_through_the_cli(tmp_path):
     """Measured on this machine: only the section's shape is asserted (seven rounds each,
-    quartiles around the median, the classes of both layouts), never its figures."""
+    quartiles around the median, the classes of both layouts), never its figures; and issue
+    #67's one step time per layout: the ``--time`` line's step is the speed table's (they were
+    two measurements of the channels_last step, 95.2 against 67.4 ms on resnet18)."""
     out = tmp_path / "timed.json"
     done = _cli(f"{MODELS}:steady", "--input-size", "3x32x32", "--time", "--json", str(out))
     assert done.returncode == 0, done.stderr
     data = json.loads(out.read_text())
     jsonschema.validate(data, load_schema())
-    speed = ModelReport.from_dict(data).speed
+    report = ModelReport.from_dict(data)
+    speed, timing = report.speed, report.timing
+    assert timing.rounds_ms == speed.channels_last.rounds_ms  # one measurement, read twice
+    assert timing.step_ms == speed.channels_last.ms == speed.rows()[-1].channels_last_ms
+    assert f"step {timing.step_ms:.1f} ms (median of 7 rounds" in done.stdout
     assert speed.basis is SpeedBasis.MEASURED and speed.table is None
     assert len(speed.channels_last.rounds_ms) == len(speed.nchw.rounds_ms) == 7
     assert speed.low <= speed.speedup <= speed.high

@@ -23,8 +23,6 @@ from cl_audit.report import Timing
 from cl_audit.report.sections import Observed
 
 __all__ = [
-    "TIMED_STEPS",
-    "WARMUP_STEPS",
     "Profiler",
     "call_times",
     "copied_bytes",
@@ -33,12 +31,6 @@ __all__ = [
     "step_timing",
     "timed_ms",
 ]
-
-
-TIMED_STEPS = 7  # uninstrumented steps timed by --time, after WARMUP_STEPS
-
-
-WARMUP_STEPS = 2
 
 
 # Lines that libkineto writes to the process's stderr on its own (profiler start and stop, "no

@@ -22,7 +22,6 @@ from cl_audit.compat.fake_mode import fake_like
 from cl_audit.compat.modes import outside_modes, without_torch_function
 from cl_audit.enums import Amp, Optimizer, Phase, Stage, Workload
 from cl_audit.execution.audit_context import Audit
-from cl_audit.execution.timing import TIMED_STEPS, WARMUP_STEPS, timed_ms
 from cl_audit.report import GradientLayout
 from cl_audit.rule.attribution import own_code
 from cl_audit.settings import AuditSettings
@@ -158,12 +157,6 @@ class Step:
                     for key, value in first.state[metas[signature]].items()
                 }
 
-    def timed(self, forward: _Forward, device: torch.device) -> tuple[float, ...]:
-        """Milliseconds of ``TIMED_STEPS`` steps after ``WARMUP_STEPS``, no audit running."""
-        for _ in range(WARMUP_STEPS):
-            self.run(forward, None)
-        return tuple(timed_ms(lambda: self.run(forward, None), device) for _ in range(TIMED_STEPS))
-
     def run(self, forward: _Forward, active: Audit | None) -> None:
         plan = self.plan
         train = plan.workload.train
@@ -254,9 +247,6 @@ class BoundStep:
 
     def run(self, active: Audit | None) -> None:
         self.step.run(self.forward, active)
-
-    def timed(self, device: torch.device) -> tuple[float, ...]:
-        return self.step.timed(self.forward, device)
 
 
 class FakeScaler:

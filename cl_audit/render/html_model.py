@@ -189,9 +189,10 @@ def _fix_text(site: CostSite) -> str:
     return text
 
 
-def _remedy_cell(remedy: Remedy) -> str:
-    """The remedy and how far it is proven; the changes tried, under a fold."""
-    head, *trials = remedy_lines(remedy)
+def _remedy_cell(remedy: Remedy, train: bool) -> str:
+    """The remedy and how far it is proven; the changes tried (in a training step with
+    ``train``), under a fold."""
+    head, *trials = remedy_lines(remedy, train)
     cell = f'<span class="remedy-{esc(remedy.status.value)}">{esc(head)}</span>'
     if trials:
         items = "".join(f"<li>{esc(trial.strip())}</li>" for trial in trials)
@@ -219,7 +220,7 @@ def _cost_section(report: ModelReport) -> str:
         f'<td class="num" data-value="{site.saved}">{format_bytes(site.saved)}</td>'
         f"<td>{esc(_fix_text(site))}</td><td>"
         + (
-            _remedy_cell(site.remedy)
+            _remedy_cell(site.remedy, report.environment.train)
             if site.remedy is not None
             else ('<span class="dim">no known remedy</span>' if site.extra else "")
         )

@@ -29,6 +29,7 @@ from cl_audit.render.wording import (
     cost_line,
     format_bytes,
     headline,
+    mixed_line,
     module_text,
     plural,
     predicted_note,
@@ -226,7 +227,7 @@ _REMEDY_STYLES = {
 }
 
 
-def _fix_cell(site: CostSite) -> str:
+def _fix_cell(site: CostSite, train: bool) -> str:
     where = module_text(site.module_path, site.module_class)
     lines = [where]
     if site.fix_site is not None:
@@ -239,7 +240,7 @@ def _fix_cell(site: CostSite) -> str:
         lines.append(f"[{style}]{escape(remedy_head(remedy))}[/{style}]")
         held = next((t for t in remedy.evidence if t.holds), None)
         if held is not None:
-            lines.append(f"[dim]proven: {escape(trial_figures(held))}[/dim]")
+            lines.append(f"[dim]proven: {escape(trial_figures(held, train))}[/dim]")
         elif remedy.evidence:
             tried = plural(len(remedy.evidence), "change")
             lines.append(f"[dim]{tried} tried, none held: see below[/dim]")
@@ -248,9 +249,10 @@ def _fix_cell(site: CostSite) -> str:
     return "\n".join(lines)
 
 
-def cost_table(sites: tuple[CostSite, ...], top: int = 12) -> Table:
-    """The channels_last-only cost of ``sites``, the costliest first, folded over the modules
-    a site ran in; sites under 1% of the cost each fold into one line."""
+def cost_table(sites: tuple[CostSite, ...], *, train: bool, top: int = 12) -> Table:
+    """The channels_last-only cost of ``sites`` (of a training step's audit with ``train``),
+    the costliest first, folded over the modules a site ran in; sites under 1% of the cost
+    each fold into one line."""
     total = sum(site.extra for site in sites)
     groups: dict[tuple[object, ...], list[CostSite]] = {}
     for site in sites:
@@ -267,7 +269,7 @@ def cost_table(sites: tuple[CostSite, ...], top: int = 12) -> Table:
     for group in shown:
         first = group[0]
         modules = len(group)
-        where = _fix_cell(first)
+        where = _fix_cell(first, train)
         if modules > 1:
             where = where.replace(
                 module_text(first.module_path, first.module_class),
@@ -289,12 +291,13 @@ def cost_table(sites: tuple[CostSite, ...], top: int = 12) -> Table:
     return table
 
 
-def trials_text(cost: Cost) -> list[str]:
-    """Every change tried, by the line it was made at."""
+def trials_text(cost: Cost, train: bool) -> list[str]:
+    """Every change tried (in a training step's what-ifs with ``train``), by the line it was
+    made at."""
     lines: dict[str, list[str]] = {}
     for site in cost.sites:
         for trial in site.remedy.evidence if site.remedy is not None else ():
-            tried, text = lines.setdefault(trial.line, []), trial_text(trial)
+            tried, text = lines.setdefault(trial.line, []), trial_text(trial, train)
             if text not in tried:
                 tried.append(text)
     return [
@@ -316,18 +319,15 @@ def render_report(
     console.print(Panel(summary_text(report), title=f"cl-audit: {verdict}", expand=False))
     cost = report.cost
     if cost is not None and cost.extra_bytes:
-        console.print(cost_table(cost.sites))
-        for line in trials_text(cost):  # wrapped at the terminal's width, indented alike
+        train = report.environment.train
+        console.print(cost_table(cost.sites, train=train))
+        for line in trials_text(cost, train):  # wrapped at the terminal's width, indented alike
             indent = len(line) - len(line.lstrip())
             console.print(
                 Padding(line.lstrip(), (0, 0, 0, indent + 2 * (indent > 0))), highlight=False
             )
     if cost is not None and cost.mixed:
-        reads = sum(m.bytes_read for m in cost.mixed)
-        console.print(
-            f"{len(cost.mixed)} elementwise operations read both orders ({format_bytes(reads)} "
-            "read strided; no copy, not counted in the cost)"
-        )
+        console.print(mixed_line(cost.mixed), highlight=False)
     if report.offenders and (cost is None or show_all):
         console.print(offenders_table(report.offenders))
     if show_all and report.parameter_conversions:

@@ -16,6 +16,7 @@ from cl_audit.enums import (
 from cl_audit.report import (
     Cost,
     CostSite,
+    MixedSite,
     ModelReport,
     Remedy,
     SweepReport,
@@ -98,27 +99,50 @@ def remedy_head(remedy: Remedy) -> str:
     return f"remedy (a lead{note}): {remedy.advice}{reference}"
 
 
-def remedy_lines(remedy: Remedy) -> list[str]:
+def remedy_lines(remedy: Remedy, train: bool) -> list[str]:
     """``remedy_head``, then a line per change tried ("  held: ...", "  failed: ...")."""
-    return [remedy_head(remedy), *(f"  {trial_text(trial)}" for trial in remedy.evidence)]
+    tried = (f"  {trial_text(trial, train)}" for trial in remedy.evidence)
+    return [remedy_head(remedy), *tried]
 
 
-def trial_text(trial: Trial) -> str:
+def trial_text(trial: Trial, train: bool) -> str:
     """What one change did: "held: drop the .contiguous(): output max |diff| 0 (tolerance
     1e-05); here 2.3 MiB -> 0 B, elsewhere +0 B", or why it failed."""
     if trial.failure is not None:
         return f"failed: {trial.change}: {trial.failure}"
-    return f"{'held' if trial.holds else 'failed'}: {trial.change}: {trial_figures(trial)}"
+    figures = trial_figures(trial, train)
+    return f"{'held' if trial.holds else 'failed'}: {trial.change}: {figures}"
 
 
-def trial_figures(trial: Trial) -> str:
-    """A change's figures: the output's difference and the bytes at its sites and elsewhere."""
+def trial_figures(trial: Trial, train: bool) -> str:
+    """A change's figures: what was held (a forward's output; a training step's loss and
+    gradients, the one nearest its tolerance), its difference and the bytes at its sites and
+    elsewhere."""
     moved = trial.moved_bytes or 0
+    held = "loss and gradients" if train else "output"
     return (
-        f"output max |diff| {trial.max_abs_diff or 0:.3g} (tolerance {trial.tolerance or 0:.3g});"
+        f"{held} max |diff| {trial.max_abs_diff or 0:.3g} (tolerance {trial.tolerance or 0:.3g});"
         f" here {format_bytes(trial.site_bytes_before)} -> "
         f"{format_bytes(trial.site_bytes_after or 0)}, elsewhere "
         f"{'+' if moved >= 0 else '-'}{format_bytes(abs(moved))}"
+    )
+
+
+def mixed_line(mixed: tuple[MixedSite, ...], top: int = 3) -> str:
+    """The elementwise operations that read both orders, the most read ones named: "2
+    elementwise operations read both orders (96.0 KiB read strided; no copy, not counted in the
+    cost): aten.add at net.py:14 (64.0 KiB), aten.mul at net.py:15 (32.0 KiB)"."""
+    reads = sum(m.bytes_read for m in mixed)
+    named = sorted(mixed, key=lambda m: -m.bytes_read)[:top]
+    sites = ", ".join(
+        f"{m.op} at {m.call_site or module_text(m.module_path, None)}"
+        f"{f' x{m.count}' if m.count > 1 else ''} ({format_bytes(m.bytes_read)})"
+        for m in named
+    )
+    more = f", {len(mixed) - top} more (the HTML report lists them)" if len(mixed) > top else ""
+    return (
+        f"{plural(len(mixed), 'elementwise operation')} read both orders ({format_bytes(reads)} "
+        f"read strided; no copy, not counted in the cost): {sites}{more}"
     )
 
 
@@ -163,10 +187,10 @@ def timing_line(timing: Timing) -> str:
     """``--time``: the step and what the flagged operations take of it."""
     rounds = len(timing.rounds_ms)
     return (
-        f"step {timing.step_ms:.1f} ms (median of {rounds}, {timing.threads} threads); losses "
-        f"{timing.losses_ms:.2f} ms = {timing.share:.1%} of it (offenders {timing.offenders_ms:.2f}"
-        f", parameter {timing.parameter_ms:.2f}); regaining operations, whole, "
-        f"{timing.regains_ms:.2f} ms = {timing.regain_share:.1%} ({timing.clock} profiler)"
+        f"step {timing.step_ms:.1f} ms (median of {rounds} rounds, {timing.threads} threads); "
+        f"losses {timing.losses_ms:.2f} ms = {timing.share:.1%} of it (offenders "
+        f"{timing.offenders_ms:.2f}, parameter {timing.parameter_ms:.2f}); regaining operations, "
+        f"whole, {timing.regains_ms:.2f} ms = {timing.regain_share:.1%} ({timing.clock} profiler)"
     )
 
 

@@ -256,7 +256,8 @@ class GradientLayout:
 class Timing:
     """With ``--time``: the step's own time and the profiled time of the flagged operations.
 
-    ``step_ms`` is the median of ``rounds_ms``, steps timed without the audit; the flagged
+    ``step_ms`` is the median of ``rounds_ms``, each a round's milliseconds per step, timed
+    without the audit in the rounds the speed section reads (one measurement); the flagged
     operations were timed by ``torch.profiler`` in the audited step (``clock``: ``cpu`` is the
     profiler's CPU time, ``cuda`` the kernels' time). An operation that converts while doing
     other work (an activation's backward) counts whole: the figures are upper bounds of what the

@@ -1,5 +1,6 @@
 """The audited run: the forward or training step in channels_last under the checker (after an
-unaudited one, or untimed rounds with ``--time``), and what it saw."""
+unaudited one; with ``--time``, after each layout's rounds, ``timed.measure``), and what it
+saw."""
 
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ from cl_audit.intercept.observer import Observer
 from cl_audit.predict.divergences import kernel_copy_table
 from cl_audit.report.sections import Training
 from cl_audit.run.phases.subject import Audited, Sections, Subject
+from cl_audit.run.phases.timed import measure
 
 __all__ = ["Audited", "instrumented", "run_audited"]
 
@@ -43,14 +45,10 @@ def run_audited(subject: Subject, done: Sections) -> Audited:
     settings = plan.settings
     step = run.stepper(plan, forward, loss)
     ledger = _ledger(plan)
-    rounds: tuple[float, ...] = ()
+    measured = measure(plan, model, run.example, loss, label) if settings.time else None
     profiled = 0.0
-    warm: tuple[Stage, Exception] | None = None
     try:
-        if settings.time:
-            rounds = step.timed(plan.device)
-        else:
-            warm = _warm_up(run, step)
+        warm = _warm_up(run, step)
         with run.tensor_mode(), instrumented(plan, model, run, ledger) as (active, prof):
             if settings.time:
                 profiled = timed_ms(lambda: step.run(active), plan.device)
@@ -71,8 +69,10 @@ def run_audited(subject: Subject, done: Sections) -> Audited:
     training = None
     if plan.workload.train:
         training = Training(settings.optimizer.value, step.layouts)
-    timing = step_timing(observed, rounds, profiled, plan.device) if settings.time else None
-    return Audited(observed, training, timing, ledger, _weights(run, ledger))
+    timing = None
+    if measured is not None:
+        timing = step_timing(observed, measured.audited.rounds_ms, profiled, plan.device)
+    return Audited(observed, training, timing, ledger, _weights(run, ledger), measured)
 
 
 def _weights(run: TensorRun, ledger: Ledger | None) -> frozenset[str]:

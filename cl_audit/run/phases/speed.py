@@ -1,24 +1,20 @@
 """Does channels_last pay: the step's time in both layouts, measured or predicted.
 
-Measured, with ``time`` on an eager run: the model in channels_last and in NCHW, each on a copy
-of its own, timed in alternating rounds (``execution.rounds``, as ``cl-audit bench`` times),
-then each profiled for one step: every operation's own time (the kernels' on CUDA, the CPU's
-on the CPU) by class. Predicted otherwise: the device's operation time table
-(``predict.speed_table``) applied to both runs' operations as their ledgers saw them
-(``predict.speed_model``), or unknown, saying why, where no table or no NCHW run exists.
+Measured, with ``time`` on an eager run: the rounds and profiles the audited phase measured
+before the audited run (``timed.measure``: the audited layout and NCHW, each on a copy of its
+own, alternated, then each profiled for one step), the same rounds the ``--time`` box reads.
+Predicted otherwise: the device's operation time table (``predict.speed_table``) applied to
+both runs' operations as their ledgers saw them (``predict.speed_model``), or unknown, saying
+why, where no table or no NCHW run exists.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
-
 import torch
 
-from cl_audit.enums import SpeedBasis, SpeedClass, SpeedVerdict, Strategy
-from cl_audit.execution.rounds import Configuration, alternate, configure
-from cl_audit.execution.timing import Profiler
+from cl_audit.enums import SpeedBasis, SpeedClass, SpeedVerdict
 from cl_audit.intercept.ledger import Ledger
-from cl_audit.predict.speed_model import StepTime, predict, speed_kind
+from cl_audit.predict.speed_model import StepTime, predict
 from cl_audit.predict.table_store import Choice, choose, this_machine
 from cl_audit.report.speed_report import (
     ClassTime,
@@ -28,10 +24,9 @@ from cl_audit.report.speed_report import (
     speed_verdict,
 )
 from cl_audit.run.phases.subject import Sections, Subject
+from cl_audit.run.phases.timed import ROUNDS, STEPS, WARMUP, Measured
 
-__all__ = ["ROUNDS", "STEPS", "WARMUP", "predict_speed", "profiled_class", "speed_phase"]
-
-ROUNDS, STEPS, WARMUP = 7, 3, 3  # measured: alternating rounds, steps a round, least warm-up
+__all__ = ["predict_speed", "speed_phase"]
 
 
 def speed_phase(subject: Subject, done: Sections) -> Speed:
@@ -41,8 +36,9 @@ def speed_phase(subject: Subject, done: Sections) -> Speed:
     band, device = settings.gate.slowdown, plan.device.type
     if not settings.strategy.compared:
         return _unknown(band, device, "the model's format is the caller's: nothing to compare")
-    if settings.time and not plan.tensors.predicted:
-        return _measured(subject, band)
+    measured = None if done.audited is None else done.audited.measured
+    if measured is not None:
+        return _measured(subject, measured, band)
     return _predicted(subject, done, band)
 
 
@@ -152,23 +148,15 @@ def _classes(cl: dict[SpeedClass, float], nchw: dict[SpeedClass, float]) -> tupl
     return tuple(ClassTime(c, round(cl.get(c, 0.0), 4), round(nchw.get(c, 0.0), 4)) for c in found)
 
 
-def _measured(subject: Subject, band: float) -> Speed:
-    plan, run = subject.plan, subject.run
+def _measured(subject: Subject, measured: Measured, band: float) -> Speed:
+    """The speed section of the rounds the audited phase measured (``timed.measure``)."""
+    plan = subject.plan
     device = plan.device
-    amp = plan.settings.amp is not None
-    configurations = [
-        configure(subject.model, run.example, plan, strategy, amp, subject.loss)
-        for strategy in (Strategy.NCHW, Strategy.CHANNELS_LAST)
-    ]
-    rounds, _ = alternate(configurations, ROUNDS, WARMUP, STEPS, device, subject.label)
-    nchw_rounds, cl_rounds = (rounds[c.name] for c in configurations)
-    low, speedup, high = round_ratios(nchw_rounds, cl_rounds)
-    profiled = [_profiled(c, device) for c in configurations]
-    nchw_classes, cl_classes = profiled
-    cl_ms = sorted(cl_rounds)[len(cl_rounds) // 2]
-    nchw_ms = sorted(nchw_rounds)[len(nchw_rounds) // 2]
-    sites = max(cl_classes.get(SpeedClass.CONVERSION, 0.0)
-                - nchw_classes.get(SpeedClass.CONVERSION, 0.0), 0.0)  # fmt: skip
+    cl, nchw = measured.audited, measured.nchw
+    assert nchw is not None  # measured with the audit's strategy compared
+    low, speedup, high = round_ratios(nchw.rounds_ms, cl.rounds_ms)
+    sites = max(cl.classes.get(SpeedClass.CONVERSION, 0.0)
+                - nchw.classes.get(SpeedClass.CONVERSION, 0.0), 0.0)  # fmt: skip
     clock = "the kernels' own time" if device.type == "cuda" else "the CPU's own time"
     settings = (
         ("rounds", str(ROUNDS)),
@@ -187,57 +175,11 @@ def _measured(subject: Subject, band: float) -> Speed:
         speedup=speedup,
         low=low,
         high=high,
-        channels_last=LayoutTime(cl_ms, sum(cl_classes.values()), rounds_ms=cl_rounds),
-        nchw=LayoutTime(nchw_ms, sum(nchw_classes.values()), rounds_ms=nchw_rounds),
-        classes=_classes(cl_classes, nchw_classes),
-        conversion_share=_share(cl_classes.get(SpeedClass.CONVERSION, 0.0), cl_ms),
+        channels_last=LayoutTime(cl.ms, sum(cl.classes.values()), rounds_ms=cl.rounds_ms),
+        nchw=LayoutTime(nchw.ms, sum(nchw.classes.values()), rounds_ms=nchw.rounds_ms),
+        classes=_classes(dict(cl.classes), dict(nchw.classes)),
+        conversion_share=_share(cl.classes.get(SpeedClass.CONVERSION, 0.0), cl.ms),
         sites_ms=sites,
-        fixed_speedup=_fixed(nchw_ms, cl_ms, sites),
+        fixed_speedup=_fixed(nchw.ms, cl.ms, sites),
         settings=settings,
     )
-
-
-# the profiler's names of operations that run inside the ones the audit sees
-_FORWARD = ("mkldnn_convolution", "cudnn_convolution", "_convolution", "_conv_depthwise2d",
-            "_slow_conv2d_forward", "convolution")  # fmt: skip
-_PROFILED = {name: SpeedClass.CONV_FORWARD for name in _FORWARD} | {
-    name: SpeedClass.CONVERSION for name in ("copy_", "clone", "contiguous")
-}
-
-
-def _profiled(c: Configuration, device: torch.device) -> dict[SpeedClass, float]:
-    """One step of a configuration under the profiler: milliseconds by class, from each
-    operation's own time (a convolution's backward as its gradients together: the profiler
-    holds both in one operation)."""
-    with Profiler(device, times=True) as profiler:
-        c.step.run(c.forward, None)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-    by_class: dict[SpeedClass, float] = defaultdict(float)
-    for event in profiler.events().key_averages():
-        if not event.key.startswith("aten::"):
-            continue
-        us = getattr(event, "self_device_time_total", 0.0) if device.type == "cuda" else (
-            event.self_cpu_time_total
-        )  # fmt: skip
-        if us <= 0:
-            continue
-        by_class[profiled_class(event.key)] += us / 1e3
-    return dict(by_class)
-
-
-def profiled_class(name: str) -> SpeedClass:
-    """The class of an operation the profiler names (``aten::mkldnn_convolution``): the
-    operations that run inside the ones the audit sees by their own names, the rest as the
-    speed model classes them."""
-    bare = name.removeprefix("aten::")
-    known = _PROFILED.get(bare)
-    if known is not None:
-        return known
-    if "convolution_backward" in bare:
-        return SpeedClass.CONV_GRADIENTS
-    packet = getattr(torch.ops.aten, bare, None)
-    op = getattr(packet, "default", None) if packet is not None else None
-    if op is None:
-        return SpeedClass.OTHER
-    return speed_kind(op)[1]

@@ -17,6 +17,7 @@ from cl_audit.intercept.ledger import Ledger
 from cl_audit.report import Compiled, Timing
 from cl_audit.report.sections import Comparison, Observed, Training
 from cl_audit.report.speed_report import Speed
+from cl_audit.run.phases.timed import Measured
 
 __all__ = ["Audited", "Compared", "Sections", "Subject"]
 
@@ -35,14 +36,16 @@ class Subject:
 
 @dataclass(frozen=True)
 class Audited:
-    """The audited run's sections, its cost ledger for the comparison, and the names of the
-    model's tensors its convolutions took as their weight."""
+    """The audited run's sections, its cost ledger for the comparison, the names of the
+    model's tensors its convolutions took as their weight, and with ``time`` the rounds
+    measured before it (the ``--time`` box's step and the speed section's)."""
 
     observed: Observed
     training: Training | None
     timing: Timing | None
     ledger: Ledger | None
     convolution_weights: frozenset[str] = frozenset()
+    measured: Measured | None = None
 
 
 @dataclass(frozen=True)

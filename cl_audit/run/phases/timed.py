@@ -1,0 +1,122 @@
+"""With ``time``: the step measured once per layout, unaudited, before the audited run.
+
+The audited layout, and NCHW where the audit compares with it, each on a copy of the model of
+its own, timed in alternating rounds (``execution.rounds``, as ``cl-audit bench`` times), then
+each profiled for one step: every operation's own time (the kernels' on CUDA, the CPU's on the
+CPU) by class. The ``--time`` box's step and the speed section's read these same rounds: one
+step time per layout wherever it is printed.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from cl_audit.enums import SpeedClass, Strategy
+from cl_audit.execution.inputs import Example
+from cl_audit.execution.plan import RunPlan
+from cl_audit.execution.rounds import Configuration, alternate, configure
+from cl_audit.execution.timing import Profiler
+from cl_audit.predict.speed_model import speed_kind
+
+__all__ = ["ROUNDS", "STEPS", "WARMUP", "LayoutRounds", "Measured", "measure", "profiled_class"]
+
+ROUNDS, STEPS, WARMUP = 7, 3, 3  # alternating rounds, steps a round, least warm-up steps
+
+
+@dataclass(frozen=True)
+class LayoutRounds:
+    """One layout's rounds (milliseconds per step, each the mean of a round's ``STEPS``) and,
+    where profiled, its operations' own time by class."""
+
+    rounds_ms: tuple[float, ...]
+    classes: Mapping[SpeedClass, float] = field(default_factory=dict)
+
+    @property
+    def ms(self) -> float:
+        """The median round's step."""
+        return statistics.median(self.rounds_ms)
+
+
+@dataclass(frozen=True)
+class Measured:
+    """The audited layout's rounds, and NCHW's (None: the model's format is the caller's, so
+    nothing is compared and nothing profiled)."""
+
+    audited: LayoutRounds
+    nchw: LayoutRounds | None
+
+
+def measure(
+    plan: RunPlan,
+    model: nn.Module,
+    example: Example,
+    loss: Callable[[Any], torch.Tensor] | None,
+    label: str,
+) -> Measured:
+    """The rounds of the plan's strategy and, where it is compared, NCHW's, alternated, each
+    on a copy of ``model``; each compared layout then profiled for one step.
+    ``ModelFailedError`` names the configuration that failed."""
+    strategy = plan.settings.strategy
+    amp = plan.settings.amp is not None
+    strategies = (Strategy.NCHW, strategy) if strategy.compared else (strategy,)
+    configurations = [configure(model, example, plan, s, amp, loss) for s in strategies]
+    rounds, _ = alternate(configurations, ROUNDS, WARMUP, STEPS, plan.device, label)
+    if not strategy.compared:
+        return Measured(LayoutRounds(rounds[configurations[0].name]), None)
+    nchw, audited = (
+        LayoutRounds(rounds[c.name], _profiled(c, plan.device)) for c in configurations
+    )
+    return Measured(audited, nchw)
+
+
+# the profiler's names of operations that run inside the ones the audit sees
+_FORWARD = ("mkldnn_convolution", "cudnn_convolution", "_convolution", "_conv_depthwise2d",
+            "_slow_conv2d_forward", "convolution")  # fmt: skip
+_PROFILED = {name: SpeedClass.CONV_FORWARD for name in _FORWARD} | {
+    name: SpeedClass.CONVERSION for name in ("copy_", "clone", "contiguous")
+}
+
+
+def _profiled(c: Configuration, device: torch.device) -> dict[SpeedClass, float]:
+    """One step of a configuration under the profiler: milliseconds by class, from each
+    operation's own time (a convolution's backward as its gradients together: the profiler
+    holds both in one operation)."""
+    with Profiler(device, times=True) as profiler:
+        c.step.run(c.forward, None)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    by_class: dict[SpeedClass, float] = defaultdict(float)
+    for event in profiler.events().key_averages():
+        if not event.key.startswith("aten::"):
+            continue
+        us = getattr(event, "self_device_time_total", 0.0) if device.type == "cuda" else (
+            event.self_cpu_time_total
+        )  # fmt: skip
+        if us <= 0:
+            continue
+        by_class[profiled_class(event.key)] += us / 1e3
+    return dict(by_class)
+
+
+def profiled_class(name: str) -> SpeedClass:
+    """The class of an operation the profiler names (``aten::mkldnn_convolution``): the
+    operations that run inside the ones the audit sees by their own names, the rest as the
+    speed model classes them."""
+    bare = name.removeprefix("aten::")
+    known = _PROFILED.get(bare)
+    if known is not None:
+        return known
+    if "convolution_backward" in bare:
+        return SpeedClass.CONV_GRADIENTS
+    packet = getattr(torch.ops.aten, bare, None)
+    op = getattr(packet, "default", None) if packet is not None else None
+    if op is None:
+        return SpeedClass.OTHER
+    return speed_kind(op)[1]
