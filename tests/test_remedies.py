@@ -194,6 +194,31 @@ def test_untried_the_fold_keeps_its_cost_and_its_fix_sites_lead():
     assert site.remedy.pattern == "flatten or reshape of a channels_last map"
 
 
+def test_a_reshape_lead_is_the_entry_whose_pattern_fits_the_calls_shapes():
+    """Issue #67: untried (a fake run, no what-ifs), the per-channel ``reshape(b * c, 1, h, w)``
+    was offered the catalogue's first reshape entry, the token flattening; the ledger keeps each
+    copying call's shapes (copied, returned) and an entry is offered only where they fit: batch
+    and channels merged get the grouped convolution. The control: a reshape that keeps the
+    batch (the attention fold's) is still offered the flattening, fake or eager."""
+    from cl_audit.enums import TensorMode
+    from cl_audit.run.audit_module import audit_module
+    from cl_audit.settings import AuditSettings
+
+    flatten, per_channel = "flatten or reshape of a channels_last map", "batch and channels of"
+
+    def reshapes(model: nn.Module, mode: TensorMode) -> set[str]:
+        torch.manual_seed(0)
+        settings = AuditSettings(tensor_mode=mode, verify=False)
+        report = audit_module(model, (_input(),), settings)
+        patterns = {s.remedy.pattern for s in report.cost.sites if s.extra and s.remedy}
+        return {p for p in patterns if p.startswith((flatten, per_channel))}
+
+    for mode in (TensorMode.FAKE, TensorMode.EAGER):
+        (found,) = reshapes(rm.NewUserNet(), mode)
+        assert found.startswith(per_channel), mode
+        assert reshapes(rm.AttentionFold(), mode) == {flatten}, mode
+
+
 def test_a_fold_whose_upstream_changes_all_fail_stays_a_lead_showing_them():
     report = _audit(rm.AttentionFold(flat=True))
     (site,) = [s for s in report.cost.sites if s.extra]

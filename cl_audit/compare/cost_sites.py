@@ -33,8 +33,13 @@ def _site(
     if root is not None and (root == fix or (root.call_site, root.module_path) == here):
         root = None  # named already
     fix_ops = () if fix is None else (fix.python_op, fix.aten_op)
+    shaped = channels_last.copy_shapes
+    shapes = (
+        shaped.get((call_site, python_op)),
+        None if fix is None else shaped.get((fix.call_site, fix.python_op)),
+    )
     costs = cl[1] > nchw[1]  # a remedy only where channels_last costs bytes
-    remedy = remedy_for(kind, (python_op, aten_op), fix_ops, context) if costs else None
+    remedy = remedy_for(kind, (python_op, aten_op), fix_ops, context, shapes) if costs else None
     return CostSite(
         kind=kind,
         phase=place.phase,

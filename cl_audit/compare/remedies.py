@@ -15,11 +15,12 @@ verification phase tries them on the model and the remedy a site shows is the ch
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from cl_audit.compat.versions import TORCH_VERSION, torch_version
 from cl_audit.enums import CostKind
+from cl_audit.intercept.ledger import Shapes
 from cl_audit.report.verdict import Remedy
 
 __all__ = [
@@ -47,6 +48,7 @@ class _Entry:
     together: tuple[frozenset[str], ...] = ()  # op groups the module must each cost at
     changes: tuple[str, ...] = ()  # what-if changes that carry the advice out (whatif.CHANGES)
     releases: tuple[tuple[int, int], tuple[int, int]] = ((0, 0), (99, 0))  # [since, before)
+    fits: Callable[[Shapes], bool] | None = None  # the call's shapes its pattern matches
 
 
 def _entry(
@@ -60,9 +62,11 @@ def _entry(
     together: tuple[str, ...] = (),
     changes: str = "",
     releases: str = "",
+    fits: Callable[[Shapes], bool] | None = None,
 ) -> _Entry:
     """An entry; ``releases`` ("2.4-2.15": from 2.4 on, before 2.15) bounds the torch releases
-    whose kernels its advice describes (none: every release)."""
+    whose kernels its advice describes (none: every release); ``fits`` the copying calls its
+    pattern describes, by the shape copied and the shape returned (none: every call)."""
     since, _, before = releases.partition("-")
     return _Entry(
         frozenset(ops.split()),
@@ -73,6 +77,7 @@ def _entry(
         tuple(frozenset(group.split()) for group in together),
         tuple(changes.split()),
         (torch_version(since or "0.0"), torch_version(before or "99.0")),
+        fits,
     )
 
 
@@ -92,6 +97,22 @@ _KEEP_ADVICE = (
     "still channels_last), or give it back its strides after "
     "model.to(memory_format=torch.channels_last): p.data = p.data.contiguous()"
 )
+
+
+def _batch_and_channels_merged(shapes: Shapes) -> bool:
+    """A reshape of (b, c, h, w) to (b * c, ..., h, w): each channel as a batch item."""
+    copied, returned = shapes
+    return (
+        len(copied) == 4 and len(returned) >= 3
+        and returned[0] == copied[0] * copied[1] and returned[-2:] == copied[-2:]
+    )  # fmt: skip
+
+
+def _not_per_channel(shapes: Shapes) -> bool:
+    """Any other reshape: to features or tokens, a patch or window partition."""
+    return not _batch_and_channels_merged(shapes)
+
+
 # Weight standardisation: the weight's reshape or normalisation, and the convolution of it.
 _STANDARDISE = "torch.batch_norm Tensor.reshape torch.reshape Tensor.view"
 _CONVOLVE = "torch.conv2d aten.convolution"
@@ -107,6 +128,7 @@ REMEDIES: tuple[_Entry, ...] = (
         "features: only for new or adapted weights)",
         "strides: a view needs the dimensions it merges to be adjacent in memory, so NHWC "
         "data reshaped to C*H*W order must copy (torch.Tensor.view)",
+        fits=_not_per_channel,
     ),
     _entry(
         "Tensor.reshape torch.reshape Tensor.view",
@@ -119,6 +141,7 @@ REMEDIES: tuple[_Entry, ...] = (
         "(NCHW); a grouped convolution reads each channel in place (torch.nn.functional.conv2d, "
         "groups)",
         changes="depthwise",
+        fits=_batch_and_channels_merged,
     ),
     _entry(
         "Tensor.contiguous",
@@ -289,8 +312,12 @@ REMEDIES: tuple[_Entry, ...] = (
 KEPT_PATTERNS = frozenset(e.remedy.pattern for e in REMEDIES if KEEP_AS_IT_WAS in e.changes)
 
 
-def _matches(entry: _Entry, op: str | None, kind: CostKind, context: SiteContext) -> bool:
+def _matches(
+    entry: _Entry, op: str | None, kind: CostKind, context: SiteContext, shapes: Shapes | None
+) -> bool:
     if op is None or kind not in entry.kinds or context.device not in entry.devices:
+        return False
+    if entry.fits is not None and shapes is not None and not entry.fits(shapes):
         return False
     since, before = entry.releases
     if not since <= context.release < before:
@@ -316,20 +343,23 @@ def matches(
     ops: tuple[str | None, ...],
     fix_ops: tuple[str | None, ...],
     context: SiteContext,
+    shapes: tuple[Shapes | None, Shapes | None] = (None, None),
 ) -> tuple[Match, ...]:
     """The entries for a costing site of ``kind`` whose operation goes by ``ops`` (Python name,
     aten name), then those for its fix site, whose operation goes by ``fix_ops`` (a copy, or
-    for a parameter site a parameter conversion); the catalogue's order within each."""
+    for a parameter site a parameter conversion); the catalogue's order within each. ``shapes``:
+    the site's call's and the fix site's (``Ledger.copy_shapes``), where known: an entry whose
+    pattern does not fit them is left out."""
     fix_kind = CostKind.PARAMETER if kind is CostKind.PARAMETER else CostKind.COPY
     own = [
         Match(e.remedy, e.changes, False)
         for e in REMEDIES
-        if any(_matches(e, op, kind, context) for op in ops)
+        if any(_matches(e, op, kind, context, shapes[0]) for op in ops)
     ]
     fix = [
         Match(e.remedy, e.changes, True)
         for e in REMEDIES
-        if any(_matches(e, op, fix_kind, context) for op in fix_ops)
+        if any(_matches(e, op, fix_kind, context, shapes[1]) for op in fix_ops)
     ]
     return (*own, *fix)
 
@@ -339,9 +369,10 @@ def remedy_for(
     ops: tuple[str | None, ...],
     fix_ops: tuple[str | None, ...],
     context: SiteContext,
+    shapes: tuple[Shapes | None, Shapes | None] = (None, None),
 ) -> Remedy | None:
     """The catalogue's first remedy for the site (``matches``), untried."""
-    found = matches(kind, ops, fix_ops, context)
+    found = matches(kind, ops, fix_ops, context, shapes)
     return found[0].remedy if found else None
 
 

@@ -43,7 +43,7 @@ from cl_audit.rule.attribution import Location
 from cl_audit.rule.conversions import COPY_ATEN_OPS, SPATIAL_RANKS
 from cl_audit.rule.layout import MemoryLayout, layout_of, stride_class
 
-__all__ = ["METADATA_READS", "STRIDED_READS", "Cause", "Ledger", "OpRecord", "Place"]
+__all__ = ["METADATA_READS", "STRIDED_READS", "Cause", "Ledger", "OpRecord", "Place", "Shapes"]
 
 # Operations whose kernels read inputs of any strides while writing their output, converting
 # nothing: a layout mismatch there is strided reads, as in an elementwise operation.
@@ -74,6 +74,8 @@ _ORDERED = (_CL, _CONTIGUOUS)
 # (fix site, root cause) of the contiguous data an operation read: the writer of its order, and
 # where its run began (``Origin.cause``)
 Cause = tuple[Producer, Producer | None]
+# the shape an explicit copy read, and the shape its Python call returned
+Shapes = tuple[tuple[int, ...], tuple[int, ...]]
 
 
 class Place(NamedTuple):
@@ -166,6 +168,10 @@ class Ledger:
         self._latest: dict[int, int] = {}
         self.times = OpTimes()  # what the speed prediction prices (``predict.speed_model``)
         self.convolution_weights: set[int] = set()  # storages a convolution took as its weight
+        # (call site, Python operation) of an explicit copy -> the shape it copied and the
+        # shape the call returned (a reshape's copy, then its view: ``copy_shapes``)
+        self.copy_shapes: dict[tuple[str | None, str | None], Shapes] = {}
+        self._pending: tuple[tuple[str | None, str | None], int, object] | None = None
 
     def alike(self) -> Ledger:
         """An empty ledger that counts as this one does (for the NCHW run)."""
@@ -201,6 +207,8 @@ class Ledger:
 
     def observe(self, record: OpRecord) -> None:
         """One operation, after it ran."""
+        if self._pending is not None:
+            self._reshaped(record)
         self.times.observe(record.aten_op, record.inputs, record.outputs, record.phase)
         if record.aten_op is _CONVOLUTION and len(record.in_keys) > 1:
             self.convolution_weights.add(record.in_keys[1])
@@ -236,7 +244,9 @@ class Ledger:
                 self._explicit.add(call)
                 parameters = record.parameters
                 parameter = all(key in parameters for key in in_keys)
-                self._add(self.copies, self._place(record, parameter, False), written, record.cause)
+                place = self._place(record, parameter, False)
+                self._add(self.copies, place, written, record.cause)
+                self._shapes(place, record)
             return
         inputs = record.inputs
         spatial_out = None
@@ -384,6 +394,24 @@ class Ledger:
             None if python_op is None else python_op_name(python_op),
             aten_op_name(record.aten_op),
         )
+
+    def _shapes(self, place: Place, record: OpRecord) -> None:
+        """The first explicit copy at a call site: the shape it copied, and its own output's
+        as the call's result until a view of it in the same call says otherwise."""
+        key = (place.call_site, place.python_op)
+        if key in self.copy_shapes or not record.inputs or not record.outputs:
+            return
+        self.copy_shapes[key] = (tuple(record.inputs[0].shape), tuple(record.outputs[0].shape))
+        self._pending = (key, record.out_keys[0], record.python_op)
+
+    def _reshaped(self, record: OpRecord) -> None:
+        """The operation right after a copy: a view of the copy in the same Python call (a
+        reshape's ``clone``, then its ``_unsafe_view``) gives the call's result shape."""
+        assert self._pending is not None
+        key, copied, python_op = self._pending
+        self._pending = None
+        if record.python_op is python_op and record.in_keys[:1] == [copied] and record.outputs:
+            self.copy_shapes[key] = (self.copy_shapes[key][0], tuple(record.outputs[0].shape))
 
     def _add(
         self, table: dict[Place, list[int]], place: Place, size: int, cause: Cause | None
