@@ -4,6 +4,7 @@ from cl_audit.compiled.graphs import compiled_layouts
 from cl_audit.enums import Verdict
 from cl_audit.errors import AuditError, ModelFailedError, UsageError
 from cl_audit.execution.audit_context import Audit, audit
+from cl_audit.registry import OpClass, register_operator
 from cl_audit.report import Compiled, Cost, CostSite, ModelReport, ReportFormatError
 from cl_audit.rule.layout import MemoryLayout, classify
 from cl_audit.run.audit_module import audit_model
@@ -20,6 +21,7 @@ __all__ = [
     "MemoryLayout",
     "ModelFailedError",
     "ModelReport",
+    "OpClass",
     "ReportFormatError",
     "UsageError",
     "Verdict",
@@ -28,4 +30,5 @@ __all__ = [
     "audit_models",
     "classify",
     "compiled_layouts",
+    "register_operator",
 ]

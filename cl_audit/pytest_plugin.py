@@ -111,6 +111,7 @@ class _Session:
         """Record ``report`` under ``key``; raise ``AssertionError`` on offenders that neither
         ``allow`` nor the baseline (unless updating it) accounts for."""
         from cl_audit.enums import Mode, ModelSource
+        from cl_audit.render.wording import plural
         from cl_audit.report import ModelRow
         from cl_audit.testing import offender_table, unexpected
 
@@ -124,7 +125,7 @@ class _Session:
         if found:
             where = " (not in the baseline)" if self.path is not None else ""
             raise AssertionError(
-                f"{label} loses channels_last: {len(found)} site{'s' * (len(found) > 1)} not "
+                f"{label} loses channels_last: {plural(len(found), 'site')} not "
                 f"allowed{where}\n{offender_table(found, train=report.environment.train)}"
             )
 

@@ -34,6 +34,7 @@ from rich.console import Console
 from torch import nn
 
 from cl_audit.enums import Amp, Engine, Verdict
+from cl_audit.render.wording import plural
 from cl_audit.report import CostSite, Finding, ModelReport
 from cl_audit.report.verdict import GATE_BATCH
 from cl_audit.run.audit_module import audit_model
@@ -135,7 +136,7 @@ def assert_keeps_channels_last(
         label = name or type(model).__name__
         phase = "a training step" if train else "the forward"
         raise AssertionError(
-            f"{label} loses channels_last in {phase}: {len(found)} "
-            f"site{'s' * (len(found) > 1)} not allowed\n{offender_table(found, train=train)}"
+            f"{label} loses channels_last in {phase}: {plural(len(found), 'site')} "
+            "not allowed\n{offender_table(found, train=train)}"
         )
     return report

@@ -32,7 +32,7 @@ from cl_audit.compat.operators import aten_op_name
 from cl_audit.execution.timing import Profiler, copies_by_call
 from cl_audit.intercept.dispatch import DispatchEngine
 from cl_audit.intercept.tracking import nbytes, tensor_arguments
-from cl_audit.rule.conversions import COPY_ATEN_OPS
+from cl_audit.registry import OpClass, names_in
 from cl_audit.rule.layout import MemoryLayout, StrideClass, layout_of, stride_class
 
 OUT = Path(__file__).resolve().parents[1] / "cl_audit" / "predict" / "kernel_copies.json"
@@ -199,7 +199,7 @@ def _probe(probe: Probe, device: torch.device) -> dict[tuple[str, int, int, str]
                     (i, t) for i, t in enumerate(op_inputs)
                     if t.is_floating_point() and not t.is_contiguous()
                 ]  # fmt: skip
-                if op in COPY_ATEN_OPS or len(odd) != 1:
+                if op in names_in(OpClass.COPY) or len(odd) != 1:
                     continue
                 index, read = odd[0]
                 if read.dim() in (4, 5) and layout_of(read) is not MemoryLayout.OTHER:

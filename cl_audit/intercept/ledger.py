@@ -38,35 +38,20 @@ from cl_audit.intercept.naming import python_op_name
 from cl_audit.intercept.tracking import nbytes
 from cl_audit.predict.divergences import KernelCopies
 from cl_audit.predict.speed_model import OpTimes
+from cl_audit.registry import OpClass, lookup
 from cl_audit.report import Producer
 from cl_audit.rule.attribution import Location
-from cl_audit.rule.conversions import COPY_ATEN_OPS, SPATIAL_RANKS
+from cl_audit.rule.conversions import SPATIAL_RANKS
 from cl_audit.rule.layout import MemoryLayout, layout_of, stride_class
 
-__all__ = ["METADATA_READS", "STRIDED_READS", "Cause", "Ledger", "OpRecord", "Place", "Shapes"]
+__all__ = ["Cause", "Ledger", "OpRecord", "Place", "Shapes"]
 
-# Operations whose kernels read inputs of any strides while writing their output, converting
-# nothing: a layout mismatch there is strided reads, as in an elementwise operation.
-STRIDED_READS = frozenset(
-    ["aten.cat", "aten.stack", "aten.index", "aten.index_select", "aten.gather",
-     "aten.constant_pad_nd", "aten.slice_scatter", "aten.select_scatter", "aten.index_put",
-     "aten.scatter", "aten.masked_fill", "aten.where", "aten.expand_copy"]
-)  # fmt: skip
-# Kernels that copy their input whatever its order: ``slice_backward`` fills zeros and copies
-# the gradient into the slice. A fake run predicts no conversion there (eagerly the two runs
-# copy alike: dpn68b on the CPU and on an H200); a measured run places the profiler's copies
-# there as at any kernel.
-ALWAYS_COPIES = frozenset(["aten.slice_backward"])
-# Operations that read only their inputs' shape, dtype and device, never their data: a layout
-# mismatch there converts nothing (``x.new_full((n, 1), v)`` of a channels_last map).
-METADATA_READS = frozenset(
-    ["aten.new_empty", "aten.new_empty_strided", "aten.new_full", "aten.new_zeros",
-     "aten.new_ones", "aten.empty_like", "aten.zeros_like", "aten.ones_like", "aten.full_like",
-     "aten.rand_like", "aten.randn_like", "aten.randint_like"]
-)  # fmt: skip
-_EXPLICIT = COPY_ATEN_OPS | {"aten.copy_", "aten.copy"}
 
 _CONVOLUTION = torch.ops.aten.convolution.default
+# a layout mismatch converts nothing where an operation reads no data (``x.new_full((n, 1), v)``
+# of a channels_last map) or makes a view
+_READS_NO_DATA = frozenset({OpClass.METADATA_READ, OpClass.VIEW})
+_READS_ANY_STRIDES = frozenset({OpClass.STRIDED_READ, OpClass.POINTWISE})
 _CL = MemoryLayout.CHANNELS_LAST
 _CONTIGUOUS = MemoryLayout.CONTIGUOUS
 _ORDERED = (_CL, _CONTIGUOUS)
@@ -192,13 +177,15 @@ class Ledger:
         if known is None:
             name = aten_op_name(aten_op)
             pointwise, reduction, view, in_place = op_traits(aten_op)
-            if name in _EXPLICIT:
+            declared = lookup(name)
+            classes = declared.classes if declared is not None else frozenset()
+            if OpClass.COPY in classes or OpClass.COPY_INTO in classes:
                 kind = _COPY
-            elif pointwise or name in STRIDED_READS:
+            elif pointwise or classes & _READS_ANY_STRIDES:
                 kind = _MIXED
-            elif reduction or view or name in METADATA_READS:
+            elif reduction or view or classes & _READS_NO_DATA:
                 kind = _OTHER
-            elif name in ALWAYS_COPIES:
+            elif OpClass.ALWAYS_COPIES in classes:
                 kind = _CONVERTS if self.measured else _OTHER
             else:
                 kind = _CONVERTS

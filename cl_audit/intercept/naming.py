@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from cl_audit.compat.operators import aten_op_name, is_operator
+from cl_audit.registry import on_change
 from cl_audit.rule.conversions import is_copy_op
 
 __all__ = ["is_copy", "python_op_name"]
@@ -42,8 +43,12 @@ def python_op_name(func: object) -> str:
 
 @functools.cache
 def is_copy(aten_op: object, python_op: object) -> bool:
-    """Whether the operation is a pure copy (``rule.is_copy_op``), judged once per operator."""
+    """Whether the operation is a pure copy (``rule.is_copy_op``), judged once per operator
+    (and again after the operator registry changes)."""
     return is_copy_op(
         None if aten_op is None else aten_op_name(aten_op),
         None if python_op is None else python_op_name(python_op),
     )
+
+
+on_change(is_copy.cache_clear)

@@ -38,6 +38,7 @@ from cl_audit.compat.operators import aten_op_name, op_traits
 from cl_audit.enums import Phase, SpeedClass
 from cl_audit.predict.queue import Issued, replay
 from cl_audit.predict.speed_table import ConvCall, HostCosts, SpeedTable
+from cl_audit.registry import OpClass, lookup
 
 __all__ = ["OpTimes", "StepTime", "predict", "speed_kind"]
 
@@ -58,60 +59,43 @@ class _Kind(Enum):
     TABLE = "table"  # from the table's samples of its name
 
 
-_CONVS = {"aten.convolution": _Kind.CONV, "aten.convolution_backward": _Kind.CONV_BACKWARD}
-_MATMULS = frozenset(["aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm",
-                      "aten._addmm_activation"])  # fmt: skip
-_ATTENTION = frozenset(
-    ["aten._scaled_dot_product_efficient_attention", "aten._scaled_dot_product_flash_attention",
-     "aten._scaled_dot_product_cudnn_attention", "aten._flash_attention_forward",
-     "aten._scaled_dot_product_flash_attention_for_cpu", "aten._efficient_attention_forward"]
-)  # fmt: skip
-_COPIES = frozenset(["aten.clone", "aten.copy_", "aten._to_copy", "aten.copy", "aten.contiguous"])
-# Operations after which the host waits for the device: a value read back (``.item()``), an
-# output whose size depends on the data, and GradScaler's unscale, whose inf check
-# ``GradScaler.step`` reads with ``.item()`` before the optimizer step (a fake run has no value
-# to read, so the fake scaler skips that read: the unscale stands for it).
-_SYNCS = frozenset(
-    ["aten._local_scalar_dense", "aten.nonzero", "aten.masked_select", "aten._unique2",
-     "aten.unique_consecutive", "aten.unique_dim", "aten.equal", "aten.is_nonzero",
-     "aten._amp_foreach_non_finite_check_and_unscale_"]
-)  # fmt: skip
-_NORMS = frozenset(
-    ["native_batch_norm", "_native_batch_norm_legit", "_native_batch_norm_legit_no_training",
-     "_native_batch_norm_legit_functional", "cudnn_batch_norm", "miopen_batch_norm",
-     "_batch_norm_with_update", "native_group_norm", "native_layer_norm",
-     "native_batch_norm_backward", "cudnn_batch_norm_backward", "batch_norm_backward",
-     "miopen_batch_norm_backward", "native_group_norm_backward", "native_layer_norm_backward",
-     "_fused_rms_norm", "_fused_rms_norm_backward"]
-)  # fmt: skip
+# how each declared class is priced, and the class its time falls in (``registry.OpClass``)
+_PRICED = {
+    OpClass.CONVOLUTION: (_Kind.CONV, SpeedClass.CONV_FORWARD),
+    OpClass.CONVOLUTION_BACKWARD: (_Kind.CONV_BACKWARD, SpeedClass.CONV_FORWARD),
+    OpClass.MATRIX_PRODUCT: (_Kind.MATMUL, SpeedClass.OTHER),
+    OpClass.ATTENTION: (_Kind.ATTENTION, SpeedClass.ATTENTION),
+    OpClass.ATTENTION_BACKWARD: (_Kind.ATTENTION_BACKWARD, SpeedClass.ATTENTION),
+    OpClass.COPY: (_Kind.COPY, SpeedClass.ELEMENTWISE),
+    OpClass.COPY_INTO: (_Kind.COPY, SpeedClass.ELEMENTWISE),
+    OpClass.SYNC: (_Kind.SYNC, SpeedClass.OTHER),
+}
 _PASS_CLASS = {"forward": SpeedClass.CONV_FORWARD, "input_grad": SpeedClass.CONV_INPUT_GRAD,
                "weight_grad": SpeedClass.CONV_WEIGHT_GRAD}  # fmt: skip
 
 
 def speed_kind(op: object) -> tuple[_Kind, SpeedClass, str, bool]:
     """How ``op`` is priced, the class its time falls in, its name in the tables, and whether
-    it is elementwise (dense reads and writes in either layout: priced alike in both)."""
+    it is elementwise (dense reads and writes in either layout: priced alike in both): as the
+    operator registry declares it, else from its tags."""
     name = aten_op_name(op)
     table_name = name.replace("aten.", "aten::", 1)
-    if name in _CONVS:
-        return _CONVS[name], SpeedClass.CONV_FORWARD, table_name, False
-    if name in _MATMULS:
-        return _Kind.MATMUL, SpeedClass.OTHER, table_name, False
-    if name in _ATTENTION or name.removesuffix("_backward") in _ATTENTION:
-        backward = name.endswith("_backward")
-        kind = _Kind.ATTENTION_BACKWARD if backward else _Kind.ATTENTION
-        return kind, SpeedClass.ATTENTION, table_name, False
-    if name in _COPIES:
-        return _Kind.COPY, SpeedClass.ELEMENTWISE, table_name, False
-    if name in _SYNCS:
-        return _Kind.SYNC, SpeedClass.OTHER, table_name, False
+    declared = lookup(name)
+    classes = declared.classes if declared is not None else frozenset()
+    for cls, (kind, speed_class) in _PRICED.items():
+        if cls in classes:
+            return kind, speed_class, table_name, False
     pointwise, reduction, view, _ = op_traits(op)
-    if view:
+    if view or OpClass.VIEW in classes:
         return _Kind.VIEW, SpeedClass.OTHER, table_name, False
-    bare = name.removeprefix("aten.")
-    if bare in _NORMS:
+    if declared is not None and declared.priced_like is not None:
+        table_name = declared.priced_like
+    if OpClass.NORMALISATION in classes:
         return _Kind.TABLE, SpeedClass.NORMALISATION, table_name, False
-    if pointwise or reduction or "pool" in bare or "upsample" in bare or bare in ("cat", "stack"):
+    bare = name.removeprefix("aten.")
+    pointwise = pointwise or OpClass.POINTWISE in classes
+    passes = pointwise or reduction or OpClass.CONCATENATION in classes
+    if passes or "pool" in bare or "upsample" in bare:
         return _Kind.TABLE, SpeedClass.ELEMENTWISE, table_name, pointwise
     return _Kind.TABLE, SpeedClass.OTHER, table_name, False
 

@@ -22,11 +22,10 @@ from __future__ import annotations
 import torch
 
 from cl_audit.enums import Provenance, RegainSource
+from cl_audit.registry import OpClass, lookup
 from cl_audit.rule.layout import MemoryLayout, layout_of
 
 __all__ = [
-    "COPY_ATEN_OPS",
-    "COPY_PYTHON_OPS",
     "SPATIAL_RANKS",
     "carries_order",
     "is_copy_op",
@@ -38,31 +37,16 @@ __all__ = [
 
 SPATIAL_RANKS = (4, 5)
 
-# Operations whose only work is to copy their input (maybe in another shape, dtype or device).
-# At aten level ``contiguous``, ``reshape`` and ``flatten`` are composites that reach the dispatcher
-# as ``clone`` (+ ``_unsafe_view``); they are listed for other tracers.
-COPY_ATEN_OPS = frozenset(
-    ["aten.clone", "aten.copy", "aten._to_copy", "aten._reshape_copy", "aten.contiguous",
-     "aten.reshape", "aten.flatten", "aten.ravel"]
-)  # fmt: skip
-# The outermost Python-level calls the patch engine sees (``torch.flatten`` of a channels_last
-# map is one call there, a clone plus a view at aten level).
-COPY_PYTHON_OPS = frozenset(
-    ["Tensor.contiguous", "Tensor.clone", "torch.clone", "Tensor.to", "Tensor.type",
-     "Tensor.float", "Tensor.double", "Tensor.half", "Tensor.bfloat16", "Tensor.cpu",
-     "Tensor.cuda", "Tensor.reshape", "torch.reshape", "Tensor.reshape_as", "Tensor.flatten",
-     "torch.flatten", "Tensor.ravel", "torch.ravel"]
-)  # fmt: skip
-
 _CONTIGUOUS = MemoryLayout.CONTIGUOUS
 
 
 def is_copy_op(aten_name: str | None, python_name: str | None) -> bool:
-    """A pure copy: judged by the aten name when there is one (dispatch engine), else by the
-    Python-level name (patch engine)."""
-    if aten_name is not None:
-        return aten_name in COPY_ATEN_OPS
-    return python_name in COPY_PYTHON_OPS
+    """A pure copy (``OpClass.COPY`` in the operator registry: its only work is to copy its
+    input, maybe in another shape, dtype or device): judged by the aten name when there is one
+    (dispatch engine), else by the Python-level name (patch engine: ``torch.flatten`` of a
+    channels_last map is one call there, a clone plus a view at aten level)."""
+    declared = lookup(aten_name if aten_name is not None else python_name or "")
+    return declared is not None and OpClass.COPY in declared.classes
 
 
 def carries_order(tensor: torch.Tensor) -> bool:

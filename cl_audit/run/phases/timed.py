@@ -24,6 +24,7 @@ from cl_audit.execution.plan import RunPlan
 from cl_audit.execution.rounds import Configuration, alternate, configure
 from cl_audit.execution.timing import Profiler
 from cl_audit.predict.speed_model import speed_kind
+from cl_audit.registry import OpClass, lookup
 
 __all__ = ["ROUNDS", "STEPS", "WARMUP", "LayoutRounds", "Measured", "measure", "profiled_class"]
 
@@ -76,12 +77,7 @@ def measure(
     return Measured(audited, nchw)
 
 
-# the profiler's names of operations that run inside the ones the audit sees
-_FORWARD = ("mkldnn_convolution", "cudnn_convolution", "_convolution", "_conv_depthwise2d",
-            "_slow_conv2d_forward", "convolution")  # fmt: skip
-_PROFILED = {name: SpeedClass.CONV_FORWARD for name in _FORWARD} | {
-    name: SpeedClass.CONVERSION for name in ("copy_", "clone", "contiguous")
-}
+_COPIES = frozenset({OpClass.COPY, OpClass.COPY_INTO})
 
 
 def _profiled(c: Configuration, device: torch.device) -> dict[SpeedClass, float]:
@@ -106,13 +102,17 @@ def _profiled(c: Configuration, device: torch.device) -> dict[SpeedClass, float]
 
 
 def profiled_class(name: str) -> SpeedClass:
-    """The class of an operation the profiler names (``aten::mkldnn_convolution``): the
-    operations that run inside the ones the audit sees by their own names, the rest as the
-    speed model classes them."""
+    """The class of an operation the profiler names (``aten::mkldnn_convolution``): a copy's
+    own time is a conversion's, a convolution's (the kernels it runs inside declared with it in
+    the operator registry) the forward's, a convolution backward's both gradients'; the rest as
+    the speed model classes them."""
     bare = name.removeprefix("aten::")
-    known = _PROFILED.get(bare)
-    if known is not None:
-        return known
+    declared = lookup(f"aten.{bare}")
+    classes = declared.classes if declared is not None else frozenset()
+    if classes & _COPIES:
+        return SpeedClass.CONVERSION
+    if OpClass.CONVOLUTION in classes:
+        return SpeedClass.CONV_FORWARD
     if "convolution_backward" in bare:
         return SpeedClass.CONV_GRADIENTS
     packet = getattr(torch.ops.aten, bare, None)
