@@ -137,6 +137,6 @@ def assert_keeps_channels_last(
         phase = "a training step" if train else "the forward"
         raise AssertionError(
             f"{label} loses channels_last in {phase}: {plural(len(found), 'site')} "
-            "not allowed\n{offender_table(found, train=train)}"
+            f"not allowed\n{offender_table(found, train=train)}"
         )
     return report
