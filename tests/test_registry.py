@@ -1,8 +1,8 @@
 """The operator registry (issue #65): what cl-audit knows of each operator declared once and
 read by the rule, the ledger and the speed model; a user's own ``torch.library`` operator
-declared there changes what an audit reads of it, and only while it is declared."""
-
-from __future__ import annotations
+declared there changes what an audit reads of it, and only while it is declared. (No
+``from __future__ import annotations``: torch 2.4's ``custom_op`` reads the annotations as
+types, not strings.)"""
 
 import contextlib
 
