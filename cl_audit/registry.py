@@ -34,6 +34,7 @@ from enum import Enum
 __all__ = [
     "OpClass",
     "Operator",
+    "classes_of",
     "lookup",
     "names_in",
     "on_change",
@@ -173,6 +174,12 @@ def _name(op: object) -> str:
 def lookup(name: str) -> Operator | None:
     """What is declared of the operator ``name`` (a user's declaration first), or None."""
     return _USER.get(name) or _BUILT_IN.get(name)
+
+
+def classes_of(name: str) -> frozenset[OpClass]:
+    """The classes declared of the operator ``name`` (none where it is not declared)."""
+    declared = lookup(name)
+    return frozenset() if declared is None else declared.classes
 
 
 def names_in(cls: OpClass) -> frozenset[str]:

@@ -38,7 +38,7 @@ from cl_audit.intercept.naming import python_op_name
 from cl_audit.intercept.tracking import nbytes
 from cl_audit.predict.divergences import KernelCopies
 from cl_audit.predict.speed_model import OpTimes
-from cl_audit.registry import OpClass, lookup
+from cl_audit.registry import OpClass, classes_of
 from cl_audit.report import Producer
 from cl_audit.rule.attribution import Location
 from cl_audit.rule.conversions import SPATIAL_RANKS
@@ -177,8 +177,7 @@ class Ledger:
         if known is None:
             name = aten_op_name(aten_op)
             pointwise, reduction, view, in_place = op_traits(aten_op)
-            declared = lookup(name)
-            classes = declared.classes if declared is not None else frozenset()
+            classes = classes_of(name)
             if OpClass.COPY in classes or OpClass.COPY_INTO in classes:
                 kind = _COPY
             elif pointwise or classes & _READS_ANY_STRIDES:

@@ -24,7 +24,7 @@ from cl_audit.execution.plan import RunPlan
 from cl_audit.execution.rounds import Configuration, alternate, configure
 from cl_audit.execution.timing import Profiler
 from cl_audit.predict.speed_model import speed_kind
-from cl_audit.registry import OpClass, lookup
+from cl_audit.registry import OpClass, classes_of
 
 __all__ = ["ROUNDS", "STEPS", "WARMUP", "LayoutRounds", "Measured", "measure", "profiled_class"]
 
@@ -107,8 +107,7 @@ def profiled_class(name: str) -> SpeedClass:
     the operator registry) the forward's, a convolution backward's both gradients'; the rest as
     the speed model classes them."""
     bare = name.removeprefix("aten::")
-    declared = lookup(f"aten.{bare}")
-    classes = declared.classes if declared is not None else frozenset()
+    classes = classes_of(f"aten.{bare}")
     if classes & _COPIES:
         return SpeedClass.CONVERSION
     if OpClass.CONVOLUTION in classes:
