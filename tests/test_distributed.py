@@ -36,6 +36,7 @@ def ddp_report(tmp_path_factory):
     out = tmp_path_factory.mktemp("ddp") / "report.json"
     result = invoke(TOY, "--train", "--ddp", "--no-verify", "--json", str(out))
     data = json.loads(out.read_text())
+    assert "summary" in data, result.output  # an error report says why the ranks failed
     offending = data["summary"]["verdict"] == "offending"
     assert result.exit_code == (1 if offending else 0), result.output  # exit as the verdict says
     return result.output, data

@@ -17,7 +17,6 @@ import datetime
 import json
 import os
 import pickle
-import socket
 import subprocess
 import sys
 import tempfile
@@ -54,12 +53,6 @@ __all__ = ["ddp_check", "fsdp_check"]
 _BACKEND = "gloo"
 _TIMEOUT = datetime.timedelta(seconds=300)  # a rank that never reaches the collective
 _WORST = (BucketMatch.MISMATCHED, BucketMatch.AMBIGUOUS, BucketMatch.MATCHES)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _parameters(module: torch.nn.Module, bucket: dict[str, tuple[int, ...]]) -> list[dict]:
@@ -225,11 +218,11 @@ def _fsdp_preflight(ref: ModelRef, settings: AuditSettings, world_size: int) -> 
 def _rank(job: str, rank: int, out: str) -> None:
     """One rank, in a process of its own (``python -m cl_audit.features.distributed JOB RANK
     OUT``): the job's findings, or its error's first line, written to ``out/rank<N>.json``."""
-    world_size, port, ref, settings, *rest = pickle.loads(Path(out, "args.pickle").read_bytes())
+    world_size, ref, settings, *rest = pickle.loads(Path(out, "args.pickle").read_bytes())
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // world_size))
     dist.init_process_group(
         _BACKEND,
-        init_method=f"tcp://127.0.0.1:{port}",
+        init_method=Path(out, "store").as_uri(),  # a file store: no port to race others for
         rank=rank,
         world_size=world_size,
         timeout=_TIMEOUT,
@@ -252,7 +245,7 @@ def _ranks(job: str, ref: ModelRef, world_size: int, where: str, args: tuple) ->
     """Each rank's result of ``job`` on ``world_size`` gloo processes; ``ModelFailedError``
     naming the rank and ``where`` when one fails."""
     with tempfile.TemporaryDirectory(prefix="cl-audit-distributed-") as out:
-        Path(out, "args.pickle").write_bytes(pickle.dumps((world_size, _free_port(), *args)))
+        Path(out, "args.pickle").write_bytes(pickle.dumps((world_size, *args)))
         ranks = [
             subprocess.Popen(
                 [sys.executable, "-m", "cl_audit.features.distributed", job, str(rank), out],
