@@ -1,14 +1,14 @@
 """cl-audit: what channels_last costs a PyTorch model against NCHW, and where to fix it."""
 
 from cl_audit.compiled.graphs import compiled_layouts
-from cl_audit.enums import Verdict
+from cl_audit.enums import Engine, Verdict
 from cl_audit.errors import AuditError, ModelFailedError, UsageError
 from cl_audit.execution.audit_context import Audit, audit
+from cl_audit.integrations.assertion import assert_keeps_channels_last
 from cl_audit.registry import OpClass, register_operator
 from cl_audit.report import Compiled, Cost, CostSite, ModelReport, ReportFormatError
 from cl_audit.rule.layout import MemoryLayout, classify
 from cl_audit.run.audit_module import audit_model
-from cl_audit.settings import Engine
 from cl_audit.sweep.api import audit_models
 
 __all__ = [
@@ -25,6 +25,7 @@ __all__ = [
     "ReportFormatError",
     "UsageError",
     "Verdict",
+    "assert_keeps_channels_last",
     "audit",
     "audit_model",
     "audit_models",

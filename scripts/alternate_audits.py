@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from cl_audit.enums import Amp, ModelSource, TensorMode
-from cl_audit.settings import AuditSettings
+from cl_audit.execution.settings import AuditSettings
 from cl_audit.sources import ModelRef
 from cl_audit.sweep.selection import Selection
 from cl_audit.sweep.worker import Job, SweepSettings, audit_job

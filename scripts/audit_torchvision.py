@@ -22,8 +22,8 @@ import time
 
 import torch
 
+from cl_audit.execution.settings import AuditSettings, Engine
 from cl_audit.report import ModelReport, ModelSource, decode_document, encode_document
-from cl_audit.settings import AuditSettings, Engine
 from cl_audit.sources import ModelRef, load_model
 from cl_audit.sources.source_audit import audit_loaded
 from cl_audit.sources.torchvision_models import CHANNELS_LAST_TIER

@@ -18,9 +18,9 @@ import time
 
 import torch
 
+from cl_audit.execution.settings import Amp, AuditSettings
 from cl_audit.features.bench import BenchSettings, bench_module
 from cl_audit.report import ModelSource
-from cl_audit.settings import Amp, AuditSettings
 from cl_audit.sources import ModelRef, load_model
 from cl_audit.sources.torchvision_models import CHANNELS_LAST_TIER
 

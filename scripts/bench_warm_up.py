@@ -22,10 +22,10 @@ from pathlib import Path
 import torch
 import torchvision
 
+from cl_audit.execution.settings import Amp, AuditSettings, TensorMode
 from cl_audit.execution.training import BoundStep
-from cl_audit.files import write_text
+from cl_audit.report.files import write_text
 from cl_audit.run.audit_module import audit_module
-from cl_audit.settings import Amp, AuditSettings, TensorMode
 
 CASES = {
     "resnet50, eager inference": AuditSettings(),

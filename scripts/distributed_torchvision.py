@@ -27,9 +27,9 @@ from compiled_torchvision import one_per_module
 from cl_audit.enums import BucketMatch, ModelSource, WrapOrder
 from cl_audit.errors import ModelFailedError
 from cl_audit.execution.plan import plan_run
+from cl_audit.execution.settings import AuditSettings
 from cl_audit.features.distributed import ddp_check, fsdp_check
 from cl_audit.report.envelope import decode_document, encode_document
-from cl_audit.settings import AuditSettings
 from cl_audit.sources import ModelRef
 
 

@@ -34,9 +34,9 @@ import torch
 
 from cl_audit.enums import ModelSource, TensorMode
 from cl_audit.execution.plan import plan_run
+from cl_audit.execution.settings import AuditSettings
 from cl_audit.execution.tensors import TENSORS
 from cl_audit.report import ModelReport, ModelRow, decode_document
-from cl_audit.settings import AuditSettings
 from cl_audit.sources import BuildOptions, ModelRef, load_model
 from cl_audit.sources.source_audit import audit_loaded
 

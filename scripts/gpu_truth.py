@@ -27,8 +27,8 @@ from dataclasses import replace
 
 import torch
 
+from cl_audit.execution.settings import Amp, AuditSettings
 from cl_audit.report import ModelReport, ModelSource, TensorMode
-from cl_audit.settings import Amp, AuditSettings
 from cl_audit.sources import BuildOptions, ModelRef, load_model
 from cl_audit.sources.source_audit import audit_loaded
 from cl_audit.sources.torchvision_models import CHANNELS_LAST_TIER

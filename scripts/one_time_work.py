@@ -27,10 +27,10 @@ from torch.overrides import TorchFunctionMode
 
 from cl_audit.enums import ModelSource
 from cl_audit.execution.plan import plan_run
-from cl_audit.files import write_text
+from cl_audit.execution.settings import AuditSettings, TensorMode
 from cl_audit.intercept.naming import python_op_name
+from cl_audit.report.files import write_text
 from cl_audit.rule.attribution import call_site
-from cl_audit.settings import AuditSettings, TensorMode
 from cl_audit.sources import BuildOptions, ModelRef, load_model
 from cl_audit.sources.source_audit import prepare
 

@@ -26,9 +26,9 @@ import torch
 import cl_audit.run.audit_module as run_module
 import cl_audit.sweep.worker as worker_module
 from cl_audit.enums import TensorMode
+from cl_audit.execution.settings import AuditSettings
 from cl_audit.execution.training import Step
 from cl_audit.report import ModelSource
-from cl_audit.settings import AuditSettings
 from cl_audit.sources import ModelRef
 from cl_audit.sweep.worker import Job, SweepSettings, audit_job
 

@@ -20,11 +20,11 @@ from pathlib import Path
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 
-from cl_audit.files import read_ops, read_report, write_text
+from cl_audit.execution.settings import AuditSettings
 from cl_audit.render.html_model import model_html
 from cl_audit.render.html_sweep import sweep_html
 from cl_audit.report import ModelSource, SweepReport
-from cl_audit.settings import AuditSettings
+from cl_audit.report.files import read_ops, read_report, write_text
 from cl_audit.sources import ModelRef, load_model
 from cl_audit.sources.source_audit import audit_loaded
 

@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 
 from cl_audit.enums import ModelSource, TensorMode
-from cl_audit.files import write_text
-from cl_audit.settings import AuditSettings
+from cl_audit.execution.settings import AuditSettings
+from cl_audit.report.files import write_text
 from cl_audit.sources import BuildOptions, ModelRef, load_model
 from cl_audit.sources.source_audit import audit_loaded
 

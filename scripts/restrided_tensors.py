@@ -26,7 +26,7 @@ from torch import nn
 
 from cl_audit.compare.kept import restrided
 from cl_audit.execution.convert import to_channels_last
-from cl_audit.files import write_text
+from cl_audit.report.files import write_text
 
 
 def _candidates(model: nn.Module) -> tuple[str, ...]:

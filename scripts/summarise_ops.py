@@ -16,7 +16,7 @@ import re
 from collections import Counter
 from pathlib import Path
 
-from cl_audit.files import read_ops
+from cl_audit.report.files import read_ops
 from cl_audit.report.ops_report import WORST
 
 MODULE = re.compile(r"^nn\.[A-Z]")

@@ -18,9 +18,9 @@ from typing import Any
 import torch
 
 from cl_audit.enums import ModelSource
-from cl_audit.files import write_text
+from cl_audit.execution.settings import AuditSettings, parse_input_size
 from cl_audit.report import ModelReport
-from cl_audit.settings import AuditSettings, parse_input_size
+from cl_audit.report.files import write_text
 from cl_audit.sources import BuildOptions, ModelRef, load_model
 from cl_audit.sources.source_audit import audit_loaded
 

@@ -22,6 +22,7 @@ from typer.testing import CliRunner
 from cl_audit.cli import app
 from cl_audit.execution.convert import apply_strategy, strategy_input
 from cl_audit.execution.rounds import WARMUP_LIMIT
+from cl_audit.execution.settings import Amp, AuditSettings, Strategy
 from cl_audit.features.bench import BenchSettings, bench_module
 from cl_audit.render.html_model import model_html
 from cl_audit.report import Conversion, RegainSource, load_schema
@@ -33,7 +34,6 @@ from cl_audit.report.bench_report import (
     dashboard_records,
 )
 from cl_audit.run.audit_module import audit_model
-from cl_audit.settings import Amp, AuditSettings, Strategy
 
 MODELS = str(Path(__file__).with_name("bench_models.py"))
 CL = torch.channels_last

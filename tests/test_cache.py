@@ -20,8 +20,8 @@ from literal_reports import finding, row
 
 import cl_audit
 import cl_audit.sweep.cache as cache_module
+from cl_audit.execution.settings import AuditSettings
 from cl_audit.report import ModelSource, Status, SweepReport
-from cl_audit.settings import AuditSettings
 from cl_audit.sources import ModelRef
 from cl_audit.sweep.cache import SweepCache
 from cl_audit.sweep.worker import SweepSettings

@@ -88,8 +88,8 @@ def test_version_1_sweeps_are_read_merged_and_compared():
 
     import jsonschema
 
-    from cl_audit.files import read_sweep
     from cl_audit.report import load_schema
+    from cl_audit.report.files import read_sweep
 
     path = Path(__file__).with_name("data") / "sweep-v1.json"
     jsonschema.validate(__import__("json").loads(path.read_text()), load_schema("sweep", 1))

@@ -38,6 +38,7 @@ from cl_audit.compat.versions import TORCH_VERSION
 from cl_audit.errors import UsageError
 from cl_audit.execution.audit_context import audit
 from cl_audit.execution.plan import resolve_device
+from cl_audit.execution.settings import AuditSettings, TensorMode
 from cl_audit.predict.divergences import (
     CUDA_KERNEL_OVERRIDES,
     KernelCopies,
@@ -47,7 +48,6 @@ from cl_audit.predict.divergences import (
 )
 from cl_audit.predict.fake_tensors import KernelSourceMode
 from cl_audit.run.audit_module import audit_module
-from cl_audit.settings import AuditSettings, TensorMode
 
 PACKAGE = Path(compat.__file__).parent.parent  # cl_audit
 COMPAT = Path(compat.__file__).parent  # cl_audit/compat

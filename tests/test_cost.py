@@ -380,8 +380,8 @@ def test_the_nchw_run_kept_for_its_ledger_alone_weighs_as_a_full_audit_of_it(
 def test_fake_mode_predicts_the_same_sites_from_strides():
     torch.manual_seed(0)
     model = cm.ContiguousCopy()
+    from cl_audit.execution.settings import AuditSettings, TensorMode
     from cl_audit.run.audit_module import audit_module
-    from cl_audit.settings import AuditSettings, TensorMode
 
     settings = AuditSettings(tensor_mode=TensorMode.FAKE, gate=Gate(0, 0))
     report = audit_module(model, (_input(),), settings)
@@ -391,8 +391,8 @@ def test_fake_mode_predicts_the_same_sites_from_strides():
 
 
 def _fake(model: torch.nn.Module, train: bool = False, device: str = "cpu") -> ModelReport:
+    from cl_audit.execution.settings import AuditSettings, TensorMode
     from cl_audit.run.audit_module import audit_module
-    from cl_audit.settings import AuditSettings, TensorMode
 
     torch.manual_seed(0)
     settings = AuditSettings(

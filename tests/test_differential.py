@@ -17,9 +17,9 @@ from typer.testing import CliRunner
 import cl_audit
 from cl_audit.cli import app
 from cl_audit.compare.differential import CounterpartWatcher, classify_terminal
+from cl_audit.execution.settings import AuditSettings, TensorMode
 from cl_audit.report import Differential, DifferentialRun, DifferentialStatus
 from cl_audit.run.audit_module import audit_module
-from cl_audit.settings import AuditSettings, TensorMode
 
 HERE = Path(__file__).parent
 
@@ -170,7 +170,7 @@ class DtypeProbe(torch.nn.Module):
 
 @needs_fake_cuda
 def test_fake_cuda_amp_takes_effect_without_a_gpu_and_is_restored():
-    from cl_audit.settings import Amp
+    from cl_audit.execution.settings import Amp
 
     probe = DtypeProbe()
     settings = AuditSettings(device="cuda", tensor_mode=TensorMode.FAKE, amp=Amp.FP16)

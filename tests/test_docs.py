@@ -144,7 +144,7 @@ def _resolve(dotted: str) -> object:
     calls the ``cl_audit`` fixture by the package's name)."""
     import importlib
 
-    from cl_audit.pytest_plugin import ClAudit
+    from cl_audit.integrations.pytest_plugin import ClAudit
 
     parts, found = dotted.strip(".").split("."), importlib.import_module("cl_audit")
     if len(parts) == 1 and not hasattr(found, parts[0]) and hasattr(ClAudit, parts[0]):

@@ -201,8 +201,8 @@ def test_a_reshape_lead_is_the_entry_whose_pattern_fits_the_calls_shapes():
     and channels merged get the grouped convolution. The control: a reshape that keeps the
     batch (the attention fold's) is still offered the flattening, fake or eager."""
     from cl_audit.enums import TensorMode
+    from cl_audit.execution.settings import AuditSettings
     from cl_audit.run.audit_module import audit_module
-    from cl_audit.settings import AuditSettings
 
     flatten, per_channel = "flatten or reshape of a channels_last map", "batch and channels of"
 

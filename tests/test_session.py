@@ -13,8 +13,8 @@ from literal_reports import finding, row
 from torch_checks import needs_node_by_node
 
 import cl_audit.sweep.session as session
+from cl_audit.execution.settings import AuditSettings
 from cl_audit.report import Mode, ModelRow, ModelSource, Status, TensorMode, load_schema
-from cl_audit.settings import AuditSettings
 from cl_audit.sources import ModelRef
 from cl_audit.sweep.runner import Checkpoint
 from cl_audit.sweep.worker import Job, SweepSettings
@@ -145,7 +145,7 @@ def test_settings_record_fake_as_before(tensor_mode):
 
 
 def test_the_sweep_environment_states_a_training_step(monkeypatch, tmp_path):
-    from cl_audit.settings import Optimizer
+    from cl_audit.execution.settings import Optimizer
 
     training = SweepSettings(audit=AuditSettings(train=True, optimizer=Optimizer.ADAMW))
     outcomes = {"a": lambda job: as_mode(row("a"), job)}

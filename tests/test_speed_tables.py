@@ -271,8 +271,8 @@ def test_a_training_audit_hands_the_speed_model_its_phases():
     import speed_models as sm
 
     from cl_audit.enums import Phase
+    from cl_audit.execution.settings import AuditSettings
     from cl_audit.run.audit_module import operations
-    from cl_audit.settings import AuditSettings
 
     settings = AuditSettings(train=True, verify=False)  # eager: every release trains so
     cl, nchw = operations(sm.Convolutions(), (torch.randn(2, 3, 16, 16),), settings)

@@ -330,7 +330,7 @@ def test_bad_baseline_is_a_usage_error(tmp_path):
 def test_zero_filled_build_is_restored_by_identity_and_keeps_verdicts():
     import torch
 
-    from cl_audit.settings import AuditSettings
+    from cl_audit.execution.settings import AuditSettings
     from cl_audit.sources import BuildOptions, load_model
     from cl_audit.sources.refs import building
     from cl_audit.sources.source_audit import audit_loaded

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from cl_audit.compat.versions import TORCH_VERSION, torch_version
+from cl_audit.execution.settings import AuditSettings, Engine
 from cl_audit.report import Differential, ModelReport, ModelSource, decode_document
 from cl_audit.report.environment import distribution_version
-from cl_audit.settings import AuditSettings, Engine
 from cl_audit.sources import LoadedModel, ModelRef, load_model
 from cl_audit.sources.source_audit import audit_loaded
 from cl_audit.sources.torchvision_models import CHANNELS_LAST_TIER as MODELS

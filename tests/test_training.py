@@ -25,11 +25,11 @@ from cl_audit.compat import memo as compat_memo
 from cl_audit.compat.backward import recording_hooks
 from cl_audit.compat.cuda import fake_cuda_problem
 from cl_audit.errors import ModelFailedError, Stage, UsageError
+from cl_audit.execution.settings import Amp, AuditSettings, Engine, Optimizer, Strategy, TensorMode
 from cl_audit.intercept import dispatch
 from cl_audit.report import Phase, RegainSource, Verdict
 from cl_audit.report.codec import encode
 from cl_audit.run.audit_module import audit_module
-from cl_audit.settings import Amp, AuditSettings, Engine, Optimizer, Strategy, TensorMode
 
 SPEC = f"{Path(__file__).with_name('training_models.py')}:activation_before_pool"
 ANY_COST = ("--fail-share", "0", "--fail-bytes", "0")  # these models' costs are KiB

@@ -18,10 +18,10 @@ import jsonschema
 import pytest
 import torch
 
-from cl_audit import audit_model, files
+from cl_audit import audit_model
 from cl_audit.errors import UsageError
 from cl_audit.render.outputs import write_outputs
-from cl_audit.report import REPORT_VERSION, ModelReport, load_schema
+from cl_audit.report import REPORT_VERSION, ModelReport, files, load_schema
 
 TOYS = str(Path(__file__).with_name("toy_models.py"))
 SPEED = str(Path(__file__).with_name("speed_models.py"))
@@ -82,7 +82,7 @@ def test_every_writer_goes_through_the_one_atomic_write(tmp_path, monkeypatch):
     from literal_reports import row, sweep
     from rich.console import Console
 
-    from cl_audit.commands import merge_reports
+    from cl_audit.cli.merge_command import merge_reports
 
     one, out = tmp_path / "one.json", tmp_path / "merged.json"
     files.write_json(one, sweep(row("a")), "--json")

@@ -8,8 +8,8 @@ import pytest
 from torch_checks import needs_node_by_node
 
 from cl_audit.errors import Stage
+from cl_audit.execution.settings import AuditSettings
 from cl_audit.report import Mode, ModelRow, ModelSource, Status, TensorMode
-from cl_audit.settings import AuditSettings
 from cl_audit.sources import ModelRef
 from cl_audit.sweep.runner import Checkpoint, run_jobs
 from cl_audit.sweep.worker import Job, SweepSettings, audit_job, parse_memory

@@ -12,6 +12,7 @@ from torch import nn
 from cl_audit.enums import CallLabels, DifferentialStatus, Engine, Phase, Provenance
 from cl_audit.errors import AuditError
 from cl_audit.execution.assemble import assemble
+from cl_audit.execution.settings import check_engine, parse_engine
 from cl_audit.intercept.dispatch import DispatchEngine
 from cl_audit.intercept.ledger import Ledger
 from cl_audit.intercept.observer import Observer, Tee
@@ -21,7 +22,6 @@ from cl_audit.report import DifferentialRun, ModelReport
 from cl_audit.report.environment import autocast_in_effect, dtype_name
 from cl_audit.report.sections import Conditions, Observed, Training
 from cl_audit.rule.attribution import ModuleNames
-from cl_audit.settings import check_engine, parse_engine
 
 __all__ = ["Audit", "audit", "watching"]
 

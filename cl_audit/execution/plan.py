@@ -19,12 +19,12 @@ from cl_audit.compat.inductor import compile_problem
 from cl_audit.enums import Engine, GateOn, TensorMode, Workload
 from cl_audit.errors import UsageError
 from cl_audit.execution.autocast import autocast_for
+from cl_audit.execution.settings import AuditSettings
 from cl_audit.execution.tensors import TENSORS, FakeStepTensors, Tensors
 from cl_audit.predict.table_store import choose
 from cl_audit.report import AppliedOverride
 from cl_audit.report.environment import autocast_name
 from cl_audit.report.sections import Conditions
-from cl_audit.settings import AuditSettings
 
 __all__ = ["RunPlan", "plan_run", "resolve_device"]
 

@@ -22,9 +22,9 @@ from cl_audit.compat.fake_mode import fake_like
 from cl_audit.compat.modes import outside_modes, without_torch_function
 from cl_audit.enums import Amp, Optimizer, Phase, Stage, Workload
 from cl_audit.execution.audit_context import Audit
+from cl_audit.execution.settings import AuditSettings
 from cl_audit.report import GradientLayout
 from cl_audit.rule.attribution import own_code
-from cl_audit.settings import AuditSettings
 
 __all__ = [
     "LOSS_SITE",

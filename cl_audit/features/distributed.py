@@ -33,6 +33,7 @@ from cl_audit.enums import BucketMatch, Stage, WrapOrder
 from cl_audit.errors import ModelFailedError, UsageError, first_line
 from cl_audit.execution.convert import input_to_channels_last, to_channels_last
 from cl_audit.execution.plan import RunPlan, plan_run
+from cl_audit.execution.settings import AuditSettings
 from cl_audit.execution.timing import Profiler, copied_bytes
 from cl_audit.execution.training import training_loss
 from cl_audit.report.distributed_report import (
@@ -44,7 +45,6 @@ from cl_audit.report.distributed_report import (
     ShardedParameter,
     bucket_match,
 )
-from cl_audit.settings import AuditSettings
 from cl_audit.sources import ModelRef, load_model
 from cl_audit.sources.source_audit import prepare
 

@@ -13,9 +13,9 @@ from torch import nn
 from cl_audit.enums import Phase
 from cl_audit.execution.audit_context import Audit, audit
 from cl_audit.execution.training import gradient_layouts
-from cl_audit.files import write_json
 from cl_audit.report import ModelReport
 from cl_audit.report.environment import autocast_in_effect
+from cl_audit.report.files import write_json
 from cl_audit.report.sections import Training
 
 __all__ = ["StepAudit", "show"]

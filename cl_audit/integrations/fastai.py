@@ -20,9 +20,9 @@ from pathlib import Path
 from fastai.callback.core import Callback
 from fastai.callback.fp16 import MixedPrecision
 
-from cl_audit.files import write_json
 from cl_audit.integrations import StepAudit, show
 from cl_audit.report import ModelReport
+from cl_audit.report.files import write_json
 
 __all__ = ["ChannelsLastAudit"]
 

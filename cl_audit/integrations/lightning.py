@@ -21,9 +21,9 @@ import lightning.pytorch as pl
 import torch
 
 from cl_audit.execution.convert import to_channels_last
-from cl_audit.files import write_json
 from cl_audit.integrations import StepAudit, show
 from cl_audit.report import ModelReport
+from cl_audit.report.files import write_json
 
 __all__ = ["ChannelsLastAudit"]
 

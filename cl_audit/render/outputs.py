@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cl_audit.files import write_json, write_text
 from cl_audit.report import FailedRun, ModelReport, SweepReport
+from cl_audit.report.files import write_json, write_text
 
 if TYPE_CHECKING:
     from cl_audit.report.ops_report import OpsIndex

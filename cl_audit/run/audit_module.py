@@ -24,13 +24,13 @@ from cl_audit.errors import ModelFailedError, UsageError
 from cl_audit.execution.assemble import assemble
 from cl_audit.execution.inputs import Example, example_of
 from cl_audit.execution.plan import RunPlan, plan_run
+from cl_audit.execution.settings import AuditSettings, parse_engine
 from cl_audit.execution.tensors import TensorRun
 from cl_audit.intercept.ledger import Ledger
 from cl_audit.report import ModelReport
 from cl_audit.report.environment import dtype_name
 from cl_audit.report.verdict import GATE_BATCH, Gate
 from cl_audit.run.phases import PHASES, Sections, Subject
-from cl_audit.settings import AuditSettings, parse_engine
 
 __all__ = ["audit_model", "audit_module", "operations"]
 

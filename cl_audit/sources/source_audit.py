@@ -10,9 +10,9 @@ from cl_audit.enums import Stage
 from cl_audit.errors import ModelFailedError, UsageError
 from cl_audit.execution.inputs import Example
 from cl_audit.execution.plan import RunPlan, plan_run
+from cl_audit.execution.settings import AuditSettings
 from cl_audit.report import ModelReport
 from cl_audit.run.audit_module import audit_module
-from cl_audit.settings import AuditSettings
 from cl_audit.sources.refs import LoadedModel
 
 __all__ = ["audit_loaded", "prepare"]

@@ -12,10 +12,10 @@ from pathlib import Path
 from cl_audit.enums import Amp, Optimizer, TensorMode
 from cl_audit.errors import UsageError
 from cl_audit.execution.plan import plan_run
-from cl_audit.files import check_folder, check_writable
+from cl_audit.execution.settings import AuditSettings
 from cl_audit.report import ModelRow, SweepReport
+from cl_audit.report.files import check_folder, check_writable
 from cl_audit.report.verdict import GATE_BATCH, Gate
-from cl_audit.settings import AuditSettings
 from cl_audit.sources import ModelRef
 from cl_audit.sweep.cache import DEFAULT_CACHE_MB, SweepCache
 from cl_audit.sweep.selection import Selection

@@ -31,11 +31,11 @@ from typing import Any
 import torch
 
 from cl_audit.errors import UsageError
-from cl_audit.files import write_text
 from cl_audit.predict.table_store import fingerprint
 from cl_audit.report import ModelRow, ReportFormatError
 from cl_audit.report.envelope import SWEEP_VERSION
 from cl_audit.report.environment import distribution_version
+from cl_audit.report.files import write_text
 from cl_audit.sources import ModelRef
 from cl_audit.sweep.footprint import FileDigests, portable
 from cl_audit.sweep.worker import SweepSettings

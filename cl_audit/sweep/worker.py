@@ -14,8 +14,8 @@ from typing import Any
 from cl_audit.enums import Mode, Stage, Status, TensorMode
 from cl_audit.errors import ModelFailedError, UsageError
 from cl_audit.execution.plan import plan_run
+from cl_audit.execution.settings import AuditSettings
 from cl_audit.report import ModelRow
-from cl_audit.settings import AuditSettings
 from cl_audit.sources import BuildOptions, ModelRef, load_model
 from cl_audit.sources.source_audit import audit_loaded
 from cl_audit.sweep.footprint import call_site_files, factory_files, module_files

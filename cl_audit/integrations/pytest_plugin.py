@@ -93,7 +93,7 @@ class _Session:
             self._known = {}
             if self.path is not None and (self.path.exists() or not self.update):
                 from cl_audit.errors import UsageError
-                from cl_audit.files import read_sweep
+                from cl_audit.report.files import read_sweep
 
                 try:
                     baseline = read_sweep(self.path)
@@ -111,9 +111,9 @@ class _Session:
         """Record ``report`` under ``key``; raise ``AssertionError`` on offenders that neither
         ``allow`` nor the baseline (unless updating it) accounts for."""
         from cl_audit.enums import Mode, ModelSource
+        from cl_audit.integrations.assertion import offender_table, unexpected
         from cl_audit.render.wording import plural
         from cl_audit.report import ModelRow
-        from cl_audit.testing import offender_table, unexpected
 
         self.rows[key] = ModelRow.from_report(report, key, ModelSource.USER, Mode.EAGER)
         found = unexpected(report, allow, self.strict)
@@ -134,8 +134,8 @@ class _Session:
             return
         from cl_audit.enums import Engine
         from cl_audit.execution.assemble import environment_of
-        from cl_audit.files import write_json
         from cl_audit.report import SweepReport
+        from cl_audit.report.files import write_json
         from cl_audit.report.sections import Conditions
 
         self._load()  # the old rows: those of tests that did not run are kept
