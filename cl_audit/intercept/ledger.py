@@ -65,8 +65,8 @@ Shapes = tuple[tuple[int, ...], tuple[int, ...]]
 
 class Place(NamedTuple):
     """Where copies land: the key of the ledger's tables. Made only at operations that copy
-    (a few hundred a run), so a named tuple's construction (0.23 against 0.11 us a plain
-    tuple's, measured) costs nothing that shows; it hashes and compares as a tuple."""
+    (a few hundred a run), so a named tuple's construction costs nothing that shows
+    (reports/pages/overhead.md); it hashes and compares as a tuple."""
 
     phase: Phase
     parameter: bool  # every input it copied is parameter-derived
@@ -82,7 +82,7 @@ class _Kind(Enum):
     """How the ledger reads an operation (decided once per operator, ``Ledger._kind``): an
     explicit copy, a kernel that may convert its input, an elementwise or strided read (mixed
     inputs copy nothing), or anything else (reductions, views, metadata). Compared by
-    identity on every operation: 12 ns, as fast as the small ints it replaced (14 ns)."""
+    identity on every operation, as fast as small ints (reports/pages/overhead.md)."""
 
     COPY = "copy"
     CONVERTS = "converts"
@@ -100,8 +100,8 @@ class OpRecord:
     storage identities; ``parameters`` the storages of parameter-derived data; ``locate`` finds
     its place (a stack walk, so only when asked); ``cause`` the (fix site, root cause) of the
     contiguous data among its inputs when the recorder traced one. Read only, yet not frozen: a
-    frozen dataclass's ``__init__`` sets each field through ``object.__setattr__``, 1.5 us more per
-    operation on the hot path than this one's 0.2 us."""
+    frozen dataclass's ``__init__`` sets each field through ``object.__setattr__``, several
+    times slower on every operation (reports/pages/overhead.md)."""
 
     call: int
     phase: Phase
@@ -124,6 +124,19 @@ def _strided_copy(
     if kind is None:
         return 0
     return round(strided.get((index, tensor.dim(), kind.value), 0.0) * nbytes([tensor]))
+
+
+def _spatial_output(outputs: list[torch.Tensor]) -> tuple[MemoryLayout | None, bool]:
+    """The order of the first non-empty 4D/5D output that has one, and whether any output
+    is 4D/5D."""
+    has_spatial_out = False
+    for tensor in outputs:
+        if tensor.dim() in SPATIAL_RANKS:
+            has_spatial_out = True
+            layout = layout_of(tensor)
+            if layout in _ORDERED and tensor.numel():
+                return layout, True
+    return None, has_spatial_out
 
 
 class Ledger:
@@ -192,17 +205,38 @@ class Ledger:
         return known
 
     def observe(self, record: OpRecord) -> None:
-        """One operation, after it ran."""
+        """One operation, after it ran: what it wrote, then what it copied, by its kind."""
         if self._pending is not None:
             self._reshaped(record)
         self.times.observe(record.aten_op, record.inputs, record.outputs, record.phase)
         if record.aten_op is _CONVOLUTION and len(record.in_keys) > 1:
             self.convolution_weights.add(record.in_keys[1])
-        call, phase = record.call, record.phase
-        if not self._phases or self._phases[-1][1] is not phase:
-            self._phases.append((call, phase))
+        if not self._phases or self._phases[-1][1] is not record.phase:
+            self._phases.append((record.call, record.phase))
         kind, in_place = self._kind(record.aten_op)
-        outputs, out_keys, in_keys = record.outputs, record.out_keys, record.in_keys
+        written = self._count_written(record, in_place)
+        if kind is _OTHER or not record.outputs:  # no output (``_foreach_add_``): no copy
+            return
+        if kind is _COPY:
+            if written:
+                self._count_copy(record, written)
+            return
+        spatial_out, has_spatial_out = _spatial_output(record.outputs)
+        if kind is _MIXED:
+            if spatial_out is not None:
+                self._count_mixed(record, spatial_out)
+            return
+        self._count_converted(record, spatial_out, has_spatial_out)
+
+    def _count_written(self, record: OpRecord, in_place: bool) -> int:
+        """The bytes the operation wrote (its new storages, or its inputs written in place),
+        fixed where they are paid once per step, and the backward outputs followed."""
+        phase, outputs, out_keys, in_keys = (
+            record.phase,
+            record.outputs,
+            record.out_keys,
+            record.in_keys,
+        )
         written = nbytes(
             [t for t, key in zip(outputs, out_keys, strict=True) if in_place or key not in in_keys]
         )
@@ -223,38 +257,34 @@ class Ledger:
                 self._backward_outputs(outputs, out_keys, in_keys, in_place)
         if phase is Phase.OPTIMIZER and self._latest:
             self._gradients(in_keys)
-        if kind is _OTHER or not outputs:  # no output (``_foreach_add_``): nothing converted
-            return
-        if kind is _COPY:
-            if written:
-                self._explicit.add(call)
-                parameters = record.parameters
-                parameter = all(key in parameters for key in in_keys)
-                place = self._place(record, parameter, False)
-                self._add(self.copies, place, written, record.cause)
-                self._shapes(place, record)
-            return
-        inputs = record.inputs
-        spatial_out = None
-        has_spatial_out = False
-        for tensor in outputs:
-            if tensor.dim() in SPATIAL_RANKS:
-                has_spatial_out = True
-                layout = layout_of(tensor)
-                if layout in _ORDERED and tensor.numel():
-                    spatial_out = layout
-                    break
-        if kind is _MIXED:
-            if spatial_out is not None:
-                other = _CONTIGUOUS if spatial_out is _CL else _CL  # the other order
-                read = nbytes(
-                    [t for t in inputs
-                     if t.dim() in SPATIAL_RANKS and t.numel() > 1 and layout_of(t) is other]
-                )  # fmt: skip
-                if read:
-                    self._add(self.mixed, self._place(record, False, True), read, None)
-            return
-        parameters = record.parameters
+        return written
+
+    def _count_copy(self, record: OpRecord, written: int) -> None:
+        """An explicit copy: what it wrote is copied, placed with its shapes."""
+        self._explicit.add(record.call)
+        parameter = all(key in record.parameters for key in record.in_keys)
+        place = self._place(record, parameter, False)
+        self._add(self.copies, place, written, record.cause)
+        self._shapes(place, record)
+
+    def _count_mixed(self, record: OpRecord, spatial_out: MemoryLayout) -> None:
+        """An elementwise operation that wrote ``spatial_out``: the inputs it read in the other
+        order."""
+        other = _CONTIGUOUS if spatial_out is _CL else _CL
+        read = nbytes(
+            [t for t in record.inputs
+             if t.dim() in SPATIAL_RANKS and t.numel() > 1 and layout_of(t) is other]
+        )  # fmt: skip
+        if read:
+            self._add(self.mixed, self._place(record, False, True), read, None)
+
+    def _count_converted(
+        self, record: OpRecord, spatial_out: MemoryLayout | None, has_spatial_out: bool
+    ) -> None:
+        """A kernel's conversions of its inputs: a map in the order its output does not have,
+        or a strided read that the kernel copies (predicted); measured, the profiler's copies
+        are placed at the kernel instead."""
+        inputs, in_keys, parameters = record.inputs, record.in_keys, record.parameters
         measured = self.measured
         strided = None if measured else self._strided_copies(record.aten_op)
         converted = 0
@@ -291,8 +321,8 @@ class Ledger:
         if converted or (measured and floating_in):
             place = self._place(record, parameter and bool(converted), True)
             if measured:
-                self._calls[call] = place
-                self._sizes[call] = next(
+                self._calls[record.call] = place
+                self._sizes[record.call] = next(
                     (t.element_size() for t in inputs if t.is_floating_point()), 4
                 )
                 self._cause(place, record.cause)

@@ -1,9 +1,11 @@
 """Where NCHW-ordered data came from, and what it cost: the origins the recorder tracks of
 contiguous 4D/5D data (its producer, the writer of its order, the losses it derives from), and
-the losses and regains recorded against them (``Tallies``). ``Recorder`` is an ``Origins``; its
-``observe`` calls these only where contiguous data appeared or is tracked."""
+the losses and regains recorded against them (``Tallies``). The recorder holds one ``Origins``
+and calls its steps only where contiguous data appeared or is tracked."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 
@@ -44,23 +46,20 @@ def _writes_order(
 
 
 class Origins:
-    """The origins of tracked contiguous data, by storage, and the findings recorded: the
-    state and steps the recorder's rule shares (set up by ``Recorder.__init__``)."""
+    """The origins of tracked contiguous data, by storage (``by_storage``), and the findings
+    recorded against them (``tallies``). ``locate`` says where the running operation belongs;
+    ``parameters`` is the recorder's set of parameter-derived storages, read here."""
 
-    _origins: dict[int, Origin]  # storage -> origin of its contiguous data
-    _tallies: Tallies
-    _parameters: set[int]  # parameter-derived storages
-    _mark: Conversion | None
-    phase: Phase
-    calls_checked: int
+    def __init__(self, locate: Callable[[], Location], parameters: set[int]) -> None:
+        self.by_storage: dict[int, Origin] = {}  # storage -> origin of its contiguous data
+        self.tallies = Tallies()
+        self._locate = locate
+        self._parameters = parameters
 
-    def locate(self) -> Location:
-        raise NotImplementedError
-
-    def _origins_read(self, inputs: list[torch.Tensor], in_keys: list[int]) -> list[Origin]:
+    def read(self, inputs: list[torch.Tensor], in_keys: list[int]) -> list[Origin]:
         """The origins of the tracked contiguous data among the inputs, each once, first first;
         an input read as channels_last is not contiguous data."""
-        origins = self._origins
+        origins = self.by_storage
         found: list[Origin] = []
         for tensor, key in zip(inputs, in_keys, strict=True):
             origin = origins.get(key)
@@ -72,7 +71,7 @@ class Origins:
                 found.append(origin)
         return found
 
-    def _carry_origins(
+    def carry(
         self,
         aten_op: object,
         python_op: object,
@@ -85,20 +84,20 @@ class Origins:
         origins it read, merged. An output whose order this operation chose (``_writes_order``)
         names it as the writer, the fix site of what converts the data later."""
         origin = merge_origins(found)
-        origins = self._origins
+        origins = self.by_storage
         written: Origin | None = None
         for t, key in new:
             if layout_of(t) is _CL:
                 continue
             if _writes_order(t, inputs, contiguous):
                 if written is None:
-                    producer = producer_of(aten_op, python_op, self.locate())
+                    producer = producer_of(aten_op, python_op, self._locate())
                     written = Origin(origin.producer, origin.occurrences, origin.view, producer)
                 origins[key] = written
             else:
                 origins[key] = origin
 
-    def _start_tracking(
+    def start(
         self,
         aten_op: object,
         python_op: object,
@@ -124,20 +123,22 @@ class Origins:
         if not spatial_contiguous:
             return
         view = not any(key in new_keys for key in spatial_contiguous)
-        origin = Origin(producer_of(aten_op, python_op, self.locate()), (), view)
+        origin = Origin(producer_of(aten_op, python_op, self._locate()), (), view)
         for key in spatial_contiguous:
-            self._origins[key] = origin
+            self.by_storage[key] = origin
 
     def _origins_of(self, tensors: list[torch.Tensor]) -> list[Origin]:
         found: list[Origin] = []
         for tensor in tensors:
-            origin = self._origins.get(_storage_key(tensor))
+            origin = self.by_storage.get(_storage_key(tensor))
             if origin is not None and all(origin is not f for f in found):
                 found.append(origin)
         return found
 
-    def _record_loss(
+    def record_loss(
         self,
+        phase: Phase,
+        call: int,
         aten_op: object,
         python_op: object,
         inputs: list[torch.Tensor],
@@ -148,12 +149,12 @@ class Origins:
         contiguous: list[torch.Tensor],
         found: list[Origin],
     ) -> None:
-        location = self.locate()
+        location = self._locate()
         producer = producer_of(aten_op, python_op, location)
         mixed = bool(sources and contiguous)
         root = next(iter(self._origins_of(contiguous)), None) if mixed else None
-        tally = self._tallies.of(
-            self.phase,
+        tally = self.tallies.of(
+            phase,
             Conversion.LOSS,
             producer,
             inputs,
@@ -164,8 +165,7 @@ class Origins:
             None,
         )
         tally.count += 1
-        tally.calls.append(self.calls_checked)
-        self._mark = Conversion.LOSS
+        tally.calls.append(call)
         tally.bytes_converted += nbytes([t for t, _ in lost])
         # Downstream, the contiguous data still traces back to the root cause, if there is one,
         # and derives from this occurrence and from the losses its inputs derive from.
@@ -175,10 +175,12 @@ class Origins:
         else:  # the NCHW input's writer is the fix
             origin = Origin(root.producer, occurrences, root.view, root.writer)
         for _, key in lost:
-            self._origins[key] = origin
+            self.by_storage[key] = origin
 
-    def _record_regain(
+    def record_regain(
         self,
+        phase: Phase,
+        call: int,
         aten_op: object,
         python_op: object,
         inputs: list[torch.Tensor],
@@ -186,13 +188,13 @@ class Origins:
         regained: list[torch.Tensor],
         contiguous: list[torch.Tensor],
     ) -> None:
-        location = self.locate()
+        location = self._locate()
         producer = producer_of(aten_op, python_op, location)
         found = self._origins_of(contiguous)
         from_loss = next((o for o in found if o.occurrences), None)
         cause = from_loss or (found[0] if found else None)
-        tally = self._tallies.of(
-            self.phase,
+        tally = self.tallies.of(
+            phase,
             Conversion.REGAIN,
             producer,
             inputs,
@@ -203,8 +205,7 @@ class Origins:
             regain_source(from_loss is not None, cause is not None),
         )
         tally.count += 1
-        tally.calls.append(self.calls_checked)
-        self._mark = Conversion.REGAIN
+        tally.calls.append(call)
         tally.bytes_converted += nbytes(regained)
         for origin in found:
             for occurrence in origin.occurrences:
@@ -216,6 +217,6 @@ class Origins:
         self, call_times: dict[int, float] | None = None
     ) -> tuple[list[Finding], list[Finding]]:
         """(losses, regains), most bytes first; losses of either provenance. ``call_times``
-        (milliseconds by call number, ``calls_checked`` when the call was observed) gives each
-        finding the time of its calls."""
-        return self._tallies.findings(call_times)
+        (milliseconds by call number, the ``call`` each was recorded with) gives each finding
+        the time of its calls."""
+        return self.tallies.findings(call_times)

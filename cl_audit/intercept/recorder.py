@@ -25,12 +25,8 @@ from cl_audit.enums import Conversion, Phase
 from cl_audit.intercept.ledger import Ledger, OpRecord
 from cl_audit.intercept.naming import is_copy, python_op_name
 from cl_audit.intercept.origins import Origins
-from cl_audit.intercept.tracking import (
-    Origin,
-    Tallies,
-    tensor_arguments,
-)
-from cl_audit.report import TimelineEvent
+from cl_audit.intercept.tracking import tensor_arguments
+from cl_audit.report import Finding, TimelineEvent
 from cl_audit.report.environment import dtype_name
 from cl_audit.rule.attribution import Location, ModuleNames, locate
 from cl_audit.rule.conversions import (
@@ -70,7 +66,7 @@ def _operands(
     return None
 
 
-class Recorder(Origins):
+class Recorder:
     """Applies the rule to each operation and accumulates findings.
 
     ``parameters``: the model's parameters and buffers (real or fake tensors), the seed of
@@ -111,10 +107,10 @@ class Recorder(Origins):
         self.calls_checked = 0
         self.first_spatial: tuple[str, str] | None = None  # (device, dtype), first 4D/5D input
         self._ops_seen: set[object] = set()
-        self._tallies = Tallies()
-        self._origins: dict[int, Origin] = {}  # storage -> origin of its contiguous data
         self._cl_ordered: set[int] = set()  # new storages of channels_last data in another shape
         self._parameters: set[int] = set()  # parameter-derived storages
+        self._tracked = Origins(self.locate, self._parameters)
+        self._origins = self._tracked.by_storage  # the same dict, read on every operation
         self._held: list[object] = []  # storages of fake parameter-derived outputs, kept
         self._roots_seen = 0
         self._add_parameters(parameters)
@@ -146,13 +142,13 @@ class Recorder(Origins):
             first = (sources or contiguous)[0]
             self.first_spatial = (str(first.device), dtype_name(first.dtype))
         # Origins of the tracked contiguous data read, first first.
-        found = self._origins_read(inputs, in_keys) if in_keys is not None and self._origins else []
+        found = self._tracked.read(inputs, in_keys) if in_keys is not None and self._origins else []
         ledger = self.ledger
         if ledger is not None and aten_op is not None:
             if in_keys is None:
                 in_keys = [_storage_key(t) for t in inputs]
             cause = found[0].cause if found else None
-            # By position, in OpRecord's order: keywords cost 0.3 us an operation.
+            # By position, in OpRecord's order: keywords cost more (reports/pages/overhead.md).
             ledger.observe(
                 OpRecord(self.calls_checked, self.phase, aten_op, python_op, inputs, outputs,
                          in_keys, out_keys, self._parameters, self.locate, cause)
@@ -169,20 +165,26 @@ class Recorder(Origins):
         copy = is_copy(aten_op, python_op)
         lost = [(t, key) for t, key in new if is_loss(t, sources, reshaped, copy)]
         if lost:
-            self._record_loss(
-                aten_op, python_op, inputs, outputs, lost, sources, reshaped, contiguous, found
-            )
+            self._tracked.record_loss(
+                self.phase, self.calls_checked, aten_op, python_op,
+                inputs, outputs, lost, sources, reshaped, contiguous, found,
+            )  # fmt: skip
+            self._mark = Conversion.LOSS
             return
         regained = [t for t, _ in new if is_regain(t, contiguous)]
         if regained:
-            self._record_regain(aten_op, python_op, inputs, outputs, regained, contiguous)
+            self._tracked.record_regain(
+                self.phase, self.calls_checked, aten_op, python_op,
+                inputs, outputs, regained, contiguous,
+            )  # fmt: skip
+            self._mark = Conversion.REGAIN
             return
         if sources or reshaped:  # channels_last data written in another order (torch.stack)
             self._cl_ordered.update(key for t, key in new if layout_of(t) is _OTHER)
         if found:
-            self._carry_origins(aten_op, python_op, inputs, contiguous, found, new)
+            self._tracked.carry(aten_op, python_op, inputs, contiguous, found, new)
         elif not contiguous:  # else derived from data from outside the audit: untracked (OUTSIDE)
-            self._start_tracking(aten_op, python_op, outputs, out_keys, new, sources)
+            self._tracked.start(aten_op, python_op, outputs, out_keys, new, sources)
 
     def _observe_ledger(
         self, aten_op: object, python_op: object, args: Any, kwargs: Any, result: Any
@@ -211,7 +213,7 @@ class Recorder(Origins):
         self, inputs: list[torch.Tensor], outputs: list[torch.Tensor]
     ) -> tuple[list[int], list[int] | None]:
         """The outputs' storage keys, their provenance and any storage reuse settled (on every
-        operation: a storage key costs ~0.2 us); the inputs' keys where they were needed
+        operation, so each key is taken once); the inputs' keys where they were needed
         (``_forget_reused_storages``), else None."""
         out_keys = [_storage_key(t) for t in outputs]
         from_parameters = self._outputs_from_parameters(inputs, outputs)
@@ -372,7 +374,7 @@ class Recorder(Origins):
 
     def _learn_roots(self) -> None:
         """Seed parameter provenance with the parameters and buffers of roots ``names`` holds."""
-        roots = self._names._roots
+        roots = self._names.roots
         while self._roots_seen < len(roots):
             root = roots[self._roots_seen]
             self._roots_seen += 1
@@ -404,6 +406,12 @@ class Recorder(Origins):
         location = locate(self._names)
         self._learn_roots()  # an audit without a model learns it from the stack
         return location
+
+    def findings(
+        self, call_times: dict[int, float] | None = None
+    ) -> tuple[list[Finding], list[Finding]]:
+        """(losses, regains), most bytes first (``Origins.findings``)."""
+        return self._tracked.findings(call_times)
 
     def _op_names(self) -> set[str]:
         return {

@@ -61,6 +61,11 @@ class ModuleNames:
         if root is not None:
             self.add_root(root)
 
+    @property
+    def roots(self) -> list[nn.Module]:
+        """The roots named so far, in the order they were added (not to be changed)."""
+        return self._roots
+
     def add_root(self, root: nn.Module) -> None:
         self._roots.append(root)
         for name, module in root.named_modules():
