@@ -29,6 +29,7 @@ from cl_audit.cli.options import (
 from cl_audit.enums import DType, Optimizer
 from cl_audit.errors import UsageError
 from cl_audit.execution.plan import plan_run
+from cl_audit.execution.rounds import ROUNDS, STEPS, WARMUP
 from cl_audit.report.files import check_writable, write_json, write_text
 from cl_audit.sources import load_model
 from cl_audit.sweep.selection import select
@@ -49,9 +50,9 @@ def bench_command(
     amp: Annotated[OptionalAmp, opt(None, "Also time every strategy under autocast.")] = None,
     train: Annotated[bool, opt(None, "Time training steps, not inference.", "--train")] = False,
     optimizer: OptimizerOption = Optimizer.SGD,
-    rounds: Annotated[int, opt("N", "Alternating rounds.", min=1)] = 7,
-    warmup: Annotated[int, opt("N", "Least warm-up steps.", min=0)] = 3,
-    steps: Annotated[int, opt("N", "Steps timed per round.", min=1)] = 3,
+    rounds: Annotated[int, opt("N", "Alternating rounds.", min=1)] = ROUNDS,
+    warmup: Annotated[int, opt("N", "Least warm-up steps.", min=0)] = WARMUP,
+    steps: Annotated[int, opt("N", "Steps timed per round.", min=1)] = STEPS,
     threads: Annotated[OptionalInt, opt("N", "torch intra-op threads.", min=1)] = None,
     attribute: Annotated[bool, typer.Option(help="Time the channels-last findings.")] = True,
     json_path: Annotated[OptionalPath, opt("FILE", "Bench JSON ('-': stdout).", "--json")] = None,

@@ -74,7 +74,7 @@ class _FakeMode(FakeTensorMode):
     tensor's device query at once (``device_query``) and an operation seen before from its
     ``memo`` (``OutputMemo``, compat/memo.py). Its ``layers`` (``dispatch_layer``) see each
     operation first, outermost first, as dispatch modes pushed above it would, each a dispatch
-    mode's hop cheaper (3-5 µs an operation: ~5% of a fake training step each)."""
+    mode's hop cheaper (reports/pages/overhead.md)."""
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         device = device_query(func, args)

@@ -2,12 +2,12 @@
 
 A fake operation's outputs are decided by the operation, the metadata of its tensors (shape,
 strides, dtype, device, storage offset) and its other arguments: no values. Torch's fake mode
-caches them too (``FakeTensorMode._cached_dispatch_impl``), but a hit costs about 150 µs on this
-machine (a general key over every argument kind, the output rebuilt under the kernel-invocation
-guard), most of a fake training step. ``OutputMemo`` keeps the same answer for the operations
+caches them too (``FakeTensorMode._cached_dispatch_impl``), but a hit is slow (a general key
+over every argument kind, the output rebuilt under the kernel-invocation guard), most of a fake
+training step. ``OutputMemo`` keeps the same answer for the operations
 whose outputs are fresh tensors, views of one argument or the arguments they write, and
 rebuilds them from their metadata (a view on its argument's storage, as torch's cache does) in
-about a third of that (a multiplication's hit: 183 -> 55 µs), each fake tensor made as torch's
+about a third of that (reports/pages/overhead.md), each fake tensor made as torch's
 constructor makes it, without the constructor's own cost (``fake_maker``).
 
 Remembered only: builtin (``aten``/``prims``) operations, none tagged as data-dependent,
@@ -352,9 +352,9 @@ def fake_maker(
     mode: _fake.FakeTensorMode, device: torch.device
 ) -> Callable[[torch.Tensor], torch.Tensor]:
     """What makes a fake tensor of ``mode`` on ``device`` from a meta tensor, as
-    ``FakeTensor(mode, meta, device)`` does, in under a quarter of its time (1.6 against 7.0 µs
-    on this machine; a remembered output is made so on every hit, and the constructor parses
-    arguments, normalizes the device and sets a dozen attributes through descriptors): the
+    ``FakeTensor(mode, meta, device)`` does, in under a quarter of its time (a remembered
+    output is made so on every hit, and the constructor parses arguments, normalizes the
+    device and sets a dozen attributes through descriptors): the
     subclass made on the meta tensor with the same dispatch keys and data-pointer guard, then
     the attributes of a fake tensor the constructor made, copied. Used only where such a copy
     is what the constructor makes (each attribute the mode or a plain immutable value; a probe

@@ -24,7 +24,7 @@ __all__ = [
 # Torch function modes and subclasses off, for what cl-audit does that is no call of the
 # model's: its reads of tensors' metadata, the operator a dispatch handler passes on, the
 # node-by-node backward's bookkeeping. Each would pass every function mode active (cl-audit's
-# own too: about 1-2 µs a mode, 43,000 calls in a vit_small training audit). The class itself,
+# own too, tens of thousands of calls an audit: reports/pages/overhead.md). The class itself,
 # no wrapper: the dispatch observer enters it on every operation.
 without_torch_function = torch._C.DisableTorchFunction
 

@@ -22,7 +22,10 @@ from cl_audit.execution.timing import timed_ms
 from cl_audit.execution.training import Step
 from cl_audit.report.bench_report import configuration_name
 
-__all__ = ["Configuration", "alternate", "configure"]
+__all__ = ["ROUNDS", "STEPS", "WARMUP", "Configuration", "alternate", "configure"]
+
+# The defaults of every timing: alternating rounds, steps timed a round, least warm-up steps.
+ROUNDS, STEPS, WARMUP = 7, 3, 3
 
 
 @dataclass

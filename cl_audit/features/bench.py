@@ -26,7 +26,7 @@ from cl_audit.errors import UsageError
 from cl_audit.execution.assemble import environment_of
 from cl_audit.execution.inputs import Example, example_of
 from cl_audit.execution.plan import RunPlan, plan_run
-from cl_audit.execution.rounds import alternate, configure
+from cl_audit.execution.rounds import ROUNDS, STEPS, WARMUP, alternate, configure
 from cl_audit.execution.settings import AuditSettings
 from cl_audit.report import ModelReport, by_call_site
 from cl_audit.report.bench_report import (
@@ -52,9 +52,9 @@ class BenchSettings:
 
     audit: AuditSettings
     strategies: tuple[Strategy, ...] = BENCH_STRATEGIES
-    rounds: int = 7
-    warmup: int = 3
-    steps_per_round: int = 3
+    rounds: int = ROUNDS
+    warmup: int = WARMUP
+    steps_per_round: int = STEPS
     threads: int | None = None
     attribute: bool = True
 

@@ -21,14 +21,12 @@ from torch import nn
 from cl_audit.enums import SpeedClass, Strategy
 from cl_audit.execution.inputs import Example
 from cl_audit.execution.plan import RunPlan
-from cl_audit.execution.rounds import Configuration, alternate, configure
+from cl_audit.execution.rounds import ROUNDS, STEPS, WARMUP, Configuration, alternate, configure
 from cl_audit.execution.timing import Profiler
 from cl_audit.predict.speed_model import speed_kind
 from cl_audit.registry import OpClass, classes_of
 
-__all__ = ["ROUNDS", "STEPS", "WARMUP", "LayoutRounds", "Measured", "measure", "profiled_class"]
-
-ROUNDS, STEPS, WARMUP = 7, 3, 3  # alternating rounds, steps a round, least warm-up steps
+__all__ = ["LayoutRounds", "Measured", "measure", "profiled_class"]
 
 
 @dataclass(frozen=True)
