@@ -7,13 +7,12 @@ import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from enum import Enum
-from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 
-from cl_audit.cli.console import console_beside, models_print_to_stderr, wrote
+from cl_audit.cli.console import AuditOutputs, console_beside, models_print_to_stderr, wrote
 from cl_audit.cli.exits import EXIT, EXIT_CODES, exit_codes
 from cl_audit.cli.options import (
     CACHE_MAX_FLAG,
@@ -39,7 +38,7 @@ from cl_audit.errors import ModelFailedError, UsageError
 from cl_audit.execution.plan import RunPlan, plan_run
 from cl_audit.execution.settings import parse_size
 from cl_audit.report import FailedRun
-from cl_audit.report.files import check_writable, read_ops
+from cl_audit.report.files import read_ops
 from cl_audit.report.speed_report import undecided
 from cl_audit.report.verdict import GATE_BATCH, Gate
 from cl_audit.sources import BuildOptions, ModelRef, load_model
@@ -50,7 +49,7 @@ from cl_audit.sweep.worker import SweepSettings, parse_memory
 if TYPE_CHECKING:
     from cl_audit.report.ops_report import OpsIndex
 
-__all__ = ["AUDIT_HELP", "AuditOutputs", "Distributed", "audit", "audit_command"]
+__all__ = ["AUDIT_HELP", "Distributed", "audit", "audit_command"]
 
 # Options that only a sweep uses; given for one model they are reported as not applied.
 SWEEP_ONLY = ("jobs", "timeout", "max_memory", "max_input_size", "checkpoint", "confirm")
@@ -166,21 +165,6 @@ def audit_command(
             and CacheOptions(cache, cache_failures, parse_memory(cache_max_size, CACHE_MAX_FLAG)),
         )
     raise typer.Exit(EXIT[outcome])
-
-
-@dataclass(frozen=True)
-class AuditOutputs:
-    json: Path | None = None
-    html: Path | None = None
-    junit: Path | None = None
-    checkpoint: Path | None = None
-    ops_index: Path | None = None  # a saved operator index one model's report is linked to
-    baseline: Path | None = None  # an earlier sweep a sweep is gated on
-
-    def check(self) -> None:
-        """Refuse an unwritable path before any model runs."""
-        for path, option in ((self.json, "--json"), (self.junit, "--junit"), (self.html, "--html")):
-            check_writable(path, option)
 
 
 @dataclass(frozen=True)

@@ -3,12 +3,9 @@ every output written, the outcome decided) and a sweep report gated on a baselin
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Protocol
-
 from rich.console import Console
 
-from cl_audit.cli.console import models_print_to_stderr, wrote
+from cl_audit.cli.console import AuditOutputs, models_print_to_stderr, wrote
 from cl_audit.enums import Outcome, Status
 from cl_audit.errors import UsageError
 from cl_audit.render.outputs import write_outputs
@@ -23,14 +20,14 @@ from cl_audit.sweep import api as sweep_api
 from cl_audit.sweep.selection import Selection
 from cl_audit.sweep.worker import SweepSettings
 
-__all__ = ["SweepOutputs", "gate", "run_sweep"]
+__all__ = ["gate", "run_sweep"]
 
 
 def run_sweep(
     refs: list[ModelRef],
     settings: SweepSettings,
     selection: Selection,
-    outputs: SweepOutputs,
+    outputs: AuditOutputs,
     resume: bool,
     console: Console,
     cache: sweep_api.CacheOptions | None,
@@ -76,17 +73,6 @@ def run_sweep(
     if baseline is not None:
         return gate(baseline, report, console)
     return _verdict(report)
-
-
-class SweepOutputs(Protocol):
-    """Where a sweep writes (JSON, HTML, JUnit, its checkpoint) and the baseline it is gated
-    on (``cl_audit.cli.audit_command.AuditOutputs``)."""
-
-    json: Path | None
-    html: Path | None
-    junit: Path | None
-    checkpoint: Path | None
-    baseline: Path | None
 
 
 def gate(baseline: SweepReport, report: SweepReport, console: Console) -> Outcome:
