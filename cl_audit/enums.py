@@ -110,7 +110,7 @@ class TensorMode(str, Enum):
 
     EAGER = "eager"  # kernels ran on real data
     FAKE = "fake"  # FakeTensors: layouts from the operators' meta functions, a prediction
-    # a training step on fake tensors, its backward run node by node (cl_audit.compat.backward)
+    # a training step on fake tensors, its backward run node by node (cl_audit.fake.backward)
     FAKE_STEP = "fake-step"
     REPLAYED = "replayed"  # read from report envelopes 6-11: a step traced, then replayed
 

@@ -25,8 +25,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch
 
-from cl_audit.compat.cuda import fake_cuda_problem
 from cl_audit.execution.settings import Amp, AuditSettings, TensorMode
+from cl_audit.fake.cuda_probe import fake_cuda_problem
 from cl_audit.report import ModelReport
 from cl_audit.report.files import write_text
 from cl_audit.run.audit_module import audit_module

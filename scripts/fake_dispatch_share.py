@@ -21,8 +21,8 @@ from typing import Any
 import torch
 from alternate_audits import KINDS  # the same two audits, as scripts/ is on sys.path
 
-from cl_audit.compat import fake_mode
 from cl_audit.enums import ModelSource
+from cl_audit.fake import mode as fake_mode
 from cl_audit.sources import ModelRef
 from cl_audit.sweep.selection import Selection
 from cl_audit.sweep.worker import Job, SweepSettings, audit_job

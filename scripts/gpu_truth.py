@@ -4,7 +4,7 @@ For each model and configuration (inference forward and training step; float32 a
 model is audited twice: eagerly on the device, and with fake tensors for the same device (the
 prediction sweeps make). The findings are compared as sets of (kind, aten op, phase); every
 disagreement is listed, by op, with the models it appears in: candidates for
-``cl_audit.predict.fake_tensors.FAKE_DIVERGENCES``. On a CUDA machine (the point of it):
+``cl_audit.fake.kernels.FAKE_DIVERGENCES``. On a CUDA machine (the point of it):
 
     python scripts/gpu_truth.py --out reports/gpu-truth-cuda.json
     python scripts/gpu_truth.py --out reports/gpu-truth-cuda-timm.json --timm resnet50 ...

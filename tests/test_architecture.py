@@ -20,8 +20,9 @@ from cl_audit.errors import UsageError
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "cl_audit"
 # bottom up: a layer imports only from those before it (and the root's vocabulary)
-LAYERS = ("rule", "report", "compat", "predict", "intercept", "compare", "execution", "compiled",
-          "run", "sources", "features", "sweep", "render", "integrations", "cli")  # fmt: skip
+LAYERS = ("rule", "report", "compat", "predict", "fake", "intercept", "compare", "execution",
+          "compiled", "run", "sources", "features", "sweep", "render", "integrations",
+          "cli")  # fmt: skip
 VOCABULARY = {"enums", "errors", "registry"}
 FACE = {"__init__", "__main__", "testing"}  # the package's public face: nothing imports it
 MODULE_LINES, APP_LINES = 450, 80

@@ -1,4 +1,4 @@
-"""The backward run node by node (``cl_audit.compat.backward``), checked against torch's own
+"""The backward run node by node (``cl_audit.fake.backward``), checked against torch's own
 autograd engine on fake CPU tensors, where both can run: the same operations, in the same
 layouts and dtypes, and the same gradients; then on fake CUDA tensors, where only it can."""
 
@@ -14,9 +14,9 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch_checks import needs_fake_cuda, needs_node_by_node
 
-from cl_audit.compat.backward import recording_hooks, run_backward
-from cl_audit.compat.fake_mode import fake_tensor, new_fake_mode
 from cl_audit.errors import UsageError
+from cl_audit.fake.backward import recording_hooks, run_backward
+from cl_audit.fake.mode import fake_tensor, new_fake_mode
 
 pytestmark = needs_node_by_node
 

@@ -24,21 +24,16 @@ from typer.testing import CliRunner
 
 from cl_audit import compat
 from cl_audit.cli import app
-from cl_audit.compat import (
-    cuda,
-    fake_base,
-    fake_mode,
-    fake_shortcuts,
-    memo,
-    modes,
-    storage,
-    versions,
-)
+from cl_audit.compat import fake_base, modes, storage, versions
 from cl_audit.compat.versions import TORCH_VERSION
 from cl_audit.errors import UsageError
 from cl_audit.execution.audit_context import audit
 from cl_audit.execution.plan import resolve_device
 from cl_audit.execution.settings import AuditSettings, TensorMode
+from cl_audit.fake import cuda_probe, memo
+from cl_audit.fake import mode as fake_mode
+from cl_audit.fake import shortcuts as fake_shortcuts
+from cl_audit.fake.kernels import KernelSourceMode
 from cl_audit.predict.divergences import (
     CUDA_KERNEL_OVERRIDES,
     KernelCopies,
@@ -46,7 +41,6 @@ from cl_audit.predict.divergences import (
     divergence_table,
     kernel_copy_table,
 )
-from cl_audit.predict.fake_tensors import KernelSourceMode
 from cl_audit.run.audit_module import audit_module
 
 PACKAGE = Path(compat.__file__).parent.parent  # cl_audit
@@ -56,6 +50,8 @@ PRIVATE = re.compile(
     r"|torch\._subclasses|\._apply\(|torch\._dynamo|torch\._inductor|torch\._functorch"
     r"|\.meta\[|nn_module_stack|torch\.testing\._internal|torch\.utils\._pytree"
     r"|torch\.distributed\._composable|\._input_metadata\b|\._sequence_nr\b"
+    r"|\._schema\b|\._backward_hooks\b|_dispatch_impl\b|_make_subclass\b|torch\.utils\._"
+    r"|torch\.fx\.experimental|BackwardCFunction|_get_dispatch_mode"
 )
 
 
@@ -97,7 +93,7 @@ def test_fake_tensors_keep_strides_and_device_and_are_recognised():
 def test_the_probe_refuses_a_build_whose_fake_convolution_returns_nchw(monkeypatch):
     convolution = F.conv2d
     monkeypatch.setattr(F, "conv2d", lambda *a, **k: convolution(*a, **k).contiguous())
-    problem = cuda.fake_cuda_problem.__wrapped__()
+    problem = cuda_probe.fake_cuda_problem.__wrapped__()
     assert problem is not None and "NCHW output in fake mode" in problem
 
 
@@ -107,7 +103,7 @@ def test_the_probe_refuses_a_torch_whose_fake_cuda_reaches_the_cuda_runtime(monk
         raise RuntimeError("CUDA error: CUDA driver version is insufficient\nmore lines")
 
     monkeypatch.setattr(F, "softmax", reaches_cuda)
-    problem = cuda.fake_cuda_problem.__wrapped__()
+    problem = cuda_probe.fake_cuda_problem.__wrapped__()
     assert problem == (
         f"on torch {torch.__version__}, a float16 softmax on fake CUDA tensors fails "
         "(CUDA error: CUDA driver version is insufficient)"
@@ -125,14 +121,14 @@ def test_the_probe_refuses_bfloat16_where_fake_cuda_predicts_an_nchw_bf16_convol
         return out.contiguous() if x.dtype == torch.bfloat16 else out
 
     monkeypatch.setattr(F, "conv2d", nchw_for_bfloat16)
-    assert cuda.fake_cuda_problem.__wrapped__() is None  # float16 and float32 stay honest
-    problem = cuda.fake_cuda_problem.__wrapped__(bfloat16=True)
+    assert cuda_probe.fake_cuda_problem.__wrapped__() is None  # float16 and float32 stay honest
+    problem = cuda_probe.fake_cuda_problem.__wrapped__(bfloat16=True)
     assert problem is not None and "predicts an NCHW bfloat16 CUDA convolution" in problem
 
 
 @needs_fake_cuda
 def test_fake_cuda_bfloat16_is_refused_exactly_when_this_torch_predicts_it_wrong():
-    refused = cuda.fake_cuda_problem(bfloat16=True) is not None
+    refused = cuda_probe.fake_cuda_problem(bfloat16=True) is not None
     result = CliRunner().invoke(app, ["resnet18", "--fake", "--device", "cuda", "--amp", "bf16"])
     assert result.exit_code == (2 if refused else 0), result.output
     if refused:
@@ -1211,16 +1207,19 @@ def test_a_remembered_output_is_made_as_torchs_fake_tensor_constructor_makes_it(
     for first, again in (made[::2], made[1::2]):
         meta = torch.empty_strided(again.shape, again.stride(), device="meta")
         constructed = FakeTensor(mode, meta, cuda)
-        assert memo._described(again) == memo._described(first)
+        assert fake_base._described(again) == fake_base._described(first)
         assert type(again) is FakeTensor and vars(again) == vars(constructed)
         assert again.device == cuda and again.stride() == first.stride()
     assert storage.storage_key(made[3]) == storage.storage_key(x)
-    assert memo.fake_maker(mode, cuda).__name__ == "made"
+    assert fake_base.fake_maker(mode, cuda).__name__ == "made"
     strict = fake_mode.new_fake_mode()
     strict._allow_unsafe_data_ptr_access = False  # torch's default: a data pointer refused
-    for make in (memo.fake_maker(strict, cuda), functools.partial(FakeTensor, strict, device=cuda)):
+    for make in (
+        fake_base.fake_maker(strict, cuda),
+        functools.partial(FakeTensor, strict, device=cuda),
+    ):
         with pytest.raises(RuntimeError, match="data pointer"):
             make(torch.empty(2, device="meta")).data_ptr()
-    monkeypatch.setattr(memo, "_PLAIN_STATE", ())
-    maker = memo.fake_maker(mode, cuda)
+    monkeypatch.setattr(fake_base, "_PLAIN_STATE", ())
+    maker = fake_base.fake_maker(mode, cuda)
     assert maker.func is FakeTensor and maker.args == (mode,)

@@ -61,7 +61,7 @@ def test_the_readme_examples_train_and_predict_cuda_naming_the_library_lines(
 ):
     if importlib.util.find_spec(library) is None:
         pytest.skip(f"{library} is not installed (pip install -e '.[libraries]')")
-    from cl_audit.compat.cuda import fake_cuda_problem
+    from cl_audit.fake.cuda_probe import fake_cuda_problem
 
     if "--fake" in options and fake_cuda_problem() is not None:
         pytest.skip(f"fake CUDA is refused here: {fake_cuda_problem()}")

@@ -19,10 +19,10 @@ from test_cli import ANY_COST, TOYS, invoke, runner
 from torch_checks import BACKWARD_PROBLEM
 
 from cl_audit.cli import app
-from cl_audit.compat.cuda import fake_cuda_problem
 from cl_audit.compat.opinfo import OperatorEntry, Sample, opinfo_problem
 from cl_audit.enums import CostKind, OpBehaviour, Phase
 from cl_audit.errors import UsageError
+from cl_audit.fake.cuda_probe import fake_cuda_problem
 from cl_audit.features.ops_index.cases import cases
 from cl_audit.features.ops_index.diff import diff
 from cl_audit.features.ops_index.probe import build_index, operator_row, probe_sample

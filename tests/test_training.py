@@ -20,12 +20,13 @@ from typer.testing import CliRunner
 
 from cl_audit import compat
 from cl_audit.cli import app
-from cl_audit.compat import fake_base, fake_mode, modes
-from cl_audit.compat import memo as compat_memo
-from cl_audit.compat.backward import recording_hooks
-from cl_audit.compat.cuda import fake_cuda_problem
+from cl_audit.compat import fake_base, modes
 from cl_audit.errors import ModelFailedError, Stage, UsageError
 from cl_audit.execution.settings import Amp, AuditSettings, Engine, Optimizer, Strategy, TensorMode
+from cl_audit.fake import memo as fake_memo
+from cl_audit.fake import mode as fake_mode
+from cl_audit.fake.backward import recording_hooks
+from cl_audit.fake.cuda_probe import fake_cuda_problem
 from cl_audit.intercept import dispatch
 from cl_audit.report import Phase, RegainSource, Verdict
 from cl_audit.report.codec import encode
@@ -281,7 +282,7 @@ class _CallsSeen(TorchFunctionMode):
 
 _OWN = [
     Path(compat.__file__).parents[1] / p
-    for p in ("intercept", "rule/layout.py", "execution/training.py", "compat/backward.py")
+    for p in ("intercept", "rule/layout.py", "execution/training.py", "fake/backward.py")
 ]
 assert all(p.exists() for p in _OWN), _OWN  # a moved file would leave its calls unchecked
 _READS = {"stride", "dim", "numel", "element_size", "untyped_storage", "__get__", "__set__"}
@@ -565,10 +566,10 @@ def test_priming_a_step_makes_the_optimizer_state_in_each_parameters_layout(opti
     strides, on the CPU), and leaves no gradient behind. Parameters alike (two convolutions of
     one shape) share one meta step, yet each gets state on a storage of its own."""
     from cl_audit.compat.fake_base import is_fake
-    from cl_audit.compat.fake_mode import fake_tensor, new_fake_mode
     from cl_audit.compat.storage import storage_key
     from cl_audit.execution.plan import plan_run
     from cl_audit.execution.training import Step
+    from cl_audit.fake.mode import fake_tensor, new_fake_mode
 
     model = torch.nn.Sequential(
         torch.nn.Conv2d(3, 8, 3), torch.nn.Conv2d(8, 8, 3), torch.nn.Conv2d(8, 8, 3)
@@ -707,18 +708,18 @@ def test_a_torch_that_cannot_run_a_backward_node_by_node_refuses_fake_training_w
 def test_a_fake_step_reports_the_same_with_or_without_the_fake_modes_memo(
     device, model, monkeypatch
 ):
-    """The fake mode's memo (compat/memo.py) answers repeated operations from their outputs'
+    """The fake mode's memo (fake/memo.py) answers repeated operations from their outputs'
     metadata: the whole report, findings, sites and bytes, is the one torch's fake mode alone
     gives; and the memo did answer (the model has a loss to find: the positive control)."""
     hits = []
-    lookup = compat_memo.OutputMemo.lookup
+    lookup = fake_memo.OutputMemo.lookup
 
     def counted(self, key, func, args, kwargs):
         found = lookup(self, key, func, args, kwargs)
-        hits.append(found is not compat_memo.MISSING)
+        hits.append(found is not fake_memo.MISSING)
         return found
 
-    monkeypatch.setattr(compat_memo.OutputMemo, "lookup", counted)
+    monkeypatch.setattr(fake_memo.OutputMemo, "lookup", counted)
     settings = {"tensor_mode": TensorMode.FAKE, "device": device, "amp": Amp.FP16}
     remembered = encode(train(model(), **settings))
     assert any(hits) and remembered["offenders"]

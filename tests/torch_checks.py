@@ -7,9 +7,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from cl_audit.compat.backward import backward_problem
-from cl_audit.compat.cuda import fake_cuda_problem
-from cl_audit.compat.fake_mode import fake_tensor, new_fake_mode
+from cl_audit.fake.backward import backward_problem
+from cl_audit.fake.cuda_probe import fake_cuda_problem
+from cl_audit.fake.mode import fake_tensor, new_fake_mode
 
 FAKE_CUDA_PROBLEM = fake_cuda_problem()
 needs_fake_cuda = pytest.mark.skipif(

@@ -21,8 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from cl_audit.compat.fake_base import FakeTensorMode
-from cl_audit.compat.fake_mode import fake_tensor, new_fake_mode
+from cl_audit.compat.fake_base import FakeTensor, FakeTensorMode
 
 __all__ = [
     "CapturedGraph",
@@ -83,9 +82,9 @@ def compile_problem() -> str | None:
     if missing:
         names = ", ".join(missing)
         return f"torch {torch.__version__} lacks Inductor's {names}, which --compile uses"
-    mode = new_fake_mode()
-    x = fake_tensor(mode, torch.empty(1, 4, 4, 4, device="meta"), torch.device("cpu"))
-    w = fake_tensor(mode, torch.empty(4, 4, 1, 1, device="meta"), torch.device("cpu"))
+    mode = FakeTensorMode(allow_non_fake_inputs=True)  # torch's own: the capture is torch's
+    x = FakeTensor(mode, torch.empty(1, 4, 4, 4, device="meta"), torch.device("cpu"))
+    w = FakeTensor(mode, torch.empty(4, 4, 1, 1, device="meta"), torch.device("cpu"))
     try:
         for graph in capture_graphs(lambda: F.conv2d(x, w)):
             lowered_copies(graph, layout_opt=True)

@@ -1,13 +1,22 @@
-"""Dispatcher operators: whether a callable is one, its name, and its traits (the cost ledger asks
-once per distinct operator)."""
+"""Dispatcher operators: whether a callable is one, its name, its schema, and its traits (the cost
+ledger asks once per distinct operator; the fake engine reads schemas' aliasing)."""
 
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import torch
 
-__all__ = ["aten_op_name", "is_operator", "op_traits"]
+__all__ = [
+    "aten_op_name",
+    "composite_implicit",
+    "is_operator",
+    "is_overload",
+    "op_traits",
+    "returns_list",
+    "schema_of",
+]
 
 
 _POINTWISE = getattr(torch.Tag, "pointwise", None)
@@ -19,6 +28,31 @@ _REDUCTION = getattr(torch.Tag, "reduction", None)
 def is_operator(func: object) -> bool:
     """A dispatcher operator called from Python (``torch.ops.torchvision.roi_align``)."""
     return isinstance(func, (torch._ops.OpOverloadPacket, torch._ops.OpOverload))
+
+
+def is_overload(func: object) -> bool:
+    """One overload of a dispatcher operator (``aten.add.Tensor``), as dispatch modes see it."""
+    return isinstance(func, torch._ops.OpOverload)
+
+
+def schema_of(func: Any) -> Any:
+    """An operator overload's schema (its arguments, returns and their aliasing), or None for
+    anything else."""
+    return getattr(func, "_schema", None)
+
+
+def returns_list(func: Any) -> bool:
+    """Whether an operator overload returns one list of tensors."""
+    returns = func._schema.returns
+    return len(returns) == 1 and isinstance(returns[0].type, torch.ListType)
+
+
+def composite_implicit(func: Any) -> bool:
+    """Whether an overload has a composite kernel (``CompositeImplicitAutograd``): its
+    decomposition, not a kernel of its own, decides what it returns and aliases."""
+    return torch._C._dispatch_has_kernel_for_dispatch_key(
+        func.name(), torch._C.DispatchKey.CompositeImplicitAutograd
+    )
 
 
 @functools.cache

@@ -36,7 +36,6 @@ from torch.func import functional_call
 
 from cl_audit.compat.cuda import cuda_present
 from cl_audit.compat.failures import data_dependent_op
-from cl_audit.compat.fake_mode import fake_tensor, new_fake_mode
 from cl_audit.compat.inductor import (
     CapturedGraph,
     GraphCopy,
@@ -61,7 +60,8 @@ from cl_audit.execution.autocast import autocast_for
 from cl_audit.execution.convert import strategy_input
 from cl_audit.execution.inputs import Example, example_of
 from cl_audit.execution.training import training_loss
-from cl_audit.predict.fake_tensors import fake_state
+from cl_audit.fake.kernels import fake_state
+from cl_audit.fake.mode import fake_tensor, new_fake_mode
 from cl_audit.report.compiled_report import (
     Compiled,
     CompiledCopy,

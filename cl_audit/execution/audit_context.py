@@ -172,7 +172,7 @@ class Audit:
 
     def running(self, node: object | None) -> None:
         """The autograd node whose backward runs from now on, for a backward run node by node
-        (``cl_audit.compat.backward``; None: none); torch's engine needs no telling."""
+        (``cl_audit.fake.backward``; None: none); torch's engine needs no telling."""
         self._recorder.running(node)
 
     def report(

@@ -13,14 +13,15 @@ from typing import Any
 
 import torch
 
-from cl_audit.compat.backward import backward_problem
-from cl_audit.compat.cuda import cuda_present, fake_cuda_problem
+from cl_audit.compat.cuda import cuda_present
 from cl_audit.compat.inductor import compile_problem
 from cl_audit.enums import Engine, GateOn, TensorMode, Workload
 from cl_audit.errors import UsageError
 from cl_audit.execution.autocast import autocast_for
 from cl_audit.execution.settings import AuditSettings
 from cl_audit.execution.tensors import TENSORS, FakeStepTensors, Tensors
+from cl_audit.fake.backward import backward_problem
+from cl_audit.fake.cuda_probe import fake_cuda_problem
 from cl_audit.predict.table_store import choose
 from cl_audit.report import AppliedOverride
 from cl_audit.report.environment import autocast_name

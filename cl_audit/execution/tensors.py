@@ -18,13 +18,13 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from cl_audit.compat.fake_mode import fake_tensor, new_fake_mode
 from cl_audit.enums import Strategy, TensorMode
 from cl_audit.execution.convert import apply_strategy, input_to_nchw, strategy_input, to_nchw
 from cl_audit.execution.inputs import Example
 from cl_audit.execution.training import Backward, BoundStep, NodeByNode, Step, StepPlan
+from cl_audit.fake.kernels import AttentionKernelMode, KernelSourceMode, fake_state
+from cl_audit.fake.mode import fake_tensor, new_fake_mode
 from cl_audit.predict.divergences import divergence_table
-from cl_audit.predict.fake_tensors import AttentionKernelMode, KernelSourceMode, fake_state
 from cl_audit.report import AppliedOverride
 
 __all__ = ["TENSORS", "EagerTensors", "FakeStepTensors", "FakeTensors", "TensorRun", "Tensors"]

@@ -17,12 +17,12 @@ import torch
 import torch.nn.functional as F
 
 from cl_audit.compat.autograd import amp_unscale_, amp_update_scale_
-from cl_audit.compat.backward import recording_hooks, run_backward
-from cl_audit.compat.fake_mode import fake_like
 from cl_audit.compat.modes import outside_modes, without_torch_function
 from cl_audit.enums import Amp, Optimizer, Phase, Stage, Workload
 from cl_audit.execution.audit_context import Audit
 from cl_audit.execution.settings import AuditSettings
+from cl_audit.fake.backward import recording_hooks, run_backward
+from cl_audit.fake.mode import fake_like
 from cl_audit.report import GradientLayout
 from cl_audit.rule.attribution import own_code
 
@@ -69,7 +69,7 @@ class Backward:
 
 class NodeByNode(Backward):
     """Fake tensors' backward: the autograd graph's nodes called one by one from Python
-    (``cl_audit.compat.backward``), since torch's engine needs the device for a CUDA backward;
+    (``cl_audit.fake.backward``), since torch's engine needs the device for a CUDA backward;
     the audit hears which node runs, as torch's engine would tell it; the hooks the forward
     registers on its tensors run."""
 

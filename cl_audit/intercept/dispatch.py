@@ -16,12 +16,12 @@ from torch.autograd.profiler import record_function
 from torch.overrides import TorchFunctionMode
 
 from cl_audit.compat.fake_base import Run, device_query
-from cl_audit.compat.fake_mode import dispatch_layer, fake_mode_alone
 from cl_audit.compat.modes import TorchDispatchMode, function_layer_taken, without_torch_function
 from cl_audit.compat.operators import aten_op_name
 from cl_audit.compat.profiler_events import recording
 from cl_audit.enums import CallLabels
 from cl_audit.errors import mark_failure
+from cl_audit.fake.mode import dispatch_layer, fake_mode_alone
 from cl_audit.intercept.naming import python_op_name
 from cl_audit.intercept.observer import Observer
 from cl_audit.intercept.signature import call_signature

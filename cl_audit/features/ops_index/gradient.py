@@ -8,9 +8,9 @@ from typing import Any
 
 import torch
 
-from cl_audit.compat.backward import run_backward
 from cl_audit.compat.pytree import map_tensors, tensor_leaves
 from cl_audit.enums import OpBehaviour
+from cl_audit.fake.backward import run_backward
 from cl_audit.features.ops_index.cases import channels_last
 from cl_audit.features.ops_index.target import Target
 from cl_audit.rule.layout import MemoryLayout, layout_of
@@ -28,7 +28,7 @@ def input_gradient(call: Callable[..., Any], target: Target, x: Any, args: Any, 
     for a channels_last gradient of the output, as a channels_last model's backward hands it
     over; nothing where none flows (no backward for these arguments, an operator judged in an
     integer dtype). On a predicted device, the backward runs node by node on the target's fake
-    tensors with its kernel-source overrides (``cl_audit.compat.backward``, as ``--train
+    tensors with its kernel-source overrides (``cl_audit.fake.backward``, as ``--train
     --fake`` predicts one), the gradient taken as it reaches the input (a hook), before
     ``.grad`` would lay it out as the input."""
     x, args, kwargs = map_tensors(target.place, (x, args, kwargs))

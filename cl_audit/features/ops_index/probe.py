@@ -16,7 +16,6 @@ from typing import Any
 import torch
 from torch.profiler import record_function
 
-from cl_audit.compat.backward import backward_problem
 from cl_audit.compat.failures import is_device_runtime_error
 from cl_audit.compat.operators import aten_op_name
 from cl_audit.compat.opinfo import OperatorEntry, Sample
@@ -25,6 +24,7 @@ from cl_audit.enums import Engine, OpBehaviour
 from cl_audit.errors import first_line
 from cl_audit.execution.audit_context import watching
 from cl_audit.execution.timing import Profiler, copies_by_call
+from cl_audit.fake.backward import backward_problem
 from cl_audit.features.ops_index.cases import Case, cases, channels_last, generic_cases
 from cl_audit.features.ops_index.gradient import first_map, input_gradient
 from cl_audit.features.ops_index.raising import first_tensor

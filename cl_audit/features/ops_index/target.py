@@ -9,10 +9,11 @@ from dataclasses import dataclass
 
 import torch
 
-from cl_audit.compat.cuda import cuda_present, fake_cuda_problem
-from cl_audit.compat.fake_mode import fake_tensor, meta_failures_quiet, new_fake_mode
+from cl_audit.compat.cuda import cuda_present
 from cl_audit.errors import UsageError
-from cl_audit.predict.fake_tensors import KernelSourceMode
+from cl_audit.fake.cuda_probe import fake_cuda_problem
+from cl_audit.fake.kernels import KernelSourceMode
+from cl_audit.fake.mode import fake_tensor, meta_failures_quiet, new_fake_mode
 
 __all__ = ["CPU", "Target", "target_for"]
 

@@ -2,7 +2,7 @@
 
 A fake operation's outputs are decided by the operation, the metadata of its tensors (shape,
 strides, dtype, device, storage offset) and its other arguments: no values. Torch's fake mode
-caches them too (``FakeTensorMode._cached_dispatch_impl``), but a hit is slow (a general key
+caches them too (its dispatch cache), but a hit is slow (a general key
 over every argument kind, the output rebuilt under the kernel-invocation guard), most of a fake
 training step. ``OutputMemo`` keeps the same answer for the operations
 whose outputs are fresh tensors, views of one argument or the arguments they write, and
@@ -31,15 +31,16 @@ fake additions in the backwards of 40 timm models were answered so instead of fa
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch._subclasses import fake_tensor as _fake
-from torch.fx.experimental import proxy_tensor as _proxy
 
-__all__ = ["MISSING", "OutputMemo", "fake_maker"]
+from cl_audit.compat.fake_base import FakeTensor, FakeTensorMode, fake_maker, tracing
+from cl_audit.compat.operators import composite_implicit, is_overload, schema_of
+from cl_audit.compat.storage import storage_key
+
+__all__ = ["MISSING", "OutputMemo"]
 
 _EXCLUDED_TAGS = frozenset(
     getattr(torch.Tag, name)
@@ -51,8 +52,6 @@ _EXCLUDED_TAGS = frozenset(
     )
     if hasattr(torch.Tag, name)
 )
-# get_proxy_mode (pre-dispatch tracing too) is newer than torch 2.4, which has the innermost only
-_tracing = getattr(_proxy, "get_proxy_mode", None) or _proxy.get_innermost_proxy_mode
 _NAMESPACES = frozenset({"aten", "prims"})
 _PLAIN = frozenset(
     {
@@ -81,7 +80,7 @@ class _Unkeyable(Exception):
 def _key(value: Any, offsets: bool) -> Any:
     """``value``'s part of a key; a tensor's storage offset only with ``offsets``."""
     kind = type(value)
-    if kind is _fake.FakeTensor:
+    if kind is FakeTensor:
         if value.constant is not None or value.dtype.is_complex or value.is_sparse:
             raise _Unkeyable
         return (
@@ -146,11 +145,11 @@ def _writes(schema: Any) -> _Writes | None:
 def _remembered(func: Any) -> int | bool | _Writes:
     """Whether ``func``'s outputs can be remembered (module docstring): for a view, the
     position of the argument it aliases; for an in-place operation, what it returns."""
-    if not isinstance(func, torch._ops.OpOverload) or func.namespace not in _NAMESPACES:
+    if not is_overload(func) or func.namespace not in _NAMESPACES:
         return False
     if _EXCLUDED_TAGS.intersection(func.tags):
         return False
-    schema = func._schema
+    schema = schema_of(func)
     aliased = [i for i, a in enumerate(schema.arguments) if a.alias_info is not None]
     returned = [r.alias_info for r in schema.returns]
     if not aliased and not any(returned):
@@ -161,9 +160,7 @@ def _remembered(func: Any) -> int | bool | _Writes:
         return False
     if schema.arguments[aliased[0]].alias_info.is_write or returned[0].is_write:
         return False
-    if str(schema.returns[0].type) != "Tensor" or torch._C._dispatch_has_kernel_for_dispatch_key(
-        func.name(), torch._C.DispatchKey.CompositeImplicitAutograd
-    ):
+    if str(schema.returns[0].type) != "Tensor" or composite_implicit(func):
         return False
     return aliased[0]
 
@@ -171,13 +168,11 @@ def _remembered(func: Any) -> int | bool | _Writes:
 def _shared(output: Any, args: Any) -> int | None:
     """The position of the one argument whose storage a single tensor output is on, where
     the schema promised a fresh tensor (``_unsafe_view``); None where it is on none."""
-    if type(output) is not _fake.FakeTensor:
+    if type(output) is not FakeTensor:
         return None
-    storage = output.untyped_storage()._cdata
+    storage = storage_key(output)
     positions = [
-        i
-        for i, a in enumerate(args)
-        if type(a) is _fake.FakeTensor and a.untyped_storage()._cdata == storage
+        i for i, a in enumerate(args) if type(a) is FakeTensor and storage_key(a) == storage
     ]
     if len(positions) != 1 or output is args[positions[0]]:
         return None
@@ -188,21 +183,21 @@ def _fresh(output: Any, inputs: list[torch.Tensor]) -> _Spec:
     """A fresh output's metadata; anything else (a view, a constant) is not kept."""
     if output is None:
         return None
-    if type(output) is not _fake.FakeTensor or output.constant is not None:
+    if type(output) is not FakeTensor or output.constant is not None:
         raise _Unkeyable
-    storage = output.untyped_storage()._cdata
-    if output.storage_offset() or any(storage == i.untyped_storage()._cdata for i in inputs):
+    storage = storage_key(output)
+    if output.storage_offset() or any(storage == storage_key(i) for i in inputs):
         raise _Unkeyable
     return (output.shape, output.stride(), output.dtype, output.fake_device, output.requires_grad)
 
 
 def _view(output: Any, base: Any) -> _Spec:
     """A view's metadata, with its storage offset: on ``base``'s storage, not requiring grad."""
-    if type(output) is not _fake.FakeTensor or type(base) is not _fake.FakeTensor:
+    if type(output) is not FakeTensor or type(base) is not FakeTensor:
         raise _Unkeyable
     if output.constant is not None or output.requires_grad:
         raise _Unkeyable
-    if output.untyped_storage()._cdata != base.untyped_storage()._cdata:
+    if storage_key(output) != storage_key(base):
         raise _Unkeyable
     return (
         output.shape,
@@ -217,7 +212,7 @@ class OutputMemo:
     """Per fake mode: ``lookup`` before an operation runs, ``remember`` after it ran; ``hits``
     counts the operations it answered."""
 
-    def __init__(self, mode: _fake.FakeTensorMode) -> None:
+    def __init__(self, mode: FakeTensorMode) -> None:
         self._mode = mode
         self.hits = 0
         self._funcs: dict[Any, int | bool | _Writes | _OnArgument] = {}
@@ -229,7 +224,7 @@ class OutputMemo:
         allowed = self._funcs.get(func)
         if allowed is None:
             allowed = self._funcs[func] = _remembered(func)
-        if allowed is False or self._mode.shape_env is not None or _tracing() is not None:
+        if allowed is False or self._mode.shape_env is not None or tracing() is not None:
             return None
         offsets = allowed is not True
         try:
@@ -288,7 +283,7 @@ class OutputMemo:
             elif isinstance(result, (tuple, list)):  # a decomposition's named tuple: a tuple
                 container = list if isinstance(result, list) else tuple
                 specs = tuple(_fresh(r, inputs) for r in result)
-                storages = [r.untyped_storage()._cdata for r in result if r is not None]
+                storages = [storage_key(r) for r in result if r is not None]
                 if len(set(storages)) != len(storages):
                     raise _Unkeyable  # two outputs on one storage
                 entry = (container, specs, None)
@@ -338,64 +333,9 @@ class OutputMemo:
         return self.wrap(meta, device)
 
     def wrap(self, meta: torch.Tensor, device: torch.device) -> torch.Tensor:
-        """``FakeTensor(mode, meta, device)``, by ``fake_maker``'s faster path."""
+        """A fake tensor of the mode on ``device`` laid out as ``meta``, as torch's constructor
+        makes it, by ``fake_maker``'s faster path."""
         maker = self._makers.get(device)
         if maker is None:
             maker = self._makers[device] = fake_maker(self._mode, device)
         return maker(meta)
-
-
-_PLAIN_STATE = (type(None), bool, int, float, str, torch.device, torch.DispatchKeySet, type)
-
-
-def fake_maker(
-    mode: _fake.FakeTensorMode, device: torch.device
-) -> Callable[[torch.Tensor], torch.Tensor]:
-    """What makes a fake tensor of ``mode`` on ``device`` from a meta tensor, as
-    ``FakeTensor(mode, meta, device)`` does, in under a quarter of its time (a remembered
-    output is made so on every hit, and the constructor parses arguments, normalizes the
-    device and sets a dozen attributes through descriptors): the
-    subclass made on the meta tensor with the same dispatch keys and data-pointer guard, then
-    the attributes of a fake tensor the constructor made, copied. Used only where such a copy
-    is what the constructor makes (each attribute the mode or a plain immutable value; a probe
-    made both ways alike); else the constructor."""
-    construct = functools.partial(_fake.FakeTensor, mode, device=device)
-    template = construct(torch.empty(0, device="meta"))
-    state = dict(vars(template))
-    if any(v is not mode and not isinstance(v, _PLAIN_STATE) for v in state.values()):
-        return construct
-    guard = (
-        torch._C._set_warn_deprecated_on_mutable_data_ptr
-        if mode._allow_unsafe_data_ptr_access
-        else torch._C._set_throw_on_mutable_data_ptr
-    )
-    fake_device = template.fake_device
-
-    def made(meta: torch.Tensor) -> torch.Tensor:
-        tensor = torch.Tensor._make_subclass(
-            _fake.FakeTensor,
-            meta,
-            meta.requires_grad,
-            dispatch_device=True,
-            device_for_backend_keys=fake_device,
-        )
-        guard(tensor)
-        tensor.__dict__.update(state)
-        return tensor
-
-    probe = torch.empty_strided((2, 3), (1, 2), device="meta", requires_grad=True)
-    if _described(made(probe)) != _described(construct(probe)):
-        return construct
-    return made
-
-
-def _described(tensor: torch.Tensor) -> tuple[Any, ...]:
-    """What tells two fake tensors made on one meta tensor apart."""
-    return (
-        type(tensor),
-        vars(tensor),
-        tensor.device,
-        tensor.requires_grad,
-        tensor.stride(),
-        str(torch._C._dispatch_keys(tensor)),
-    )

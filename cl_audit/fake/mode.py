@@ -1,7 +1,8 @@
 """cl-audit's fake tensor mode (``new_fake_mode``): fake tensors on a device of our choosing,
 real tensors computed as eager does, the layers that see each operation, and the shortcuts of
-``fake_shortcuts`` taken where torch's own path is slow or lays a tensor out otherwise than the
-kernels."""
+``shortcuts`` taken where torch's own path is slow or lays a tensor out otherwise than the
+kernels. Built on torch's fake mode through ``compat.fake_base.FakeModeBase``, which names the
+entry points it overrides and calls."""
 
 from __future__ import annotations
 
@@ -11,14 +12,21 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-from torch._subclasses import fake_tensor as _fake
 
 from cl_audit.compat.fake_base import (
+    FAKE_LOGGER,
+    FakeModeBase,
     FakeTensorMode,
     Layer,
+    active_fake_mode_alone,
     device_query,
+    make_fake,
+    no_dispatch,
 )
-from cl_audit.compat.fake_shortcuts import (
+from cl_audit.compat.operators import returns_list
+from cl_audit.compat.pytree import tensor_leaves
+from cl_audit.fake.memo import MISSING, OutputMemo
+from cl_audit.fake.shortcuts import (
     EMPTY_STRIDED,
     LAYER_NORM_BACKWARD,
     MUL,
@@ -32,8 +40,6 @@ from cl_audit.compat.fake_shortcuts import (
     valid_as_laid_out,
     writes_lists,
 )
-from cl_audit.compat.memo import MISSING, OutputMemo
-from cl_audit.compat.pytree import tensor_leaves
 
 __all__ = [
     "dispatch_layer",
@@ -53,10 +59,7 @@ def _as_returned(func: Any, result: Any) -> Any:
         return result
     as_list = _LIST_RETURNS.get(func)
     if as_list is None:
-        returns = func._schema.returns
-        as_list = _LIST_RETURNS[func] = len(returns) == 1 and isinstance(
-            returns[0].type, torch.ListType
-        )
+        as_list = _LIST_RETURNS[func] = returns_list(func)
     if type(result) is (list if as_list else tuple):
         return result
     return list(result) if as_list else tuple(result)
@@ -65,14 +68,14 @@ def _as_returned(func: Any, result: Any) -> Any:
 _LIST_RETURNS: dict[Any, bool] = {}  # per operation: whether it returns a list
 
 
-class _FakeMode(FakeTensorMode):
+class _FakeMode(FakeModeBase):
     """A fake mode that computes with real tensors as eager does: an operation whose tensors are
     all real (data the model holds itself as plain tensor attributes: parameters, buffers and
     inputs are fake here) and that neither writes to them nor moves them to a device runs for
     real, so their values stay known (``for s in self.stride: x.new_full(..., s)``); torch's
     own mode turns them into fake tensors whose values nothing can read. It answers a fake
     tensor's device query at once (``device_query``) and an operation seen before from its
-    ``memo`` (``OutputMemo``, compat/memo.py). Its ``layers`` (``dispatch_layer``) see each
+    ``memo`` (``OutputMemo``, fake/memo.py). Its ``layers`` (``dispatch_layer``) see each
     operation first, outermost first, as dispatch modes pushed above it would, each a dispatch
     mode's hop cheaper (reports/pages/overhead.md)."""
 
@@ -89,9 +92,7 @@ class _FakeMode(FakeTensorMode):
         it are off ``self.layers``, as a mode is off the stack while its handler runs: what it
         runs itself passes only the layers below it."""
         if not layers:
-            return _as_returned(
-                func, FakeTensorMode.__torch_dispatch__(self, func, types, args, kwargs)
-            )
+            return _as_returned(func, self.torch_dispatch(func, types, args, kwargs))
         outer, below = self.layers, layers[1:]
         self.layers = below
 
@@ -107,18 +108,11 @@ class _FakeMode(FakeTensorMode):
         super().__init__(**kwargs)
         self.memo = OutputMemo(self)
         self.layers: tuple[Layer, ...] = ()  # outermost first
-        self._remembering = False  # the next cache lookup is for an operation the memo keeps
 
-    def _cached_dispatch_impl(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
-        """Torch's cache, but for an operation the memo keeps: its key and entry would cost
-        as much as the dispatch and never be read (the memo answers the call next time)."""
-        if self._remembering:
-            self._remembering = False
-            return self._dispatch_impl(func, types, args, kwargs)
-        return super()._cached_dispatch_impl(func, types, args, kwargs)
-
-    def dispatch(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        kwargs = kwargs or {}
+    def fake_dispatch(self, func: Any, types: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+        """An operation faked: by the memo where it answers, else faked and remembered, torch's
+        cache skipped for an operation the memo keeps (its key and entry would cost as much as
+        the dispatch and never be read: the memo answers the call next time)."""
         if (
             args
             and type(args[0]) is list  # ahead of the schema's lookup, which hashes the operator
@@ -128,7 +122,7 @@ class _FakeMode(FakeTensorMode):
         ):
             return None  # nothing to fake: it writes its lists in place (``valid_as_laid_out``)
         if real_only(func, args, kwargs):
-            with torch.utils._mode_utils.no_dispatch():
+            with no_dispatch():
                 return func(*args, **kwargs)
         memo = self.memo
         key = memo.key(func, args, kwargs) if _MEMO else None
@@ -136,19 +130,19 @@ class _FakeMode(FakeTensorMode):
             outputs = memo.lookup(key, func, args, kwargs)
             if outputs is not MISSING:
                 return outputs
-        self._remembering = key is not None
+        self.skip_cache_once = key is not None
         try:
-            result = self._fake_dispatch(func, types, args, kwargs)
+            result = self._faked(func, types, args, kwargs)
         finally:
-            self._remembering = False
+            self.skip_cache_once = False
         if key is not None:
             memo.remember(key, func, args, kwargs, result, tensor_leaves((args, kwargs)))
         return result
 
-    def _fake_dispatch(self, func: Any, types: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+    def _faked(self, func: Any, types: Any, args: Any, kwargs: dict[str, Any]) -> Any:
         operands = binary_operands(func, args)
         if operands is not None:
-            return super().dispatch(MUL, types, operands, {})
+            return self.torch_fake(MUL, types, operands, {})
         if func is TO_COPY and dense_cast(args, kwargs):
             data = args[0]
             dtype = kwargs.get("dtype") or data.dtype
@@ -156,7 +150,7 @@ class _FakeMode(FakeTensorMode):
                 meta = torch.empty_strided(data.shape, data.stride(), dtype=dtype, device="meta")
                 return self.memo.wrap(meta, data.fake_device)
             strided = (data.shape, data.stride())
-            return super().dispatch(
+            return self.torch_fake(
                 EMPTY_STRIDED, types, strided, {"dtype": dtype, "device": data.device}
             )
         if self.shape_env is None:  # the kernels' layouts, where shapes are plain numbers
@@ -167,7 +161,7 @@ class _FakeMode(FakeTensorMode):
                 return self._layer_norm_backward(types, args, kwargs)
             if func in ON_META:
                 return self._on_meta(func, types, args, kwargs)
-        return super().dispatch(func, types, args, kwargs)
+        return self.torch_fake(func, types, args, kwargs)
 
     def _on_meta(self, func: Any, types: Any, args: Any, kwargs: dict[str, Any]) -> Any:
         """The training loss's operations and some backward operations (``ON_META``) by the
@@ -182,7 +176,7 @@ class _FakeMode(FakeTensorMode):
         tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
         device = tensors[0].device if tensors else None
         if not all(plain_fake(t) and t.device == device for t in tensors):
-            return super().dispatch(func, types, args, kwargs)
+            return self.torch_fake(func, types, args, kwargs)
 
         def meta(value: Any) -> Any:
             if not isinstance(value, torch.Tensor):
@@ -191,7 +185,7 @@ class _FakeMode(FakeTensorMode):
                 value.shape, value.stride(), dtype=value.dtype, device="meta"
             )
 
-        with torch.utils._mode_utils.no_dispatch():
+        with no_dispatch():
             result = func(*map(meta, args), **{k: meta(v) for k, v in kwargs.items()})
         if isinstance(result, tuple):
             return tuple(None if t is None else self.memo.wrap(t, device) for t in result)
@@ -207,7 +201,7 @@ class _FakeMode(FakeTensorMode):
         channels_last map's permuted tokens (CoAtNet's ``LayerNorm2d``) then handed the map
         back in the other order."""
         if kwargs or len(args) != 8:
-            return super().dispatch(LAYER_NORM_BACKWARD, types, args, kwargs)
+            return self.torch_fake(LAYER_NORM_BACKWARD, types, args, kwargs)
         data, weight, bias, mask = args[1], args[5], args[6], args[7]
 
         def like(tensor: torch.Tensor | None, wanted: bool) -> torch.Tensor | None:
@@ -233,11 +227,11 @@ class _FakeMode(FakeTensorMode):
         argument goes to torch's path."""
         base = args[aliased] if aliased < len(args) else None
         if not plain_fake(base):
-            return super().dispatch(func, types, args, kwargs)
+            return self.torch_fake(func, types, args, kwargs)
         rest = (*args[:aliased], *args[aliased + 1 :], *kwargs.values())
         if any(isinstance(a, torch.Tensor) for a in rest):
-            return super().dispatch(func, types, args, kwargs)
-        with torch.utils._mode_utils.no_dispatch():
+            return self.torch_fake(func, types, args, kwargs)
+        with no_dispatch():
             meta = torch.empty(0, dtype=base.dtype, device="meta")
             meta.set_(base.untyped_storage(), base.storage_offset(), base.shape, base.stride())
             viewed = func(*args[:aliased], meta, *args[aliased + 1 :], **kwargs)
@@ -268,10 +262,8 @@ def dispatch_layer(mode: FakeTensorMode, layer: Layer) -> Iterator[None]:
 def fake_mode_alone() -> FakeTensorMode | None:
     """The active fake mode where it is cl-audit's (``new_fake_mode``) and no other dispatch
     mode is active, else None: then a mode pushed now could be a layer of it instead."""
-    mode = torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE)
-    if isinstance(mode, _FakeMode) and torch._C._len_torch_dispatch_stack() == 1:
-        return mode
-    return None
+    mode = active_fake_mode_alone()
+    return mode if isinstance(mode, _FakeMode) else None
 
 
 def fake_tensor(mode: FakeTensorMode, tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -279,7 +271,7 @@ def fake_tensor(mode: FakeTensorMode, tensor: torch.Tensor, device: torch.device
     device need not exist on this machine."""
     meta = tensor if tensor.is_meta else tensor.to("meta")
     memo = getattr(mode, "memo", None)  # cl-audit's fake mode makes it faster (``fake_maker``)
-    return _fake.FakeTensor(mode, meta, device) if memo is None else memo.wrap(meta, device)
+    return make_fake(mode, meta, device) if memo is None else memo.wrap(meta, device)
 
 
 def fake_like(tensor: torch.Tensor, fake: torch.Tensor) -> torch.Tensor:
@@ -294,7 +286,7 @@ def meta_failures_quiet() -> Iterator[None]:
     """Torch's fake mode logs, with a traceback, every operation whose meta function refuses
     its arguments before raising it (``failed while attempting to run meta``): quiet inside,
     where refusals are expected (an operator index's samples); the error is still raised."""
-    logger = logging.getLogger(_fake.__name__)
+    logger = logging.getLogger(FAKE_LOGGER)
     level = logger.level
     logger.setLevel(logging.CRITICAL)
     try:

@@ -9,11 +9,9 @@ import functools
 from typing import Any
 
 import torch
-from torch._subclasses import fake_tensor as _fake
 
-from cl_audit.compat.fake_base import (
-    is_fake,
-)
+from cl_audit.compat.fake_base import FakeTensor, is_fake
+from cl_audit.compat.operators import schema_of
 from cl_audit.compat.pytree import tensor_leaves
 from cl_audit.rule.layout import is_dense
 
@@ -99,7 +97,7 @@ def plain_fake(value: Any) -> bool:
     """Whether ``value`` is a fake tensor whose metadata alone decides what a meta kernel
     makes of it: strided, real-valued, no value tracked (a fake constant)."""
     return (
-        type(value) is _fake.FakeTensor
+        type(value) is FakeTensor
         and value.constant is None
         and value.layout is torch.strided
         and not value.dtype.is_complex
@@ -141,7 +139,7 @@ def binary_operands(func: Any, args: Any) -> tuple[torch.Tensor, torch.Tensor] |
 def writes_lists(func: Any) -> bool:
     """An operation that returns nothing and writes the list of tensors it is first given:
     the optimizers' ``_foreach_*_``, AMP's unscale, the fused optimizers."""
-    schema = getattr(func, "_schema", None)
+    schema = schema_of(func)
     if schema is None or schema.returns or not schema.arguments:
         return False
     first = schema.arguments[0]
@@ -180,7 +178,7 @@ def valid_as_laid_out(args: Any, kwargs: dict[str, Any]) -> bool:
     for group in zip(*lists, strict=True):
         head = group[0]
         for tensor in group:
-            if type(tensor) is not _fake.FakeTensor or tensor.constant is not None:
+            if type(tensor) is not FakeTensor or tensor.constant is not None:
                 return False
             if tensor.shape != head.shape or tensor.dtype != head.dtype:
                 return False
@@ -188,7 +186,7 @@ def valid_as_laid_out(args: Any, kwargs: dict[str, Any]) -> bool:
                 return False
     device = first[0].fake_device
     return all(
-        type(t) is _fake.FakeTensor
+        type(t) is FakeTensor
         and t.constant is None
         and t.numel() == 1
         and t.dtype.is_floating_point
@@ -203,9 +201,9 @@ _LIFTS = (torch.ops.aten.lift_fresh.default, torch.ops.aten.lift_fresh_copy.defa
 def real_only(func: Any, args: Any, kwargs: dict[str, Any]) -> bool:
     """Whether ``func`` runs for real: every tensor real, on the CPU, none written or moved.
     Runs on every fake operation: the usual answer (a fake first argument) comes first."""
-    if args and (type(args[0]) is _fake.FakeTensor or is_fake(args[0])):
+    if args and (type(args[0]) is FakeTensor or is_fake(args[0])):
         return False  # the exact type first: torch's ``is_fake`` checks subclasses at length
-    if func in _LIFTS or func._schema.is_mutable or "device" in kwargs:
+    if func in _LIFTS or schema_of(func).is_mutable or "device" in kwargs:
         return False
     tensors = tensor_leaves((args, kwargs))
     return bool(tensors) and all(

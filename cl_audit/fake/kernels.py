@@ -19,11 +19,11 @@ from torch import nn
 
 from cl_audit.compat.attention import fused_attention
 from cl_audit.compat.fake_base import FakeTensorMode, Run
-from cl_audit.compat.fake_mode import dispatch_layer, fake_tensor
 from cl_audit.compat.modes import FunctionLayer
 from cl_audit.compat.operators import aten_op_name
 from cl_audit.compat.storage import suggest_memory_format
 from cl_audit.compat.versions import TORCH_VERSION
+from cl_audit.fake.mode import dispatch_layer, fake_tensor
 from cl_audit.predict.divergences import (
     ATTENTION_SOURCE,
     BATCH_NORM_BACKWARD_SOURCE,

@@ -40,9 +40,15 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
-from torch.autograd.function import BackwardCFunction
 from torch.autograd.graph import get_gradient_edge
 
+from cl_audit.compat.autograd import (
+    backward_hooks,
+    input_metadata,
+    is_custom_function,
+    missing_node_methods,
+    sequence_nr,
+)
 from cl_audit.compat.modes import without_torch_function
 from cl_audit.errors import UsageError
 from cl_audit.rule.layout import is_dense
@@ -74,7 +80,7 @@ def recording_hooks() -> Iterator[_Hooks]:
         with without_torch_function():
             node = tensor.grad_fn
             if node is not None:
-                entry = (tensor.output_nr, tensor._backward_hooks)
+                entry = (tensor.output_nr, backward_hooks(tensor))
                 found = hooks.setdefault(node, [])
                 # once per dict: a torch function mode (the audit's) hands the call back here
                 # from inside ``register``, and hooks added later land in the same dict
@@ -104,15 +110,15 @@ def run_backward(
         first, slot = get_gradient_edge(root)[:2]  # a leaf's: its AccumulateGrad
         start = torch.ones_like(root) if gradient is None else gradient
     waiting = _dependencies(first)
-    buffers: dict[Node, list[torch.Tensor | None]] = {first: [None] * len(first._input_metadata)}
+    buffers: dict[Node, list[torch.Tensor | None]] = {first: [None] * len(input_metadata(first))}
     buffers[first][slot] = start
     holders: dict[int, int] = {id(start): 1}
     order = itertools.count()
-    ready = [(-first._sequence_nr(), next(order), first)]
+    ready = [(-sequence_nr(first), next(order), first)]
     with torch.no_grad():
         while ready:
             node = heapq.heappop(ready)[2]
-            grads = buffers.pop(node, None) or [None] * len(node._input_metadata)
+            grads = buffers.pop(node, None) or [None] * len(input_metadata(node))
             for grad in grads:
                 if grad is not None:
                     holders[id(grad)] -= 1
@@ -126,11 +132,11 @@ def run_backward(
                     if successor is None:
                         continue
                     if grad is not None:
-                        grad = _fitted(grad, successor._input_metadata[slot])
+                        grad = _fitted(grad, input_metadata(successor)[slot])
                         _add(buffers, holders, successor, slot, grad)
                     waiting[successor] -= 1
                     if not waiting[successor]:
-                        heapq.heappush(ready, (-successor._sequence_nr(), next(order), successor))
+                        heapq.heappush(ready, (-sequence_nr(successor), next(order), successor))
             finally:
                 running(None)
 
@@ -157,7 +163,7 @@ def _add(
     slot: int,
     grad: torch.Tensor,
 ) -> None:
-    buffer = buffers.setdefault(node, [None] * len(node._input_metadata))
+    buffer = buffers.setdefault(node, [None] * len(input_metadata(node)))
     held = buffer[slot]
     if held is not None:
         holders[id(held)] -= 1
@@ -199,10 +205,10 @@ def _call(node: Node, grads: list[torch.Tensor | None], holders: dict[int, int])
     variable = getattr(node, "variable", None)
     if variable is not None:  # AccumulateGrad
         with without_torch_function():
-            hooks = variable._backward_hooks
+            hooks = backward_hooks(variable)
         _accumulate(variable, _hooked(grads[0], hooks), holders)
         return ()
-    if isinstance(node, BackwardCFunction):
+    if is_custom_function(node):
         return _custom(node, grads)
     outputs = node(*grads)
     return outputs if isinstance(outputs, tuple) else (outputs,)
@@ -239,7 +245,7 @@ def _obeys_layout_contract(grad: torch.Tensor, variable: torch.Tensor) -> bool:
     return True
 
 
-def _custom(node: BackwardCFunction, grads: list[torch.Tensor | None]) -> tuple:
+def _custom(node: Any, grads: list[torch.Tensor | None]) -> tuple:
     """A custom Function's backward (``PyNode::apply``): missing gradients made zeros (its
     ``materialize_grads`` cannot be read back: a Function that turned it off gets zeros too),
     one gradient returned per forward argument, those of tensors that require grad passed on
@@ -247,7 +253,7 @@ def _custom(node: BackwardCFunction, grads: list[torch.Tensor | None]) -> tuple:
     with without_torch_function():
         grads = [
             torch.zeros(m.shape, dtype=m.dtype, device=m.device) if g is None else g
-            for g, m in zip(grads, node._input_metadata, strict=True)
+            for g, m in zip(grads, input_metadata(node), strict=True)
         ]
     results = node.apply(*grads)
     results = results if isinstance(results, tuple) else (results,)
@@ -259,7 +265,7 @@ def _custom(node: BackwardCFunction, grads: list[torch.Tensor | None]) -> tuple:
 def backward_problem() -> str | None:
     """Why this torch cannot run a backward node by node, or None: a probe differentiates a
     convolution and a sum with both engines on fake CPU tensors, which must agree."""
-    from cl_audit.compat.fake_mode import new_fake_mode
+    from cl_audit.fake.mode import new_fake_mode
 
     def grads(engine: Callable[[torch.Tensor], None]) -> list[tuple[int, ...]]:
         with new_fake_mode():
@@ -269,11 +275,10 @@ def backward_problem() -> str | None:
             engine(torch.nn.functional.conv2d(x, w, b).sum())
             return [w.grad.stride(), b.grad.stride()]
 
-    node = (torch.ones(1, requires_grad=True) * 2).grad_fn
-    for name in ("_input_metadata", "_sequence_nr"):
-        if not hasattr(node, name):
-            needs = "which a backward run node by node needs"
-            return f"torch {torch.__version__} lacks Node.{name}, {needs}"
+    lacking = missing_node_methods()
+    if lacking:
+        needs = "which a backward run node by node needs"
+        return f"torch {torch.__version__} lacks {', '.join(lacking)}, {needs}"
     try:
         if grads(run_backward) == grads(lambda loss: loss.backward()):
             return None
