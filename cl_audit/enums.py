@@ -266,7 +266,7 @@ class Verdict(str, Enum):
 
 @unique
 class RemedyStatus(str, Enum):
-    """Whether a remedy was proven on the model by a what-if run (``run.phases.verify``)."""
+    """Whether a remedy was proven on the model by a what-if run (``phases.verify``)."""
 
     VERIFIED = "verified"  # a change made at the site ran, kept the output and cut the cost
     REFUTED = "refuted"  # every change tried failed: not offered as a fix

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import signal
-import traceback
 from collections.abc import Iterator
 
 from cl_audit.enums import Stage
@@ -15,9 +14,9 @@ __all__ = [
     "Stage",
     "Terminated",
     "UsageError",
-    "failure_summary",
     "first_line",
     "mark_failure",
+    "marked",
     "terminated_as_interrupt",
 ]  # fmt: skip
 
@@ -33,15 +32,23 @@ class UsageError(ValueError):
 
 
 class ModelFailedError(RuntimeError):
-    """The model failed to build or run. Exit code 3; ``stage`` says where."""
+    """The model failed to build or run. Exit code 3; ``stage`` says where, ``operation`` and
+    ``site`` what and which model line (the mark's, else ``site``: the line its traceback
+    came from, ``rule.attribution.model_failed``)."""
 
     def __init__(
-        self, stage: Stage, model: str, cause: BaseException, hint: str | None = None
+        self,
+        stage: Stage,
+        model: str,
+        cause: BaseException,
+        hint: str | None = None,
+        site: str | None = None,
     ) -> None:
         self.stage = stage
         self.model = model
         self.cause = cause
-        self.operation, self.site = _origin(cause)
+        self.operation, marked_site = marked(cause)
+        self.site = marked_site or site
         self.hint = hint
         message = f"{model}: {stage.value} failed{self._where()}: {first_line(cause)}"
         super().__init__(message.rstrip(": ") + (f" (hint: {hint})" if hint else ""))
@@ -67,35 +74,15 @@ def mark_failure(error: BaseException, operation: str, site: str | None = None) 
         setattr(error, _FAILED_IN, (operation, site))
 
 
-def _origin(error: BaseException) -> tuple[str | None, str | None]:
-    """The operation ``error`` was marked with and the model line it came from."""
-    operation, site = getattr(error, _FAILED_IN, (None, None))
-    return operation, site or failure_site(error)
+def marked(error: BaseException) -> tuple[str | None, str | None]:
+    """The operation and call site ``error`` was marked with (``mark_failure``), or None."""
+    return getattr(error, _FAILED_IN, (None, None))
 
 
 def first_line(error: BaseException) -> str:
     """``RuntimeError: the first line of its message``."""
     first = str(error).strip().splitlines()[0] if str(error).strip() else ""
     return f"{type(error).__name__}: {first}"
-
-
-def failure_summary(error: BaseException) -> str:
-    """One line: the operation and model line ``error`` came from, its type and first line
-    (``Tensor.view at models/net.py:12: RuntimeError: view size is not compatible ...``)."""
-    where = " at ".join(part for part in _origin(error) if part)
-    text = first_line(error).rstrip(": ")
-    return f"{where}: {text}" if where else text
-
-
-def failure_site(error: BaseException) -> str | None:
-    """The model's source line where ``error`` was raised: the innermost frame of its traceback
-    outside torch and cl_audit."""
-    from cl_audit.rule.attribution import (
-        frames_call_site,  # torch's import, only on failure
-    )
-
-    frames = tuple((f.filename, f.lineno or 0) for f in traceback.extract_tb(error.__traceback__))
-    return frames_call_site(frames)
 
 
 class Terminated(KeyboardInterrupt):

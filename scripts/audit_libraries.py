@@ -27,9 +27,9 @@ import torch
 
 from cl_audit.execution.settings import Amp, AuditSettings, TensorMode
 from cl_audit.fake.cuda_probe import fake_cuda_problem
+from cl_audit.phases.audit_module import audit_module
 from cl_audit.report import ModelReport
 from cl_audit.report.files import write_text
-from cl_audit.run.audit_module import audit_module
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 import libraries

@@ -30,8 +30,8 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from cl_audit.execution.settings import AuditSettings
+from cl_audit.phases.audit_module import audit_module
 from cl_audit.report.files import write_text
-from cl_audit.run.audit_module import audit_module
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 import libraries

@@ -24,8 +24,8 @@ import torchvision
 
 from cl_audit.execution.settings import Amp, AuditSettings, TensorMode
 from cl_audit.execution.training import BoundStep
+from cl_audit.phases.audit_module import audit_module
 from cl_audit.report.files import write_text
-from cl_audit.run.audit_module import audit_module
 
 CASES = {
     "resnet50, eager inference": AuditSettings(),

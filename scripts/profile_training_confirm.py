@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-import cl_audit.run.audit_module as run_module
+import cl_audit.phases.audit_module as run_module
 import cl_audit.sweep.worker as worker_module
 from cl_audit.enums import TensorMode
 from cl_audit.execution.settings import AuditSettings

@@ -31,10 +31,10 @@ import torch
 
 from cl_audit.enums import Amp, TensorMode
 from cl_audit.execution.settings import AuditSettings
+from cl_audit.phases.audit_module import operations
+from cl_audit.phases.speed import predict_speed
+from cl_audit.phases.timed import profiled_class
 from cl_audit.predict.table_store import choose, this_machine
-from cl_audit.run.audit_module import operations
-from cl_audit.run.phases.speed import predict_speed
-from cl_audit.run.phases.timed import profiled_class
 
 BAND = 0.05
 

@@ -1,4 +1,4 @@
-"""Tiny modules for remedies proven by what-if runs (``cl_audit.run.phases.verify``): a change that
+"""Tiny modules for remedies proven by what-if runs (``cl_audit.phases.verify``): a change that
 holds beside one that breaks the model, each at its own line."""
 
 from __future__ import annotations

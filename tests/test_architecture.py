@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "cl_audit"
 # bottom up: a layer imports only from those before it (and the root's vocabulary)
 LAYERS = ("rule", "report", "compat", "predict", "fake", "intercept", "compare", "execution",
-          "compiled", "run", "sources", "features", "sweep", "render", "integrations",
+          "compiled", "phases", "sources", "features", "sweep", "render", "integrations",
           "cli")  # fmt: skip
 VOCABULARY = {"enums", "errors", "registry"}
 FACE = {"__init__", "__main__", "testing"}  # the package's public face: nothing imports it

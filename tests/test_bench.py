@@ -24,6 +24,7 @@ from cl_audit.execution.convert import apply_strategy, strategy_input
 from cl_audit.execution.rounds import WARMUP_LIMIT
 from cl_audit.execution.settings import Amp, AuditSettings, Strategy
 from cl_audit.features.bench import BenchSettings, bench_module
+from cl_audit.phases.audit_module import audit_model
 from cl_audit.render.html_model import model_html
 from cl_audit.report import Conversion, RegainSource, load_schema
 from cl_audit.report.bench_report import (
@@ -33,7 +34,6 @@ from cl_audit.report.bench_report import (
     StrategyTiming,
     dashboard_records,
 )
-from cl_audit.run.audit_module import audit_model
 
 MODELS = str(Path(__file__).with_name("bench_models.py"))
 CL = torch.channels_last

@@ -30,10 +30,11 @@ from cl_audit.errors import UsageError
 from cl_audit.execution.audit_context import audit
 from cl_audit.execution.plan import resolve_device
 from cl_audit.execution.settings import AuditSettings, TensorMode
-from cl_audit.fake import cuda_probe, memo
+from cl_audit.fake import cuda_probe
 from cl_audit.fake import mode as fake_mode
 from cl_audit.fake import shortcuts as fake_shortcuts
 from cl_audit.fake.kernels import KernelSourceMode
+from cl_audit.phases.audit_module import audit_module
 from cl_audit.predict.divergences import (
     CUDA_KERNEL_OVERRIDES,
     KernelCopies,
@@ -41,7 +42,6 @@ from cl_audit.predict.divergences import (
     divergence_table,
     kernel_copy_table,
 )
-from cl_audit.run.audit_module import audit_module
 
 PACKAGE = Path(compat.__file__).parent.parent  # cl_audit
 COMPAT = Path(compat.__file__).parent  # cl_audit/compat

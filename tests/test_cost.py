@@ -354,7 +354,7 @@ def test_the_nchw_run_kept_for_its_ledger_alone_weighs_as_a_full_audit_of_it(
     (copies both formats make, only one makes, and the conversions after them); the
     channels_last run's findings are its own either way. A ledger-only audit refuses its
     findings."""
-    import cl_audit.run.phases.compare as compare_phase
+    import cl_audit.phases.compare as compare_phase
     from cl_audit.errors import AuditError
     from cl_audit.execution.audit_context import Audit
 
@@ -381,7 +381,7 @@ def test_fake_mode_predicts_the_same_sites_from_strides():
     torch.manual_seed(0)
     model = cm.ContiguousCopy()
     from cl_audit.execution.settings import AuditSettings, TensorMode
-    from cl_audit.run.audit_module import audit_module
+    from cl_audit.phases.audit_module import audit_module
 
     settings = AuditSettings(tensor_mode=TensorMode.FAKE, gate=Gate(0, 0))
     report = audit_module(model, (_input(),), settings)
@@ -392,7 +392,7 @@ def test_fake_mode_predicts_the_same_sites_from_strides():
 
 def _fake(model: torch.nn.Module, train: bool = False, device: str = "cpu") -> ModelReport:
     from cl_audit.execution.settings import AuditSettings, TensorMode
-    from cl_audit.run.audit_module import audit_module
+    from cl_audit.phases.audit_module import audit_module
 
     torch.manual_seed(0)
     settings = AuditSettings(

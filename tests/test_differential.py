@@ -18,8 +18,8 @@ import cl_audit
 from cl_audit.cli import app
 from cl_audit.compare.differential import CounterpartWatcher, classify_terminal
 from cl_audit.execution.settings import AuditSettings, TensorMode
+from cl_audit.phases.audit_module import audit_module
 from cl_audit.report import Differential, DifferentialRun, DifferentialStatus
-from cl_audit.run.audit_module import audit_module
 
 HERE = Path(__file__).parent
 

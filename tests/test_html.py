@@ -18,10 +18,10 @@ import toy_models
 from literal_reports import empty_sweep, finding, minor_sweep, row, sweep, training_sweep
 
 from cl_audit.execution.settings import AuditSettings
+from cl_audit.phases.audit_module import audit_module
 from cl_audit.render.html_model import model_html
 from cl_audit.render.html_sweep import sweep_html
 from cl_audit.report import ModelSource, Status
-from cl_audit.run.audit_module import audit_module
 
 HOSTILE = '<script>window.pwned=1</script><img src=x onerror="window.pwned=2">'
 

@@ -13,7 +13,7 @@ from torch_checks import needs_node_by_node
 import cl_audit
 from cl_audit.compat.fake_base import is_fake
 from cl_audit.execution.settings import AuditSettings, TensorMode
-from cl_audit.run.audit_module import audit_module
+from cl_audit.phases.audit_module import audit_module
 
 
 def _resnet18() -> torch.nn.Module:

@@ -13,9 +13,9 @@ from torch_checks import needs_node_by_node
 
 from cl_audit import audit_model
 from cl_audit.execution.settings import AuditSettings, TensorMode
+from cl_audit.phases.audit_module import audit_module
 from cl_audit.report import ModelReport
 from cl_audit.report.verdict import Gate
-from cl_audit.run.audit_module import audit_module
 
 ANY = {"fail_share": 0.0, "fail_bytes": 0}
 

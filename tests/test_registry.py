@@ -14,11 +14,11 @@ from cl_audit import OpClass, register_operator
 from cl_audit.enums import SpeedClass, TensorMode
 from cl_audit.execution.settings import AuditSettings
 from cl_audit.intercept.naming import is_copy
+from cl_audit.phases.audit_module import audit_module
+from cl_audit.phases.timed import profiled_class
 from cl_audit.predict.speed_model import speed_kind
 from cl_audit.registry import lookup, names_in, registered, unregister_operator
 from cl_audit.rule.conversions import is_copy_op
-from cl_audit.run.audit_module import audit_module
-from cl_audit.run.phases.timed import profiled_class
 
 
 @torch.library.custom_op("cl_audit_tests::blend", mutates_args=())

@@ -1,4 +1,4 @@
-"""Remedies proven by what-if runs (``cl_audit.run.phases.verify``): a change made at its line in
+"""Remedies proven by what-if runs (``cl_audit.phases.verify``): a change made at its line in
 both layouts is verified only when the model still runs, its output is kept and the cost at
 its sites falls; the changes that break the model are shown failed and not offered."""
 
@@ -202,7 +202,7 @@ def test_a_reshape_lead_is_the_entry_whose_pattern_fits_the_calls_shapes():
     batch (the attention fold's) is still offered the flattening, fake or eager."""
     from cl_audit.enums import TensorMode
     from cl_audit.execution.settings import AuditSettings
-    from cl_audit.run.audit_module import audit_module
+    from cl_audit.phases.audit_module import audit_module
 
     flatten, per_channel = "flatten or reshape of a channels_last map", "batch and channels of"
 

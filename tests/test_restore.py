@@ -168,7 +168,7 @@ def test_restored_after_a_differential_run_that_fails_and_one_that_runs(warm, en
 @needs_fake_cuda
 def test_fake_cuda_autocast_state_is_restored():
     from cl_audit.execution.settings import Amp, AuditSettings, TensorMode
-    from cl_audit.run.audit_module import audit_module
+    from cl_audit.phases.audit_module import audit_module
 
     previous = torch.get_autocast_dtype("cuda")
     torch.set_autocast_dtype("cuda", torch.bfloat16)  # not the dtype the audit sets

@@ -21,10 +21,10 @@ from torch_checks import needs_node_by_node
 from cl_audit import audit_model
 from cl_audit.enums import SpeedBasis, SpeedClass, SpeedVerdict, TensorMode
 from cl_audit.execution.settings import AuditSettings
+from cl_audit.phases.audit_module import audit_module
 from cl_audit.predict import table_store
 from cl_audit.report import ModelReport, load_schema
 from cl_audit.report.speed_report import speed_verdict
-from cl_audit.run.audit_module import audit_module
 
 MODELS = str(Path(__file__).with_name("speed_models.py"))
 

@@ -272,7 +272,7 @@ def test_a_training_audit_hands_the_speed_model_its_phases():
 
     from cl_audit.enums import Phase
     from cl_audit.execution.settings import AuditSettings
-    from cl_audit.run.audit_module import operations
+    from cl_audit.phases.audit_module import operations
 
     settings = AuditSettings(train=True, verify=False)  # eager: every release trains so
     cl, nchw = operations(sm.Convolutions(), (torch.randn(2, 3, 16, 16),), settings)

@@ -28,9 +28,9 @@ from cl_audit.fake import mode as fake_mode
 from cl_audit.fake.backward import recording_hooks
 from cl_audit.fake.cuda_probe import fake_cuda_problem
 from cl_audit.intercept import dispatch
+from cl_audit.phases.audit_module import audit_module
 from cl_audit.report import Phase, RegainSource, Verdict
 from cl_audit.report.codec import encode
-from cl_audit.run.audit_module import audit_module
 
 SPEC = f"{Path(__file__).with_name('training_models.py')}:activation_before_pool"
 ANY_COST = ("--fail-share", "0", "--fail-bytes", "0")  # these models' costs are KiB
@@ -675,7 +675,7 @@ def test_a_factorys_own_loss_is_the_one_back_propagated():
         called.append(output.shape)
         return output.sum()
 
-    from cl_audit.run.audit_module import audit_model
+    from cl_audit.phases.audit_module import audit_model
 
     conv, x = torch.nn.Conv2d(3, 8, 3), torch.randn(2, 3, 8, 8)
     audit_model(conv, x, train=True, loss=loss, verify=False)

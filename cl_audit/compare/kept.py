@@ -1,6 +1,6 @@
 """What-if changes of the conversion, not of a line: a tensor of the model that the conversion
 restrided to channels_last, and that no convolution took as its weight, kept as it was (NCHW
-strides) while a what-if run runs (``cl_audit.run.phases.verify``)."""
+strides) while a what-if run runs (``cl_audit.phases.verify``)."""
 
 from __future__ import annotations
 

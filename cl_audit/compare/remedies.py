@@ -10,7 +10,7 @@ say so.
 
 An entry may name the changes (``compare.whatif``) that carry its advice out at run time; the
 verification phase tries them on the model and the remedy a site shows is the change that held
-(``run.phases.verify``).
+(``phases.verify``).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ __all__ = [
     "site_contexts",
 ]
 
-# The change of the conversion, not of a line: a restrided tensor kept as it was (run.phases.verify)
+# The change of the conversion, not of a line: a restrided tensor kept as it was (phases.verify)
 KEEP_AS_IT_WAS = "keep_as_it_was"
 
 

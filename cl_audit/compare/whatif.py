@@ -1,5 +1,5 @@
 """What-if changes: one operation at one model-code line done another way while the model runs,
-so that a remedy is proven on the model, not assumed (``cl_audit.run.phases.verify``).
+so that a remedy is proven on the model, not assumed (``cl_audit.phases.verify``).
 
 A change stands for an edit of the source line: it is made at every call from that line, in
 whichever layout the model runs, and only where the call is the pattern it is written for (a

@@ -14,13 +14,13 @@ import torch
 from torch import nn
 
 from cl_audit.enums import Amp, Stage, Strategy
-from cl_audit.errors import ModelFailedError
 from cl_audit.execution.convert import apply_strategy, strategy_input
 from cl_audit.execution.inputs import Example
 from cl_audit.execution.plan import RunPlan
 from cl_audit.execution.timing import timed_ms
 from cl_audit.execution.training import Step
 from cl_audit.report.bench_report import configuration_name
+from cl_audit.rule.attribution import model_failed
 
 __all__ = ["ROUNDS", "STEPS", "WARMUP", "Configuration", "alternate", "configure"]
 
@@ -55,7 +55,7 @@ def configure(
         copied = apply_strategy(copy.deepcopy(model), strategy).train(plan.workload.train)
         converted = example.map(lambda x: strategy_input(x, strategy))
     except Exception as e:
-        raise ModelFailedError(Stage.SETUP, name, e) from e
+        raise model_failed(Stage.SETUP, name, e) from e
     step = Step(plan, dict(copied.named_parameters()), loss)
     return Configuration(name, strategy, plan, step, lambda: converted.call(copied))
 
@@ -108,5 +108,5 @@ def alternate(
                 )
                 rounds[c.name].append(total / steps)
     except Exception as e:
-        raise ModelFailedError(current.step.stage, f"{label} ({current.name})", e) from e
+        raise model_failed(current.step.stage, f"{label} ({current.name})", e) from e
     return {name: tuple(values) for name, values in rounds.items()}, warmed

@@ -59,7 +59,7 @@ class AuditSettings:
         False  # also Inductor's layout decision per compiled graph (cl_audit.compiled.graphs)
     )
     force_layout_opt: bool = False  # with compile: also the decision under Inductor's force switch
-    verify: bool = False  # try the cost sites' remedies in what-if runs (run.phases.verify)
+    verify: bool = False  # try the cost sites' remedies in what-if runs (phases.verify)
     table: str | None = None  # the speed table to predict with: a name or a file (None: chosen)
 
     def __post_init__(self) -> None:

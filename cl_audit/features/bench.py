@@ -28,6 +28,7 @@ from cl_audit.execution.inputs import Example, example_of
 from cl_audit.execution.plan import RunPlan, plan_run
 from cl_audit.execution.rounds import ROUNDS, STEPS, WARMUP, alternate, configure
 from cl_audit.execution.settings import AuditSettings
+from cl_audit.phases.audit_module import audit_module
 from cl_audit.report import ModelReport, by_call_site
 from cl_audit.report.bench_report import (
     Attribution,
@@ -37,7 +38,6 @@ from cl_audit.report.bench_report import (
 )
 from cl_audit.report.environment import dtype_name
 from cl_audit.report.sections import Training
-from cl_audit.run.audit_module import audit_module
 
 __all__ = ["BENCH_STRATEGIES", "BenchSettings", "attribute", "bench_module"]
 

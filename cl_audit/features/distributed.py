@@ -30,7 +30,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from cl_audit.compat.process_group import fully_shard
 from cl_audit.enums import BucketMatch, Stage, WrapOrder
-from cl_audit.errors import ModelFailedError, UsageError, first_line
+from cl_audit.errors import UsageError, first_line
 from cl_audit.execution.convert import input_to_channels_last, to_channels_last
 from cl_audit.execution.plan import RunPlan, plan_run
 from cl_audit.execution.settings import AuditSettings
@@ -45,6 +45,7 @@ from cl_audit.report.distributed_report import (
     ShardedParameter,
     bucket_match,
 )
+from cl_audit.rule.attribution import model_failed
 from cl_audit.sources import ModelRef, load_model
 from cl_audit.sources.source_audit import prepare
 
@@ -260,12 +261,12 @@ def _ranks(job: str, ref: ModelRef, world_size: int, where: str, args: tuple) ->
             if not Path(out, f"rank{r}.json").exists():  # a result written is whole: a crash
                 last = (error.strip().splitlines() or ["no message"])[-1]  # after it is not
                 cause = RuntimeError(f"rank {r} {where} exited {rank.returncode}: {last}")
-                raise ModelFailedError(Stage.SETUP, ref.key, cause)
+                raise model_failed(Stage.SETUP, ref.key, cause)
         found = [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(world_size)]
     for r, result in enumerate(found):
         if "error" in result:
             cause = RuntimeError(f"rank {r} {where}: {result['error']}")
-            raise ModelFailedError(Stage.SETUP, ref.key, cause)
+            raise model_failed(Stage.SETUP, ref.key, cause)
     return found
 
 

@@ -34,10 +34,10 @@ from rich.console import Console
 from torch import nn
 
 from cl_audit.enums import Amp, Engine, Verdict
+from cl_audit.phases.audit_module import audit_model
 from cl_audit.render.wording import plural
 from cl_audit.report import CostSite, Finding, ModelReport
 from cl_audit.report.verdict import GATE_BATCH
-from cl_audit.run.audit_module import audit_model
 
 __all__ = ["Allowed", "allowed", "assert_keeps_channels_last", "offender_table", "unexpected"]
 

@@ -166,7 +166,7 @@ class ClAudit:
     ) -> Any:
         """Audit ``model`` on ``example_input`` (see ``assert_keeps_channels_last``); fail the
         test on an offender that is neither allowed nor in the baseline. Returns the report."""
-        from cl_audit.run.audit_module import audit_model
+        from cl_audit.phases.audit_module import audit_model
 
         label = name or type(model).__name__
         report = audit_model(  # a gate: remedies stay leads (cl-audit MODEL proves them)

@@ -1,4 +1,5 @@
-"""Attribution of an event to the module that ran it and the model source line that called it.
+"""Attribution of an event to the module that ran it and the model source line that called it,
+and of a failure to the model line it came from.
 
 Read from the Python stack only when an event is recorded, so the hot path pays nothing: the
 innermost frame whose ``self`` is an ``nn.Module`` names the module, and the innermost frame
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -17,8 +19,12 @@ from types import FrameType
 import torch
 from torch import nn
 
+from cl_audit.enums import Stage
+from cl_audit.errors import ModelFailedError, first_line, marked
+
 __all__ = [
-    "Location", "ModuleNames", "call_site", "frames_call_site", "locate", "own_code", "short_path",
+    "Location", "ModuleNames", "call_site", "failure_site", "failure_summary", "frames_call_site",
+    "locate", "model_failed", "own_code", "short_path",
 ]  # fmt: skip
 
 # cl_audit's own folder (this file lies in cl_audit/rule/), read from ``__file__`` rather than by
@@ -91,6 +97,30 @@ def frames_call_site(frames: tuple[tuple[str, int], ...]) -> str | None:
         if not filename.startswith(_SKIPPED_DIRS):
             return f"{short_path(filename)}:{line}"
     return None
+
+
+def failure_site(error: BaseException) -> str | None:
+    """The model's source line where ``error`` was raised: the innermost frame of its traceback
+    outside torch and cl_audit."""
+    frames = tuple((f.filename, f.lineno or 0) for f in traceback.extract_tb(error.__traceback__))
+    return frames_call_site(frames)
+
+
+def model_failed(
+    stage: Stage, model: str, cause: BaseException, hint: str | None = None
+) -> ModelFailedError:
+    """The error a failure of ``model`` at ``stage`` raises, placed at the model line its
+    traceback came from where no mark places it."""
+    return ModelFailedError(stage, model, cause, hint, site=failure_site(cause))
+
+
+def failure_summary(error: BaseException) -> str:
+    """One line: the operation and model line ``error`` came from, its type and first line
+    (``Tensor.view at models/net.py:12: RuntimeError: view size is not compatible ...``)."""
+    operation, site = marked(error)
+    where = " at ".join(part for part in (operation, site or failure_site(error)) if part)
+    text = first_line(error).rstrip(": ")
+    return f"{where}: {text}" if where else text
 
 
 def call_site(frame: FrameType | None) -> str | None:

@@ -1,5 +1,5 @@
 """A built model (``LoadedModel``) audited: the model in the settings' dtype where the run plan
-runs it, a random input of their shape, and the one audit path (``run.audit_module``).
+runs it, a random input of their shape, and the one audit path (``phases.audit_module``).
 The CLI, the sweep worker, bench and the scripts audit registry and factory models here."""
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ from cl_audit.errors import ModelFailedError, UsageError
 from cl_audit.execution.inputs import Example
 from cl_audit.execution.plan import RunPlan, plan_run
 from cl_audit.execution.settings import AuditSettings
+from cl_audit.phases.audit_module import audit_module
 from cl_audit.report import ModelReport
-from cl_audit.run.audit_module import audit_module
+from cl_audit.rule.attribution import model_failed
 from cl_audit.sources.refs import LoadedModel
 
 __all__ = ["audit_loaded", "prepare"]
@@ -34,7 +35,7 @@ def prepare(loaded: LoadedModel, plan: RunPlan) -> tuple[nn.Module, Example]:
         try:
             return plan.tensors.place(loaded.module, loaded.example, plan.device, dtype)
         except Exception as e:
-            raise ModelFailedError(Stage.SETUP, loaded.name, e) from e
+            raise model_failed(Stage.SETUP, loaded.name, e) from e
     shape = settings.input_shape(loaded.input_shape)
     if len(shape) not in (4, 5):
         raise UsageError(f"{loaded.name}: input shape {shape} is not 4D or 5D")
@@ -45,7 +46,7 @@ def prepare(loaded: LoadedModel, plan: RunPlan) -> tuple[nn.Module, Example]:
             loaded.module, made(batch, plan.workload.train), plan.device, dtype
         )
     except Exception as e:
-        raise ModelFailedError(Stage.SETUP, loaded.name, e) from e
+        raise model_failed(Stage.SETUP, loaded.name, e) from e
 
 
 def audit_loaded(loaded: LoadedModel, settings: AuditSettings | RunPlan) -> ModelReport:
@@ -66,7 +67,7 @@ def audit_loaded(loaded: LoadedModel, settings: AuditSettings | RunPlan) -> Mode
             f"the factory's input_shape {loaded.input_shape} is per sample and 4 dims are read "
             f"as a clip (C, T, H, W), so the input was {shape}; for images return (C, H, W)"
         )
-        raise ModelFailedError(e.stage, e.model, e.cause, hint) from e.cause
+        raise ModelFailedError(e.stage, e.model, e.cause, hint, site=e.site) from e.cause
 
 
 def _looks_batched(loaded: LoadedModel, settings: AuditSettings) -> bool:

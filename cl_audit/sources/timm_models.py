@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from cl_audit.enums import Stage
-from cl_audit.errors import ModelFailedError, UsageError
+from cl_audit.errors import UsageError
+from cl_audit.rule.attribution import model_failed
 from cl_audit.sources.refs import (
     BuildOptions,
     LoadedModel,
@@ -41,5 +42,5 @@ def build(name: str, options: BuildOptions) -> LoadedModel:
                 shape = default  # this model cannot be built smaller: keep its own size
                 module = timm.create_model(name, pretrained=False)
     except Exception as e:
-        raise ModelFailedError(Stage.BUILD, name, e) from e
+        raise model_failed(Stage.BUILD, name, e) from e
     return LoadedModel(name, module, shape, capped=shape != default)

@@ -10,8 +10,9 @@ import inspect
 import torch
 
 from cl_audit.enums import Stage
-from cl_audit.errors import ModelFailedError, UsageError
+from cl_audit.errors import UsageError
 from cl_audit.execution.inputs import Example
+from cl_audit.rule.attribution import model_failed
 from cl_audit.sources.refs import (
     BuildOptions,
     LoadedModel,
@@ -88,7 +89,7 @@ def build(name: str, options: BuildOptions) -> LoadedModel:
         with building(options):
             module = builder(**kwargs)
     except Exception as e:
-        raise ModelFailedError(Stage.BUILD, name, e) from e
+        raise model_failed(Stage.BUILD, name, e) from e
     shape = _input_shape(name, family, options.max_input_size)
     native = _input_shape(name, family, None)
     built_for = getattr(module, "image_size", None)  # ViTs: weights=None builds them for 224

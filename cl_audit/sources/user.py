@@ -21,8 +21,9 @@ from types import ModuleType
 from torch import nn
 
 from cl_audit.enums import Stage
-from cl_audit.errors import ModelFailedError, UsageError
+from cl_audit.errors import UsageError
 from cl_audit.execution.inputs import example_of, is_shape
+from cl_audit.rule.attribution import model_failed
 from cl_audit.sources.refs import BuildOptions, LoadedModel
 
 __all__ = ["build"]
@@ -48,7 +49,7 @@ def _import(target: str, spec: str) -> ModuleType:
         try:
             file_spec.loader.exec_module(module)
         except Exception as e:
-            raise ModelFailedError(Stage.IMPORT, spec, e) from e
+            raise model_failed(Stage.IMPORT, spec, e) from e
         return module
     try:
         return importlib.import_module(target)
@@ -64,9 +65,9 @@ def _import(target: str, spec: str) -> ModuleType:
                     f"{target.replace('.', '/')}.py:{spec.rpartition(':')[2]})"
                 )
             raise UsageError(f"{spec}: no module named {e.name!r}{hint}") from None
-        raise ModelFailedError(Stage.IMPORT, spec, e) from e
+        raise model_failed(Stage.IMPORT, spec, e) from e
     except Exception as e:
-        raise ModelFailedError(Stage.IMPORT, spec, e) from e
+        raise model_failed(Stage.IMPORT, spec, e) from e
 
 
 def build(spec: str, options: BuildOptions) -> LoadedModel:
@@ -83,9 +84,9 @@ def build(spec: str, options: BuildOptions) -> LoadedModel:
     except ModuleNotFoundError as e:
         hint = f"the factory needs {e.name!r}: install it"
         hint += " (cl-audit's examples/libraries.py: pip install -e '.[libraries]')"
-        raise ModelFailedError(Stage.BUILD, spec, e, hint) from e
+        raise model_failed(Stage.BUILD, spec, e, hint) from e
     except Exception as e:
-        raise ModelFailedError(Stage.BUILD, spec, e) from e
+        raise model_failed(Stage.BUILD, spec, e) from e
     loss = None
     if isinstance(made, tuple) and len(made) == 3:
         module, given, loss = made

@@ -80,7 +80,7 @@ def default_checkpoint(
 
 def _warm_imports(refs: list[ModelRef]) -> None:
     """Import once in the parent, so every forked worker starts warm."""
-    import cl_audit.run.audit_module  # noqa: F401
+    import cl_audit.phases.audit_module  # noqa: F401
 
     library("torchvision.models")
     if any(ref.source is ModelSource.TIMM for ref in refs):

@@ -11,8 +11,8 @@ from cl_audit.enums import TensorMode
 from cl_audit.errors import ModelFailedError, UsageError
 from cl_audit.execution.plan import plan_run
 from cl_audit.execution.settings import AuditSettings
+from cl_audit.phases.audit_module import operations
 from cl_audit.predict.speed_table import ConvCall
-from cl_audit.run.audit_module import operations
 from cl_audit.sources import ModelRef, load_model
 from cl_audit.sources.source_audit import prepare
 

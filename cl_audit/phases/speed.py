@@ -15,6 +15,8 @@ import torch
 from cl_audit.enums import SpeedBasis, SpeedClass, SpeedVerdict
 from cl_audit.execution.rounds import ROUNDS, STEPS, WARMUP
 from cl_audit.intercept.ledger import Ledger
+from cl_audit.phases.subject import Sections, Subject
+from cl_audit.phases.timed import Measured
 from cl_audit.predict.speed_model import StepTime, predict
 from cl_audit.predict.table_store import Choice, choose, this_machine
 from cl_audit.report.speed_report import (
@@ -24,8 +26,6 @@ from cl_audit.report.speed_report import (
     round_ratios,
     speed_verdict,
 )
-from cl_audit.run.phases.subject import Sections, Subject
-from cl_audit.run.phases.timed import Measured
 
 __all__ = ["predict_speed", "speed_phase"]
 

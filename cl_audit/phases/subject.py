@@ -14,10 +14,10 @@ from torch import nn
 from cl_audit.execution.plan import RunPlan
 from cl_audit.execution.tensors import Forward, TensorRun
 from cl_audit.intercept.ledger import Ledger
+from cl_audit.phases.timed import Measured
 from cl_audit.report import Compiled, Timing
 from cl_audit.report.sections import Comparison, Observed, Training
 from cl_audit.report.speed_report import Speed
-from cl_audit.run.phases.timed import Measured
 
 __all__ = ["Audited", "Compared", "Sections", "Subject"]
 

@@ -36,16 +36,16 @@ from cl_audit.compare.remedies import (
 )
 from cl_audit.compare.whatif import CHANGES, Change, WhatIf
 from cl_audit.enums import Evidence, RemedyStatus
-from cl_audit.errors import failure_summary
 from cl_audit.execution.plan import RunPlan
 from cl_audit.execution.tensors import Forward, TensorRun
 from cl_audit.execution.training import BoundStep
 from cl_audit.intercept.ledger import Ledger
+from cl_audit.phases.audited import instrumented
+from cl_audit.phases.held import ACROSS, StepState, held_difference, over
+from cl_audit.phases.subject import Compared, Sections, Subject
 from cl_audit.report.sections import Comparison
 from cl_audit.report.verdict import Cost, CostSite, Remedy, Trial
-from cl_audit.run.phases.audited import instrumented
-from cl_audit.run.phases.held import ACROSS, StepState, held_difference, over
-from cl_audit.run.phases.subject import Compared, Sections, Subject
+from cl_audit.rule.attribution import failure_summary
 
 __all__ = ["TRIED_SITES", "verify"]
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from cl_audit.compiled.graphs import beside_eager, compiled_layouts
 from cl_audit.enums import Stage
-from cl_audit.errors import ModelFailedError
+from cl_audit.phases.subject import Sections, Subject
 from cl_audit.report import Compiled
-from cl_audit.run.phases.subject import Sections, Subject
+from cl_audit.rule.attribution import model_failed
 
 __all__ = ["compile_phase"]
 
@@ -33,5 +33,5 @@ def compile_phase(subject: Subject, done: Sections) -> Compiled | None:
             force=settings.force_layout_opt,
         )
     except Exception as e:  # the settings refused a torch that cannot capture (UsageError)
-        raise ModelFailedError(Stage.COMPILE, subject.label, e) from e
+        raise model_failed(Stage.COMPILE, subject.label, e) from e
     return beside_eager(compiled, losses)

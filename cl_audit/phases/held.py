@@ -1,4 +1,4 @@
-"""What a what-if run is held to (``cl_audit.run.phases.verify``): the outputs' difference from
+"""What a what-if run is held to (``cl_audit.phases.verify``): the outputs' difference from
 the unchanged model's against ``torch.testing``'s default tolerances, and for a training step
 its starting state (parameters, buffers, random draws), put back around every step."""
 

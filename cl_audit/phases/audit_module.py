@@ -20,17 +20,18 @@ import torch
 from torch import nn
 
 from cl_audit.enums import Amp, Engine, Optimizer, Stage, Strategy
-from cl_audit.errors import ModelFailedError, UsageError
+from cl_audit.errors import UsageError
 from cl_audit.execution.assemble import assemble
 from cl_audit.execution.inputs import Example, example_of
 from cl_audit.execution.plan import RunPlan, plan_run
 from cl_audit.execution.settings import AuditSettings, parse_engine
 from cl_audit.execution.tensors import TensorRun
 from cl_audit.intercept.ledger import Ledger
+from cl_audit.phases import PHASES, Sections, Subject
 from cl_audit.report import ModelReport
 from cl_audit.report.environment import dtype_name
 from cl_audit.report.verdict import GATE_BATCH, Gate
-from cl_audit.run.phases import PHASES, Sections, Subject
+from cl_audit.rule.attribution import model_failed
 
 __all__ = ["audit_model", "audit_module", "operations"]
 
@@ -108,7 +109,7 @@ def _phases(
         try:
             forward = run.converted()
         except Exception as e:
-            raise ModelFailedError(Stage.SETUP, label, e) from e
+            raise model_failed(Stage.SETUP, label, e) from e
         subject = Subject(plan, run, model, forward, label, loss)
         done = Sections()
         for section, phase in phases:
@@ -192,7 +193,7 @@ def audit_model(
     ``torch.compile``'s Inductor decides about layouts for each graph it would compile, and why
     (``force_layout_opt``: also the decision under Inductor's force switch); the verdict stays
     the eager audit's. ``verify`` tries the remedies of the costliest sites in what-if runs
-    (an eager forward or training step; ``cl_audit.run.phases.verify``): each remedy says
+    (an eager forward or training step; ``cl_audit.phases.verify``): each remedy says
     whether it was verified, refuted or is a lead, with the evidence.
     """
     if not isinstance(model, nn.Module):

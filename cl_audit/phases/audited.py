@@ -14,7 +14,7 @@ from torch import nn
 from cl_audit.compat.failures import is_data_dependent_error, is_device_runtime_error
 from cl_audit.compat.storage import storage_key
 from cl_audit.enums import CallLabels, Engine, Stage
-from cl_audit.errors import ModelFailedError, UsageError
+from cl_audit.errors import UsageError
 from cl_audit.execution.audit_context import Audit, audit
 from cl_audit.execution.plan import RunPlan
 from cl_audit.execution.tensors import TensorRun
@@ -29,10 +29,11 @@ from cl_audit.execution.timing import (
 from cl_audit.execution.training import BoundStep
 from cl_audit.intercept.ledger import Ledger
 from cl_audit.intercept.observer import Observer
+from cl_audit.phases.subject import Audited, Sections, Subject
+from cl_audit.phases.timed import measure
 from cl_audit.predict.divergences import kernel_copy_table
 from cl_audit.report.sections import Training
-from cl_audit.run.phases.subject import Audited, Sections, Subject
-from cl_audit.run.phases.timed import measure
+from cl_audit.rule.attribution import model_failed
 
 __all__ = ["Audited", "instrumented", "run_audited"]
 
@@ -60,11 +61,11 @@ def run_audited(subject: Subject, done: Sections) -> Audited:
         hint = _hint(plan, run, e)
         if hint is None and _nchw_runs(plan, run, loss):
             hint = "channels_last breaks the model here: the same step runs in NCHW"
-        raise ModelFailedError(step.stage, label, e, hint) from e
+        raise model_failed(step.stage, label, e, hint) from e
     if warm is not None:
         stage, error = warm
         hint = "it failed in the unaudited run before the audited one, which then ran"
-        raise ModelFailedError(stage, label, error, hint) from error
+        raise model_failed(stage, label, error, hint) from error
     observed = active.observed(call_times(prof, plan.device) if settings.time else None)
     training = None
     if plan.workload.train:

@@ -10,11 +10,11 @@ from cl_audit.compare.cost_sites import compare_ledgers
 from cl_audit.compare.differential import CounterpartWatcher, classify_terminal
 from cl_audit.enums import DifferentialStatus
 from cl_audit.execution.audit_context import watching
+from cl_audit.phases.audited import instrumented
+from cl_audit.phases.subject import Compared, Sections, Subject
 from cl_audit.report import DifferentialRun, Finding
 from cl_audit.report.sections import Comparison
 from cl_audit.rule.attribution import ModuleNames
-from cl_audit.run.phases.audited import instrumented
-from cl_audit.run.phases.subject import Compared, Sections, Subject
 
 __all__ = ["compare"]
 

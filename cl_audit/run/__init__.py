@@ -1,1 +1,0 @@
-"""The one path that audits one model (``audit_module``) and the phases it walks (``phases``)."""
