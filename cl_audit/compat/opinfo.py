@@ -17,6 +17,8 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
+from cl_audit.report.environment import dtype_name
+
 __all__ = [
     "DimArgument",
     "OperatorEntry",
@@ -174,8 +176,8 @@ def operator_entries(device: str, dtype: torch.dtype) -> Iterator[OperatorEntry]
         supported = info.supported_dtypes(device)
         own = dtype if dtype in supported else next((d for d in _OWN if d in supported), None)
         if own is None:
-            taken = ", ".join(sorted(str(d).removeprefix("torch.") for d in supported)[:4])
-            reason = f"takes no {str(dtype).removeprefix('torch.')} on {device}"
+            taken = ", ".join(sorted(dtype_name(d) for d in supported)[:4])
+            reason = f"takes no {dtype_name(dtype)} on {device}"
             none = f"{reason} ({taken or 'none'})"
             yield OperatorEntry(name, info.op, lambda: iter(()), unsupported=none)
             continue
@@ -188,7 +190,7 @@ def operator_entries(device: str, dtype: torch.dtype) -> Iterator[OperatorEntry]
         position, keepdim = _dims(aten)
         inplace = getattr(info, "inplace_variant", None)
         out = bool(getattr(info, "supports_out", False))
-        other = None if own == dtype else str(own).removeprefix("torch.")
+        other = None if own == dtype else dtype_name(own)
         yield OperatorEntry(
             name,
             info.op,
