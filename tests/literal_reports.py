@@ -191,10 +191,17 @@ _V7_COST = ("batch", "fixed_bytes", "fixed_written_bytes", "per_sample_bytes",
             "per_sample_written_bytes", "at_gate")  # fmt: skip
 
 
+def before_version_15(data: dict) -> dict:
+    """A report's (or a sweep row's) JSON as versions before 15 wrote it: no cost groups."""
+    if data.get("cost") is None:
+        return data
+    return data | {"cost": {k: v for k, v in data["cost"].items() if k != "groups"}}
+
+
 def before_version_13(data: dict) -> dict:
     """A report's (or a sweep row's) JSON as versions before 13 wrote it: no speed section,
     the gate on bytes alone, no kernel-copy table named in the cost."""
-    data = {k: v for k, v in data.items() if k != "speed"}
+    data = {k: v for k, v in before_version_15(data).items() if k != "speed"}
     if data.get("cost") is None:
         return data
     cost = {k: v for k, v in data["cost"].items() if k != "kernel_copy_table"}

@@ -6,26 +6,22 @@ from __future__ import annotations
 from cl_audit.enums import BucketMatch, Phase, Verdict
 from cl_audit.features.ops_index.ranking import report_links
 from cl_audit.render.html_compiled import compiled_section
+from cl_audit.render.html_cost import cost_section
 from cl_audit.render.html_ops import links_section
-from cl_audit.render.html_page import breakable, esc, html_page, summary_cards
+from cl_audit.render.html_page import esc, html_page, summary_cards
 from cl_audit.render.wording import (
-    cost_line,
     ddp_run_line,
     format_bytes,
     fsdp_run_line,
     predicted_note,
-    remedy_lines,
     speed_lines,
     table_warning,
     timing_line,
-    verify_text,
 )
 from cl_audit.report import (
-    CostSite,
     Finding,
     ModelReport,
     Producer,
-    Remedy,
     SiteGroup,
     by_call_site,
 )
@@ -174,85 +170,6 @@ _VERDICT_CLASSES = {
 }  # fmt: skip
 
 
-def _producer_text(producer: Producer | None) -> str:
-    if producer is None:
-        return ""
-    op = producer.python_op or producer.aten_op or "?"
-    return f"{op} in {producer.module_path or '(root)'} at {producer.call_site or '?'}"
-
-
-def _fix_text(site: CostSite) -> str:
-    """The fix site, and where the NCHW data began when that was elsewhere."""
-    text = _producer_text(site.fix_site)
-    if site.root_cause is not None:
-        text += f"{'; ' if text else ''}NCHW since {_producer_text(site.root_cause)}"
-    return text
-
-
-def _remedy_cell(remedy: Remedy, train: bool) -> str:
-    """The remedy and how far it is proven; the changes tried (in a training step with
-    ``train``), under a fold."""
-    head, *trials = remedy_lines(remedy, train)
-    cell = f'<span class="remedy-{esc(remedy.status.value)}">{esc(head)}</span>'
-    if trials:
-        items = "".join(f"<li>{esc(trial.strip())}</li>" for trial in trials)
-        cell += f"<details><summary>changes tried</summary><ul>{items}</ul></details>"
-    return cell
-
-
-def _cost_section(report: ModelReport) -> str:
-    """The verdict's figures, then every site where the two runs copied different bytes, the
-    costliest first, with its fix site and remedy."""
-    cost = report.cost
-    if cost is None:
-        return (
-            f'<p class="dim">Cost not weighed ({esc(report.differential.status.value)}'
-            f"{': ' + esc(report.differential.message) if report.differential.message else ''})"
-            "; the verdict counts offenders.</p>"
-        )
-    lines = cost_line(cost, report.environment.train).split("\n")
-    tried = verify_text(cost)
-    rows = "".join(
-        f'<tr><td><code class="op">{esc(site.op)}</code></td><td>{esc(site.kind.value)}, '
-        f'{esc(site.phase.value)}</td><td><code class="site">{breakable(site.where)}</code>'
-        f"</td><td>{esc(site.module_path or '(root)')}</td>"
-        f'<td class="num" data-value="{site.extra}">{format_bytes(site.extra)}</td>'
-        f'<td class="num" data-value="{site.saved}">{format_bytes(site.saved)}</td>'
-        f"<td>{esc(_fix_text(site))}</td><td>"
-        + (
-            _remedy_cell(site.remedy, report.environment.train)
-            if site.remedy is not None
-            else ('<span class="dim">no known remedy</span>' if site.extra else "")
-        )
-        + "</td></tr>"
-        for site in cost.sites
-    )
-    mixed = "".join(
-        f'<tr><td><code class="op">{esc(m.op)}</code></td><td><code class="site">'
-        f"{esc(m.call_site or '?')}</code></td><td>{esc(m.module_path or '(root)')}</td>"
-        f'<td class="num">{m.count}</td><td class="num">{format_bytes(m.bytes_read)}</td></tr>'
-        for m in cost.mixed
-    )
-    return (
-        f'<p><b>{esc(lines[0])}</b><br><span class="dim">{esc(lines[1])}</span>'
-        + (f'<br><span class="dim">{esc(tried)}</span>' if tried else "")
-        + "</p>"
-        '<table class="sortable" id="cost"><thead><tr><th>op</th><th>kind</th><th>call site'
-        '</th><th>module</th><th class="num">channels_last only</th><th class="num">saved</th>'
-        "<th>NCHW-ordered data from (fix site)</th><th>remedy</th></tr></thead>"
-        f"<tbody>{rows}</tbody></table>"
-        + (
-            "<details><summary><b>Elementwise operations reading both orders</b> "
-            f"({len(cost.mixed)}: strided reads, no copy, not in the cost)</summary>"
-            '<table class="sortable" id="mixed"><thead><tr><th>op</th><th>call site</th>'
-            '<th>module</th><th class="num">count</th><th class="num">read strided</th></tr>'
-            f"</thead><tbody>{mixed}</tbody></table></details>"
-            if cost.mixed
-            else ""
-        )
-    )
-
-
 def _ddp_section(check: DdpCheck) -> str:
     """The step under DDP: a line per configuration, then every 4-D and 5-D parameter's
     strides against its bucket view in each."""
@@ -376,7 +293,7 @@ def model_html(report: ModelReport, index: OpsIndex | None = None) -> str:
         f'<div class="cards">{cards}</div>'
         + (f"<p>{esc(timing_line(report.timing))}</p>" if report.timing else "")
         + "<h2>What channels_last costs, against NCHW</h2>"
-        + _cost_section(report)
+        + cost_section(report)
         + (_speed_section(report.speed) if report.speed is not None else "")
         + (
             "<h2>torch.compile: Inductor's layout decision per graph</h2>"

@@ -48,9 +48,9 @@ height:12px;margin-right:.3em;vertical-align:middle}
 input[type=search],select{font:inherit;padding:.2em .4em;margin-right:.6em}
 td.strides{white-space:nowrap}td.opname{min-width:18em}
 #cost{table-layout:fixed}#cost code.site{white-space:normal}#cost th{white-space:normal}
-#cost th:nth-child(1){width:13%}#cost th:nth-child(2){width:8%}#cost th:nth-child(3){width:17%}
-#cost th:nth-child(4){width:12%}#cost th:nth-child(5){width:8%}#cost th:nth-child(6){width:6%}
-#cost th:nth-child(7){width:16%}#cost th:nth-child(8){width:20%}
+#cost th:nth-child(1){width:17%}#cost th:nth-child(2){width:20%}#cost th:nth-child(3){width:15%}
+#cost th:nth-child(4){width:8%}#cost th:nth-child(5){width:6%}#cost th:nth-child(6){width:16%}
+#cost th:nth-child(7){width:18%}#cost td{overflow-wrap:anywhere}
 details{margin:.3em 0}.phase{font-size:.8em;color:#fff;background:#6b5ba8;padding:0 .3em;
 border-radius:3px}
 """

@@ -47,11 +47,13 @@ from cl_audit.report import (
     Finding,
     ModelReport,
     Producer,
+    Remedy,
     SiteGroup,
     TensorSummary,
     by_call_site,
 )
 from cl_audit.report.ops_report import OpsIndex
+from cl_audit.report.verdict import group_sites
 
 __all__ = [
     "CallSite",
@@ -227,15 +229,23 @@ _REMEDY_STYLES = {
 }
 
 
-def _fix_cell(site: CostSite, train: bool) -> str:
+def _fix_cell(site: CostSite, train: bool, told: dict[Remedy, str]) -> str:
+    """Where, the fix site, the root cause and the remedy with its proof; a remedy already
+    given in full above is named instead (``told``: each one given, by the call site of the
+    row that gave it)."""
     where = module_text(site.module_path, site.module_class)
     lines = [where]
     if site.fix_site is not None:
         lines.append(f"[magenta]NCHW-ordered data from {_producer_cell(site.fix_site, False)}[/]")
     if site.root_cause is not None:
         lines.append(f"[magenta]NCHW since {_producer_cell(site.root_cause, False)}[/]")
-    if site.remedy is not None:
+    if site.remedy is not None and site.remedy in told:
+        style = _REMEDY_STYLES[site.remedy.status]
+        given = escape(told[site.remedy])
+        lines.append(f"[{style}]the remedy given above, for {given}[/{style}]")
+    elif site.remedy is not None:
         remedy = site.remedy
+        told[remedy] = site.where
         style = _REMEDY_STYLES[remedy.status]
         lines.append(f"[{style}]{escape(remedy_head(remedy))}[/{style}]")
         held = next((t for t in remedy.evidence if t.holds), None)
@@ -251,41 +261,32 @@ def _fix_cell(site: CostSite, train: bool) -> str:
 
 def cost_table(sites: tuple[CostSite, ...], *, train: bool, top: int = 12) -> Table:
     """The channels_last-only cost of ``sites`` (of a training step's audit with ``train``),
-    the costliest first, folded over the modules a site ran in; sites under 1% of the cost
-    each fold into one line."""
-    total = sum(site.extra for site in sites)
-    groups: dict[tuple[object, ...], list[CostSite]] = {}
-    for site in sites:
-        if site.extra:
-            key = (site.kind, site.phase, site.op, site.call_site, site.fix_site,
-                   site.root_cause, site.remedy)  # fmt: skip
-            groups.setdefault(key, []).append(site)
-    folded = sorted(groups.values(), key=lambda g: -sum(s.extra for s in g))
-    shown = [g for g in folded[:top] if sum(s.extra for s in g) * 100 >= total]
+    by what fixes them (``group_sites``: the page's and the JSON's groups), the costliest
+    first; groups under 1% of the cost each fold into one line."""
+    groups = group_sites(sites)
+    shown = [g for g in groups[:top] if g.share >= 0.01]
     table = Table(title="Where channels_last costs, against NCHW", show_lines=True, expand=True)
     table.add_column("op", style="bold", no_wrap=True)
     table.add_column("where; fix", overflow="fold", ratio=1)
     table.add_column("extra", justify="right", no_wrap=True)
+    told: dict[Remedy, str] = {}
     for group in shown:
-        first = group[0]
-        modules = len(group)
-        where = _fix_cell(first, train)
-        if modules > 1:
-            where = where.replace(
-                module_text(first.module_path, first.module_class),
-                module_text(first.module_path, first.module_class) + f" and {modules - 1} more",
-                1,
-            )
+        first = sites[group.sites[0]]
+        where = _fix_cell(first, train, told)
+        if len(group.sites) > 1:
+            module = module_text(first.module_path, first.module_class)
+            others = len(group.sites) - 1
+            where = where.replace(module, f"{module} and {plural(others, 'more module')}", 1)
         cell = Group(CallSite(first.where), Wrapped(where))
         op = f"{first.op}\n[dim]{first.kind.value}, {first.phase.value}[/dim]"
-        extra = sum(s.extra for s in group)
-        table.add_row(op, cell, f"{format_bytes(extra)}\n{extra / total:.0%}")
-    rest = folded[len(shown) :]
+        table.add_row(op, cell, f"{format_bytes(group.extra)}\n{group.share:.0%}")
+    rest = groups[len(shown) :]
     if rest:
-        extra = sum(s.extra for g in rest for s in g)
+        extra = sum(g.extra for g in rest)
+        count = sum(len(g.sites) for g in rest)
         table.add_row(
-            f"{len(rest)} more sites",
-            "each under 1% of the cost, or beyond the top",
+            f"{plural(len(rest), 'more group')}",
+            f"{plural(count, 'site')}, each group under 1% of the cost, or beyond the top",
             format_bytes(extra),
         )
     return table

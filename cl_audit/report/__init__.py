@@ -66,7 +66,16 @@ from cl_audit.report.sweep_report import (
     merge,
     operator_coverage,
 )
-from cl_audit.report.verdict import Cost, CostSite, Gate, MixedSite, Projection, Remedy, Trial
+from cl_audit.report.verdict import (
+    Cost,
+    CostGroup,
+    CostSite,
+    Gate,
+    MixedSite,
+    Projection,
+    Remedy,
+    Trial,
+)
 
 __all__ = [
     "BENCH_FORMAT",
@@ -85,6 +94,7 @@ __all__ = [
     "CompiledSite",
     "Conversion",
     "Cost",
+    "CostGroup",
     "CostSite",
     "Differential",
     "DifferentialRun",

@@ -44,7 +44,8 @@ T = TypeVar("T")
 REPORT_FORMAT = "cl-audit.report"
 
 
-REPORT_VERSION = 14  # 14: speed.table an object (the table's machine, how it matched this one)
+REPORT_VERSION = 15  # 15: cost.groups (the sites grouped by what fixes them)
+# 14: speed.table an object (the table's machine, how it matched this one)
 # 13: speed (measured or predicted), cost.gate.on and .slowdown
 # 12: environment.mode "fake-step" (a fake training step's backward run
 # node by node) where a fake training step was "replayed"
@@ -72,7 +73,7 @@ OPS_VERSION = 4
 OPS_READABLE = (1, 2, 3, OPS_VERSION)
 
 
-REPORT_READABLE = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, REPORT_VERSION)
+REPORT_READABLE = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, REPORT_VERSION)
 
 
 class ReportFormatError(ValueError):
@@ -172,9 +173,10 @@ SWEEP_FORMAT = "cl-audit.sweep"
 TABLE_FORMAT, TABLE_VERSION = "cl-audit.speed-table", 2
 
 
-SWEEP_VERSION = 10  # 10: as report 14, a row's speed.table an object
+SWEEP_VERSION = 11  # 11: as report 15, a row's cost.groups
+# 10: as report 14, a row's speed.table an object
 # 9: a row's speed section, cost.gate.on and .slowdown (as report 13)
 # 8: environment.mode "fake-step" for a fake training sweep; 7: as report 9,
 # fix sites followed through folds; 6: as report 8, remedies proven; 5: as report 7, rows judged
 # at gate.batch
-SWEEP_READABLE = (1, 2, 3, 4, 5, 6, 7, 8, 9, SWEEP_VERSION)
+SWEEP_READABLE = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, SWEEP_VERSION)

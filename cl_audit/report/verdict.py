@@ -21,8 +21,8 @@ from cl_audit.enums import CostKind, Evidence, GateOn, Phase, RemedyStatus, Verd
 from cl_audit.report.codec import JsonForm
 
 __all__ = [
-    "GATE_BATCH", "Cost", "CostSite", "Gate", "MixedSite", "Producer", "Projection", "Remedy",
-    "Trial", "fixed_extra", "project",
+    "GATE_BATCH", "Cost", "CostGroup", "CostSite", "Gate", "MixedSite", "Producer", "Projection",
+    "Remedy", "Trial", "fixed_extra", "group_sites", "project",
 ]  # fmt: skip
 
 MIB = 1 << 20
@@ -222,6 +222,64 @@ class MixedSite:
 
 
 @dataclass(frozen=True)
+class CostGroup:
+    """Cost sites one fix addresses (``group_sites``): one operation of one kind and phase at one
+    source line, in modules of one class (a repeated block's), converting NCHW data from one
+    pattern of fix site and root cause (the same operation at the same line, whatever module
+    ran it), with one remedy (its pattern and status). ``sites``: the members' positions in
+    ``Cost.sites``, costliest first (the first stands for the rest: its fix site, its remedy
+    and the proof); ``extra``: their channels_last-only bytes, ``share`` of the cost's."""
+
+    kind: CostKind
+    phase: Phase
+    op: str
+    module_class: str | None
+    call_site: str | None
+    sites: tuple[int, ...]
+    extra: int
+    share: float
+
+
+def _pattern(producer: Producer | None) -> tuple[str | None, ...] | None:
+    """A producer as a pattern: its operation and line and its module's class, not the path."""
+    if producer is None:
+        return None
+    return (producer.python_op, producer.aten_op, producer.module_class, producer.call_site)
+
+
+def group_sites(sites: tuple[CostSite, ...]) -> tuple[CostGroup, ...]:
+    """The sites channels_last pays for (``extra`` bytes), grouped by what fixes them (one
+    ``CostGroup`` each), the costliest group first; the terminal, the page and the JSON read
+    these groups."""
+    total = sum(site.extra for site in sites)
+    members: dict[tuple[object, ...], list[int]] = {}
+    for position, site in enumerate(sites):
+        if site.extra:
+            remedy = None if site.remedy is None else (site.remedy.pattern, site.remedy.status)
+            key = (site.kind, site.phase, site.op, site.module_class, site.call_site,
+                   _pattern(site.fix_site), _pattern(site.root_cause), remedy)  # fmt: skip
+            members.setdefault(key, []).append(position)
+    groups = []
+    for positions in members.values():
+        positions.sort(key=lambda p: (-sites[p].extra, p))
+        first = sites[positions[0]]
+        extra = sum(sites[p].extra for p in positions)
+        groups.append(
+            CostGroup(
+                first.kind,
+                first.phase,
+                first.op,
+                first.module_class,
+                first.call_site,
+                tuple(positions),
+                extra,
+                extra / total,
+            )
+        )
+    return tuple(sorted(groups, key=lambda g: (-g.extra, g.sites[0])))
+
+
+@dataclass(frozen=True)
 class Cost:
     """The comparison of a channels_last run with the same forward or step in NCHW."""
 
@@ -241,8 +299,20 @@ class Cost:
     kernel_copy_table: str | None = None  # predicted: the measured kernel copies it read
 
     json_form: ClassVar[JsonForm] = JsonForm(
-        derived=("net_bytes", "share", "per_sample_bytes", "per_sample_written_bytes", "at_gate")
+        derived=(
+            "net_bytes",
+            "share",
+            "per_sample_bytes",
+            "per_sample_written_bytes",
+            "at_gate",
+            "groups",
+        )
     )
+
+    @property
+    def groups(self) -> tuple[CostGroup, ...]:
+        """The cost sites grouped by what fixes them (``group_sites``)."""
+        return group_sites(self.sites)
 
     @property
     def net_bytes(self) -> int:
