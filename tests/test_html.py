@@ -297,3 +297,36 @@ def test_the_cost_table_fits_a_1280_pixel_window_with_long_call_sites(browser, t
         assert tallest < 200, tallest
     finally:
         browser.set_window_size(1400, 1000)
+
+
+def test_the_page_leads_with_both_verdicts_and_folds_a_repeated_blocks_sites(browser, tmp_path):
+    """At 1280 px, without scrolling: the byte verdict, the speed verdict (predicted, whose
+    table) and which verdict the exit code follows, in the terminal's words; 77 sites of one
+    group norm's backward, repeated over the blocks, are one row whose members unfold (the
+    control: a site at another line is a row of its own)."""
+    from test_groups import _site
+
+    from cl_audit.render.wording import exit_rule, headline
+
+    report = shuffle_report()
+    sites = (*(_site(b) for b in range(77)), _site(90, line="models/net.py:3"))
+    extra = sum(s.extra for s in sites)
+    cost = replace(report.cost, sites=sites, extra_bytes=extra, bytes_written=extra * 20)
+    report = replace(report, cost=cost)
+    try:
+        browser.set_window_size(1280, 900)
+        load(browser, model_html(report), tmp_path / "grouped.html")
+        lead = browser.find_element("css selector", "p.headline")
+        assert headline(report) in lead.text and exit_rule(report) in lead.text
+        assert "faster" in lead.text or "slower" in lead.text or "no different" in lead.text
+        inner = browser.execute_script("return window.innerHeight")
+        assert lead.rect["y"] + lead.rect["height"] <= inner
+        rows = browser.find_elements("css selector", "#cost tbody tr")
+        assert len(rows) == 2 and "and 76 more modules" in rows[0].text
+        members = rows[0].find_elements("css selector", "details.members li")
+        assert len(members) == 77 and not members[5].is_displayed()
+        rows[0].find_element("css selector", "details.members summary").click()
+        assert members[5].is_displayed() and "stages." in members[5].text
+        assert browser.execute_script("return document.documentElement.scrollWidth") <= 1280
+    finally:
+        browser.set_window_size(1400, 1000)

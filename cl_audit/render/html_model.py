@@ -11,8 +11,10 @@ from cl_audit.render.html_ops import links_section
 from cl_audit.render.html_page import esc, html_page, summary_cards
 from cl_audit.render.wording import (
     ddp_run_line,
+    exit_rule,
     format_bytes,
     fsdp_run_line,
+    headline,
     predicted_note,
     speed_lines,
     table_warning,
@@ -250,6 +252,17 @@ def _links(index: OpsIndex, report: ModelReport) -> str:
     return "<h2>In torch's operator index</h2>" + links_section(index, report_links(index, report))
 
 
+def _headline(report: ModelReport) -> str:
+    """The terminal's headline in its words: both verdicts, what fixing the sites gains, whose
+    table, and which verdict the exit code follows."""
+    if report.cost is None and report.speed is None:
+        return ""
+    lines = [headline(report), table_warning(report.speed), exit_rule(report)]
+    first, *rest = [line for line in lines if line]
+    more = "".join(f'<br><span class="dim">{esc(line)}</span>' for line in rest)
+    return f'<p class="headline"><b>{esc(first)}</b>{more}</p>'
+
+
 def model_html(report: ModelReport, index: OpsIndex | None = None) -> str:
     """One audit: the verdict and the cost by site with fix sites and remedies, then the
     offenders by call site with links to their root causes, the lists kept apart, the
@@ -283,7 +296,8 @@ def model_html(report: ModelReport, index: OpsIndex | None = None) -> str:
     body = (
         f'<h1>cl-audit: {esc(report.model or "(unnamed)")} <span class="'
         f'{_VERDICT_CLASSES[report.verdict]}">{verdict}</span></h1>'
-        f'<p class="dim">input {esc(report.input_shape)}, {esc(env.device)} {esc(env.dtype)}'
+        + _headline(report)
+        + f'<p class="dim">input {esc(report.input_shape)}, {esc(env.device)} {esc(env.dtype)}'
         f"{', autocast ' + esc(env.autocast) if env.autocast else ''}, "
         f"engine {esc(env.engine.value)}, "
         f"{esc(env.mode.value)} mode{predicted}; {s.calls_checked} calls checked; NCHW comparison "

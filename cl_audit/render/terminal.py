@@ -27,6 +27,7 @@ from cl_audit.render.terminal_features import (
 )
 from cl_audit.render.wording import (
     cost_line,
+    exit_rule,
     format_bytes,
     headline,
     mixed_line,
@@ -103,8 +104,9 @@ def summary_text(report: ModelReport) -> Text:
     amp = f", autocast {env.autocast}" if env.autocast else ""
     mode = predicted_note(report)
     lines = [headline(report)] if report.cost is not None or report.speed is not None else []
-    warning = table_warning(report.speed)
+    warning, rule = table_warning(report.speed), exit_rule(report)
     lines += [warning] if warning else []
+    lines += [rule] if rule else []
     lines += [
         f"model {report.model or '(unnamed)'}  input {'x'.join(map(str, report.input_shape or ()))}"
         f"  {env.device} {env.dtype}{amp}  engine {env.engine.value}{mode}",

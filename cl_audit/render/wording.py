@@ -9,6 +9,7 @@ from collections import Counter
 from cl_audit.enums import (
     BucketMatch,
     Evidence,
+    GateOn,
     RemedyStatus,
     TableMatch,
     TensorMode,
@@ -271,6 +272,19 @@ def headline(report: ModelReport) -> str:
         text = f"{report.verdict.value}: {cost.share:.2%} of the bytes at {plural(sites, 'site')}"
     speed = report.speed
     return text if speed is None else f"{text}; {speed.headline()}"
+
+
+def exit_rule(report: ModelReport) -> str | None:
+    """Which verdict the exit code follows (None: no cost weighed, the offenders decide)."""
+    cost = report.cost
+    if cost is None:
+        return None
+    if cost.gate.on is GateOn.SPEED:
+        return (
+            f"exit 1 when channels_last's step is slower beyond {cost.gate.slowdown:.0%} "
+            "(--gate speed); exit 2 when the speed is unknown"
+        )
+    return f"exit 1 when the byte verdict is offending (--gate bytes); now {report.verdict.value}"
 
 
 def table_warning(speed: Speed | None) -> str | None:

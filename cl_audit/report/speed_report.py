@@ -180,12 +180,13 @@ class Speed:
         return (*rows, SpeedRow("step", cl.ms, nchw.ms, total=True, stated=self.speedup))
 
     def headline(self) -> str:
-        """``channels_last 1.32x faster (measured); fixing the sites: about 1.36x``, or
-        ``... (predicted with this machine's table)``."""
+        """``channels_last 1.32x faster (measured, rounds 1.28-1.35x); fixing the sites: about
+        1.36x``, or ``... (predicted with this machine's table)``."""
         if not self.known or self.speedup is None:
             return f"speed unknown: {self.note}" if self.note else "speed unknown"
         if self.basis is SpeedBasis.MEASURED:
-            basis = "measured"
+            spread = self.low is not None and self.high is not None
+            basis = f"measured, rounds {self.low:.2f}-{self.high:.2f}x" if spread else "measured"
         else:
             basis = f"predicted with {self.table.label}" if self.table else "predicted"
         if self.verdict is SpeedVerdict.INCONCLUSIVE:
