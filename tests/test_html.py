@@ -330,3 +330,50 @@ def test_the_page_leads_with_both_verdicts_and_folds_a_repeated_blocks_sites(bro
         assert browser.execute_script("return document.documentElement.scrollWidth") <= 1280
     finally:
         browser.set_window_size(1400, 1000)
+
+
+def test_the_sweep_page_counts_speed_verdicts_ticks_its_axes_and_links_each_point(
+    browser, tmp_path
+):
+    """The cards count the speed verdicts beside the byte verdicts; the scatter's axes carry
+    ticks, each point links to its model's row; with every model clean (no bytes) the points
+    spread across instead of standing on one line (the control: the sweep with bytes keeps its
+    log axis of shares); no sideways scroll at 1280 px."""
+    report = _speed_sweep()
+    clean = replace(report, models=tuple(
+        r if r.cost is None else replace(r, cost=replace(r.cost, sites=(), extra_bytes=0))
+        for r in report.models
+    ))  # fmt: skip
+    try:
+        browser.set_window_size(1280, 1000)
+        load(browser, sweep_html(report), tmp_path / "speed.html")
+        cards = browser.find_element("id", "speed-cards").text
+        verdicts = [r.speed.verdict.value for r in report.models if r.speed is not None]
+        for verdict in set(verdicts):
+            assert f"{verdicts.count(verdict)}\nspeed {verdict}" in cards
+        ticks = browser.execute_script(
+            "return Array.from(document.querySelectorAll('#speed-scatter text.tick'))"
+            ".map(t => t.textContent)"
+        )
+        assert "1x" in ticks and any(t.endswith("%") for t in ticks)
+        point = browser.find_element("css selector", "#speed-scatter a circle")
+        model = point.get_attribute("data-model")
+        browser.execute_script(
+            "arguments[0].dispatchEvent(new MouseEvent('click', {bubbles: true}))", point
+        )
+        row = browser.find_element("id", f"row-{model}")
+        assert "target" in row.get_attribute("class")
+        assert browser.execute_script("return document.documentElement.scrollWidth") <= 1280
+        load(browser, sweep_html(clean), tmp_path / "clean.html")
+        xs = browser.execute_script(
+            "return Array.from(document.querySelectorAll('#speed-scatter circle.point'))"
+            ".map(c => c.getAttribute('cx'))"
+        )
+        assert len(xs) == 3 and len(set(xs)) == 3
+        ticks = browser.execute_script(
+            "return Array.from(document.querySelectorAll('#speed-scatter text.tick'))"
+            ".map(t => t.textContent)"
+        )
+        assert not any(t.endswith("%") for t in ticks) and "1x" in ticks
+    finally:
+        browser.set_window_size(1400, 1000)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 
-from cl_audit.enums import Status, Verdict
+from cl_audit.enums import SpeedVerdict, Status, Verdict
 from cl_audit.render.html_model import _sites_table
 from cl_audit.render.html_page import esc, html_page, summary_cards
 from cl_audit.render.wording import (
@@ -26,7 +26,8 @@ def _model_row(row: ModelRow) -> str:
     extra = row.cost.extra_bytes if row.cost else 0
     share = row.cost.share if row.cost else 0.0
     return (
-        f'<tr data-status="{esc(row.status.value)}"><td><a href="#model-{esc(row.key)}" '
+        f'<tr id="row-{esc(row.key)}" data-status="{esc(row.status.value)}"><td>'
+        f'<a href="#model-{esc(row.key)}" '
         f'data-jump="model-{esc(row.key)}">{esc(row.name)}</a></td><td>{esc(row.source.value)}</td>'
         f"<td>{esc(row.status.value)}</td><td>{esc(row.mode.value)}</td>"
         f"<td>{esc(row.verdict.value if row.verdict else '')}</td>"
@@ -55,10 +56,25 @@ _SCATTER_W, _SCATTER_H, _MARGIN = 640, 360, 48
 _COLOURS = {"offending": "#d62d20", "minor": "#e0a030", "clean": "#3b82c4"}
 
 
+def _share_label(share: float) -> str:
+    """``10%``, ``1%``, ``0.1%``, ``0.001%``: a decade of the byte share."""
+    return f"{share * 100:g}%"
+
+
+def _x_ticks(lo: float, hi: float) -> list[float]:
+    """Decades of the byte share between ``10**lo`` and ``10**hi``."""
+    return [10.0**k for k in range(math.ceil(lo), math.floor(hi) + 1)]
+
+
+_Y_TICKS = (0.25, 0.5, 0.67, 0.8, 1.0, 1.25, 1.5, 2.0, 3.0, 4.0)
+
+
 def _scatter(report: SweepReport) -> str:
-    """Each model that has both verdicts as a point: the share of its step's bytes that only
-    channels_last writes (across, log scale) against its speedup (up, log scale: above the
-    line, channels_last is faster), coloured by the byte verdict."""
+    """Each model that has both verdicts as a point, linked to its row and named on hover: the
+    share of its bytes that only channels_last writes (across, log scale, decades ticked)
+    against its speedup (up, log scale, ticked: above the dashed line channels_last is faster),
+    coloured by the byte verdict. When no model copies more in channels_last (every share
+    zero) the points stand side by side in the order of their speedup instead."""
     points = [r for r in report.models
               if r.cost is not None and r.speed is not None and r.speed.speedup]  # fmt: skip
     if not points:
@@ -66,32 +82,58 @@ def _scatter(report: SweepReport) -> str:
     floor = 1e-5
     shares = [max(r.cost.share, floor) for r in points]  # type: ignore[union-attr]
     speeds = [r.speed.speedup for r in points]  # type: ignore[union-attr]
+    spread = all(r.cost.share == 0 for r in points)  # type: ignore[union-attr]
     lo_x, hi_x = math.log10(min(shares)), math.log10(max(max(shares), 0.5))
     lo_y = math.log2(min(min(speeds), 0.8))
     hi_y = math.log2(max(max(speeds), 1.25))
     width, height = _SCATTER_W - 2 * _MARGIN, _SCATTER_H - 2 * _MARGIN
+    rank = {i: n for n, i in enumerate(sorted(range(len(points)), key=lambda i: speeds[i]))}
 
-    def x(share: float) -> float:
+    def across(share: float) -> float:
         return _MARGIN + width * (math.log10(share) - lo_x) / max(hi_x - lo_x, 1e-9)
+
+    def x(i: int) -> float:
+        return _MARGIN + width * (rank[i] + 0.5) / len(points) if spread else across(shares[i])
 
     def y(speedup: float) -> float:
         return _MARGIN + height * (1 - (math.log2(speedup) - lo_y) / max(hi_y - lo_y, 1e-9))
 
     dots = "".join(
-        f'<circle class="point" cx="{x(share):.1f}" cy="{y(speed):.1f}" r="4" '
+        f'<a href="#row-{esc(r.key)}" data-jump="row-{esc(r.key)}"><circle class="point" '
+        f'cx="{x(i):.1f}" cy="{y(speeds[i]):.1f}" r="4" '
         f'fill="{_COLOURS.get(r.verdict.value if r.verdict else "", "#888")}" '
-        f'data-model="{esc(r.key)}"><title>{esc(r.name)}: {share:.2%} of the bytes, '
-        f"{speed:.2f}x ({esc(r.speed.verdict.value)})</title></circle>"  # type: ignore[union-attr]
-        for r, share, speed in zip(points, shares, speeds, strict=True)
+        f'data-model="{esc(r.key)}"><title>{esc(r.name)}: {r.cost.share:.2%} of the bytes, '  # type: ignore[union-attr]
+        f"{speeds[i]:.2f}x ({esc(r.speed.verdict.value)})</title></circle></a>"  # type: ignore[union-attr]
+        for i, r in enumerate(points)
     )
+    bottom, right = _SCATTER_H - _MARGIN, _SCATTER_W - _MARGIN
+    ticks = "".join(
+        f'<line x1="{_MARGIN - 4}" x2="{_MARGIN}" y1="{y(t):.1f}" y2="{y(t):.1f}" stroke="#666"/>'
+        f'<text class="tick" x="{_MARGIN - 6}" y="{y(t) + 4:.1f}" text-anchor="end" '
+        f'font-size="11">{t:g}x</text>'
+        for t in _Y_TICKS
+        if lo_y <= math.log2(t) <= hi_y
+    )
+    if spread:
+        axis = "models, in the order of their speedup (no model copies more in channels_last)"
+    else:
+        axis = "share of the bytes only channels_last writes (log)"
+        ticks += "".join(
+            f'<line x1="{across(t):.1f}" x2="{across(t):.1f}" y1="{bottom}" y2="{bottom + 4}" '
+            f'stroke="#666"/><text class="tick" x="{across(t):.1f}" y="{bottom + 16}" '
+            f'text-anchor="middle" font-size="11">{"≤" if t <= floor else ""}'
+            f"{_share_label(t)}</text>"
+            for t in _x_ticks(lo_x, hi_x)
+        )
     even = y(1.0)
     return (
         f'<svg id="speed-scatter" width="{_SCATTER_W}" height="{_SCATTER_H}" role="img" '
         'aria-label="byte share against speedup">'
-        f'<line x1="{_MARGIN}" x2="{_SCATTER_W - _MARGIN}" y1="{even:.1f}" y2="{even:.1f}" '
-        'stroke="#999" stroke-dasharray="4 3"/>'
-        f'<text x="{_MARGIN}" y="{_SCATTER_H - 10}" font-size="12">share of the bytes only '
-        "channels_last writes (log)</text>"
+        f'<line x1="{_MARGIN}" x2="{_MARGIN}" y1="{_MARGIN}" y2="{bottom}" stroke="#666"/>'
+        f'<line x1="{_MARGIN}" x2="{right}" y1="{bottom}" y2="{bottom}" stroke="#666"/>'
+        f'<line x1="{_MARGIN}" x2="{right}" y1="{even:.1f}" y2="{even:.1f}" '
+        f'stroke="#999" stroke-dasharray="4 3"/>{ticks}'
+        f'<text x="{_MARGIN}" y="{_SCATTER_H - 8}" font-size="12">{esc(axis)}</text>'
         f'<text x="8" y="{_MARGIN - 14}" font-size="12">speedup: NCHW time / channels_last '
         f"time (log; dashed: even)</text>{dots}</svg>"
     )
@@ -161,6 +203,10 @@ def sweep_html(report: SweepReport) -> str:
             ("skipped", s.skipped),
         )
     )
+    speeds = [r.speed.verdict for r in report.models if r.speed is not None]
+    speed_cards = summary_cards(
+        tuple((f"speed {v.value}", speeds.count(v)) for v in SpeedVerdict if speeds.count(v))
+    )
     statuses = "".join(f'<option value="{st.value}">{st.value}</option>' for st in Status)
     examples = operator_examples(report)
     operators = "".join(
@@ -177,7 +223,9 @@ def sweep_html(report: SweepReport) -> str:
         f"<h1>cl-audit sweep: {s.models} models</h1>"
         f'<p class="dim">{esc(env.device)} {esc(env.dtype)}, {esc(env.mode.value)} mode, engine '
         f"{esc(env.engine.value)}; cl-audit {esc(env.tool)}, torch {esc(env.torch)}</p>"
-        f'<div class="cards">{cards}</div><h2>Models</h2>'
+        f'<div class="cards">{cards}</div>'
+        + (f'<div class="cards" id="speed-cards">{speed_cards}</div>' if speeds else "")
+        + "<h2>Models</h2>"
         '<input type="search" id="filter" placeholder="filter models">'
         f'<select id="status-filter"><option value="">any status</option>{statuses}</select>'
         '<table class="sortable filterable" id="models"><thead><tr><th>model</th><th>source</th>'
