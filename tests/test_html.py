@@ -377,3 +377,42 @@ def test_the_sweep_page_counts_speed_verdicts_ticks_its_axes_and_links_each_poin
         assert not any(t.endswith("%") for t in ticks) and "1x" in ticks
     finally:
         browser.set_window_size(1400, 1000)
+
+
+@pytest.mark.slow
+def test_the_issues_model_page_groups_its_group_norms_and_fits_1280_px(browser, tmp_path):
+    """The page of a real audit, made by the CLI (efficientnet_b3_gn, a fake CUDA training step
+    in fp16): the headline above the fold; the 77 group norms' backward sites one group whose
+    members unfold; no sideways scroll at 1280 px. Its size is printed, not asserted."""
+    import subprocess
+    import sys
+
+    from torch_checks import FAKE_CUDA_PROBLEM
+
+    if FAKE_CUDA_PROBLEM is not None:
+        pytest.skip(f"fake CUDA is refused here: {FAKE_CUDA_PROBLEM}")
+    page = tmp_path / "model.html"
+    command = [sys.executable, "-m", "cl_audit", "--timm", "efficientnet_b3_gn", "--fake",
+               "--device", "cuda", "--train", "--amp", "fp16", "--html", str(page)]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 1, done.stderr  # it offends
+    print(f"efficientnet_b3_gn's page: {page.stat().st_size / 1024:.0f} KiB")
+    try:
+        browser.set_window_size(1280, 900)
+        browser.get(page.as_uri())
+        lead = browser.find_element("css selector", "p.headline")
+        assert "offending" in lead.text and "predicted with" in lead.text
+        assert lead.rect["y"] + lead.rect["height"] <= browser.execute_script(
+            "return window.innerHeight"
+        )
+        rows = browser.find_elements("css selector", "#cost tbody tr")
+        groups = [r for r in rows if r.text.startswith("NativeGroupNormBackward0")]
+        (norms,) = [r for r in groups if "and 76 more modules" in r.text]
+        assert norms == rows[0]  # the costliest group
+        members = norms.find_elements("css selector", "details.members li")
+        assert len(members) == 77 and not members[1].is_displayed()
+        norms.find_element("css selector", "details.members summary").click()
+        assert members[1].is_displayed()
+        assert browser.execute_script("return document.documentElement.scrollWidth") <= 1280
+    finally:
+        browser.set_window_size(1400, 1000)

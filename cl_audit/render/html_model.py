@@ -8,7 +8,7 @@ from cl_audit.features.ops_index.ranking import report_links
 from cl_audit.render.html_compiled import compiled_section
 from cl_audit.render.html_cost import cost_section
 from cl_audit.render.html_ops import links_section
-from cl_audit.render.html_page import esc, html_page, summary_cards
+from cl_audit.render.html_page import breakable, esc, html_page, summary_cards
 from cl_audit.render.wording import (
     ddp_run_line,
     exit_rule,
@@ -87,8 +87,8 @@ def _site_rows(groups: tuple[SiteGroup, ...], prefix: str, anchors: dict[tuple, 
         verdict = f.differential.value if f.differential else ""
         rows.append(
             f'<tr id="{esc(anchor)}"><td><code class="op">{esc(f.python_op or "")}</code><br>'
-            f'<code class="op">{esc(f.aten_op or "")}</code>{_phase(f)}</td>'
-            f'<td><code class="site">{esc(f.call_site)}</code></td>'
+            f'<code class="op aten">{breakable(f.aten_op or "")}</code>{_phase(f)}</td>'
+            f'<td><code class="site">{breakable(f.call_site)}</code></td>'
             f"<td>{folded}</td><td>{strides}</td>"
             f'<td class="num">{group.count}</td><td class="num">{group.round_trips}</td>'
             f'<td class="num">{group.terminal}</td><td>{esc(verdict)}</td>'
@@ -284,7 +284,7 @@ def model_html(report: ModelReport, index: OpsIndex | None = None) -> str:
     )
     regains = "".join(
         f'<tr><td><code class="op">{esc(f.op)}</code></td>'
-        f'<td><code class="site">{esc(f.call_site)}</code></td>'
+        f'<td><code class="site">{breakable(f.call_site)}</code></td>'
         f"<td>{esc(f.module_path or '(root)')}</td><td>{esc(_source(f))}</td>"
         f'<td class="num">{f.count}</td><td>{esc(f.provenance.value)}</td>'
         f"<td>{_producer(f.root_cause, anchors)}</td></tr>"

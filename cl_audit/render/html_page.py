@@ -30,7 +30,8 @@ h1{font-size:1.4em;margin:0 0 .3em}h2{font-size:1.1em;margin:1.6em 0 .4em}
 table{border-collapse:collapse;margin:.4em 0;width:100%}
 th,td{border:1px solid #d7dae0;padding:.25em .45em;text-align:left;vertical-align:top}
 th{background:#f1f3f6;cursor:pointer;user-select:none;white-space:nowrap}
-td.num,th.num{text-align:right}code{font-size:.92em;overflow-wrap:anywhere}code.op,code.site{white-space:nowrap;overflow-wrap:normal}
+td.num,th.num{text-align:right}code{font-size:.92em;overflow-wrap:anywhere}code.op{white-space:nowrap;overflow-wrap:normal}
+code.site{overflow-wrap:normal}code.aten{white-space:normal}
 .verdict-minor{color:#a86400}.warn{color:#a86400;font-weight:600}
 .remedy-verified{color:#1e7d32}.remedy-refuted{color:#a86400}
 tr.target{outline:2px solid #f0a020}
@@ -51,6 +52,9 @@ td.strides{white-space:nowrap}td.opname{min-width:18em}
 #cost th:nth-child(1){width:17%}#cost th:nth-child(2){width:20%}#cost th:nth-child(3){width:15%}
 #cost th:nth-child(4){width:8%}#cost th:nth-child(5){width:6%}#cost th:nth-child(6){width:16%}
 #cost th:nth-child(7){width:18%}#cost td{overflow-wrap:anywhere}
+#models th,#operators th{white-space:normal}
+#models td:last-child,#operators td:last-child{overflow-wrap:anywhere}
+.wide{overflow-x:auto}
 details{margin:.3em 0}.phase{font-size:.8em;color:#fff;background:#6b5ba8;padding:0 .3em;
 border-radius:3px}
 """

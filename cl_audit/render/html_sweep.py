@@ -170,8 +170,8 @@ def _heatmap(report: SweepReport) -> str:
             f'<tr><th data-jump="model-{esc(row.key)}">{esc(row.name)}</th>{"".join(cells)}</tr>'
         )
     return (
-        f'<table class="heat" id="heatmap"><thead><tr><th>model</th>{head}</tr></thead>'
-        f"<tbody>{''.join(rows)}</tbody></table>"
+        f'<div class="wide"><table class="heat" id="heatmap"><thead><tr><th>model</th>{head}'
+        f"</tr></thead><tbody>{''.join(rows)}</tbody></table></div>"
     )
 
 
