@@ -382,8 +382,9 @@ def test_the_sweep_page_counts_speed_verdicts_ticks_its_axes_and_links_each_poin
 @pytest.mark.slow
 def test_the_issues_model_page_groups_its_group_norms_and_fits_1280_px(browser, tmp_path):
     """The page of a real audit, made by the CLI (efficientnet_b3_gn, a fake CUDA training step
-    in fp16): the headline above the fold; the 77 group norms' backward sites one group whose
-    members unfold; no sideways scroll at 1280 px. Its size is printed, not asserted."""
+    in fp16, offending where the GroupNorm kernels return NCHW): the headline above the fold;
+    the 77 group norms' backward sites one group whose members unfold; no sideways scroll at
+    1280 px. Its size is printed, not asserted."""
     import subprocess
     import sys
 
@@ -391,11 +392,17 @@ def test_the_issues_model_page_groups_its_group_norms_and_fits_1280_px(browser, 
 
     if FAKE_CUDA_PROBLEM is not None:
         pytest.skip(f"fake CUDA is refused here: {FAKE_CUDA_PROBLEM}")
-    page = tmp_path / "model.html"
+    page, data = tmp_path / "model.html", tmp_path / "model.json"
     command = [sys.executable, "-m", "cl_audit", "--timm", "efficientnet_b3_gn", "--fake",
-               "--device", "cuda", "--train", "--amp", "fp16", "--html", str(page)]  # fmt: skip
+               "--device", "cuda", "--train", "--amp", "fp16", "--html", str(page),
+               "--json", str(data)]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 1, done.stderr  # it offends
+    verdict = json.loads(data.read_text())["summary"]["verdict"]
+    assert done.returncode == (1 if verdict == "offending" else 0), done.stderr
+    if verdict != "offending":  # torch 2.15's GroupNorm kernels keep channels_last
+        pytest.skip(
+            f"torch {torch.__version__}: efficientnet_b3_gn is {verdict}, no sites to group"
+        )
     print(f"efficientnet_b3_gn's page: {page.stat().st_size / 1024:.0f} KiB")
     try:
         browser.set_window_size(1280, 900)
