@@ -58,9 +58,9 @@ Layer = Callable[[Any, Any, dict[str, Any], Run], Any]
 
 
 class FakeModeBase(FakeTensorMode):
-    """Torch's fake mode with the entry points cl-audit's engine builds on named:
-    ``fake_dispatch`` is what the engine overrides (torch calls it for every operation the mode
-    fakes), ``torch_fake`` torch's own faking of one operation, ``torch_dispatch`` torch's
+    """Torch's fake mode with the entry points cl-audit's engine builds on named: the engine
+    overrides ``dispatch`` (torch calls it for every operation the mode fakes) and falls back
+    on ``torch_fake``, torch's own faking of one operation; ``torch_dispatch`` is torch's
     handler of the dispatch mode, and ``skip_cache_once`` bypasses torch's cache for the next
     operation (one the engine remembers itself: its key and entry would never be read)."""
 
@@ -68,17 +68,11 @@ class FakeModeBase(FakeTensorMode):
         super().__init__(**kwargs)
         self.skip_cache_once = False
 
-    def fake_dispatch(self, func: Any, types: Any, args: Any, kwargs: dict[str, Any]) -> Any:
-        return FakeTensorMode.dispatch(self, func, types, args, kwargs)
-
     def torch_fake(self, func: Any, types: Any, args: Any, kwargs: dict[str, Any]) -> Any:
         return FakeTensorMode.dispatch(self, func, types, args, kwargs)
 
     def torch_dispatch(self, func: Any, types: Any, args: Any, kwargs: dict[str, Any]) -> Any:
         return FakeTensorMode.__torch_dispatch__(self, func, types, args, kwargs)
-
-    def dispatch(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        return self.fake_dispatch(func, types, args, kwargs or {})
 
     def _cached_dispatch_impl(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
         if self.skip_cache_once:

@@ -109,10 +109,11 @@ class _FakeMode(FakeModeBase):
         self.memo = OutputMemo(self)
         self.layers: tuple[Layer, ...] = ()  # outermost first
 
-    def fake_dispatch(self, func: Any, types: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+    def dispatch(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         """An operation faked: by the memo where it answers, else faked and remembered, torch's
         cache skipped for an operation the memo keeps (its key and entry would cost as much as
         the dispatch and never be read: the memo answers the call next time)."""
+        kwargs = kwargs or {}
         if (
             args
             and type(args[0]) is list  # ahead of the schema's lookup, which hashes the operator

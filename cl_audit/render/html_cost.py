@@ -5,7 +5,16 @@ its members folded."""
 from __future__ import annotations
 
 from cl_audit.render.html_page import breakable, esc
-from cl_audit.render.wording import cost_line, format_bytes, plural, remedy_lines, verify_text
+from cl_audit.render.wording import (
+    cost_line,
+    format_bytes,
+    module_text,
+    plural,
+    remedies_given_above,
+    remedy_lines,
+    remedy_reference,
+    verify_text,
+)
 from cl_audit.report import Cost, CostGroup, CostSite, ModelReport, Producer, Remedy
 
 __all__ = ["cost_section"]
@@ -38,8 +47,7 @@ def _remedy_cell(remedy: Remedy, train: bool) -> str:
 
 
 def _module(site: CostSite) -> str:
-    name = esc(site.module_path or "(root)")
-    return f"{name} ({esc(site.module_class)})" if site.module_class else name
+    return esc(module_text(site.module_path, site.module_class))
 
 
 def _members(group: CostGroup, sites: tuple[CostSite, ...]) -> str:
@@ -54,18 +62,17 @@ def _members(group: CostGroup, sites: tuple[CostSite, ...]) -> str:
     return f'<details class="members"><summary>{label}</summary><ol>{rows}</ol></details>'
 
 
-def _group_row(group: CostGroup, cost: Cost, train: bool, told: dict[Remedy, str]) -> str:
-    """A group's row; a remedy already given in full above is named, not repeated (``told``:
-    each remedy given so far, by the operation of the row that gave it)."""
+def _group_row(group: CostGroup, cost: Cost, train: bool, given_above: str | None) -> str:
+    """A group's row; a remedy already given in full above (at ``given_above``) is named, not
+    repeated."""
     first = cost.sites[group.sites[0]]
     remedy = first.remedy
     if remedy is None:
         cell = '<span class="dim">no known remedy</span>'
-    elif remedy in told:
+    elif given_above is not None:
         style = f"remedy-{esc(remedy.status.value)}"
-        cell = f'<span class="{style}">the remedy given above, for {breakable(told[remedy])}</span>'
+        cell = f'<span class="{style}">{breakable(remedy_reference(given_above))}</span>'
     else:
-        told[remedy] = first.where
         cell = _remedy_cell(remedy, train)
     return (
         f'<tr><td><code class="op">{esc(group.op)}</code><br><span class="dim">'
@@ -129,8 +136,8 @@ def cost_section(report: ModelReport) -> str:
     lines = cost_line(cost, train).split("\n")
     tried = verify_text(cost)
     groups = cost.groups
-    told: dict[Remedy, str] = {}
-    rows = "".join(_group_row(g, cost, train, told) for g in groups)
+    above = remedies_given_above(groups, cost.sites)
+    rows = "".join(_group_row(g, cost, train, a) for g, a in zip(groups, above, strict=True))
     members = sum(len(g.sites) for g in groups)
     return (
         f'<p><b>{esc(lines[0])}</b><br><span class="dim">{esc(lines[1])}</span>'

@@ -11,10 +11,9 @@ from cl_audit.render.html_ops import links_section
 from cl_audit.render.html_page import breakable, esc, html_page, summary_cards
 from cl_audit.render.wording import (
     ddp_run_line,
-    exit_rule,
     format_bytes,
     fsdp_run_line,
-    headline,
+    headline_lines,
     predicted_note,
     speed_lines,
     table_warning,
@@ -255,10 +254,10 @@ def _links(index: OpsIndex, report: ModelReport) -> str:
 def _headline(report: ModelReport) -> str:
     """The terminal's headline in its words: both verdicts, what fixing the sites gains, whose
     table, and which verdict the exit code follows."""
-    if report.cost is None and report.speed is None:
+    lines = headline_lines(report)
+    if not lines:
         return ""
-    lines = [headline(report), table_warning(report.speed), exit_rule(report)]
-    first, *rest = [line for line in lines if line]
+    first, *rest = lines
     more = "".join(f'<br><span class="dim">{esc(line)}</span>' for line in rest)
     return f'<p class="headline"><b>{esc(first)}</b>{more}</p>'
 

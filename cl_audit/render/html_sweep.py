@@ -87,7 +87,8 @@ def _scatter(report: SweepReport) -> str:
     lo_y = math.log2(min(min(speeds), 0.8))
     hi_y = math.log2(max(max(speeds), 1.25))
     width, height = _SCATTER_W - 2 * _MARGIN, _SCATTER_H - 2 * _MARGIN
-    rank = {i: n for n, i in enumerate(sorted(range(len(points)), key=lambda i: speeds[i]))}
+    order = sorted(range(len(points)), key=lambda i: speeds[i]) if spread else []
+    rank = {i: n for n, i in enumerate(order)}
 
     def across(share: float) -> float:
         return _MARGIN + width * (math.log10(share) - lo_x) / max(hi_x - lo_x, 1e-9)

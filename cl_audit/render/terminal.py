@@ -27,16 +27,16 @@ from cl_audit.render.terminal_features import (
 )
 from cl_audit.render.wording import (
     cost_line,
-    exit_rule,
     format_bytes,
-    headline,
+    headline_lines,
     mixed_line,
     module_text,
     plural,
     predicted_note,
+    remedies_given_above,
     remedy_head,
+    remedy_reference,
     speed_lines,
-    table_warning,
     timing_line,
     trial_figures,
     trial_text,
@@ -48,7 +48,6 @@ from cl_audit.report import (
     Finding,
     ModelReport,
     Producer,
-    Remedy,
     SiteGroup,
     TensorSummary,
     by_call_site,
@@ -103,10 +102,7 @@ def summary_text(report: ModelReport) -> Text:
     s, env = report.summary, report.environment
     amp = f", autocast {env.autocast}" if env.autocast else ""
     mode = predicted_note(report)
-    lines = [headline(report)] if report.cost is not None or report.speed is not None else []
-    warning, rule = table_warning(report.speed), exit_rule(report)
-    lines += [warning] if warning else []
-    lines += [rule] if rule else []
+    lines = headline_lines(report)
     lines += [
         f"model {report.model or '(unnamed)'}  input {'x'.join(map(str, report.input_shape or ()))}"
         f"  {env.device} {env.dtype}{amp}  engine {env.engine.value}{mode}",
@@ -231,23 +227,20 @@ _REMEDY_STYLES = {
 }
 
 
-def _fix_cell(site: CostSite, train: bool, told: dict[Remedy, str]) -> str:
+def _fix_cell(site: CostSite, train: bool, given_above: str | None) -> str:
     """Where, the fix site, the root cause and the remedy with its proof; a remedy already
-    given in full above is named instead (``told``: each one given, by the call site of the
-    row that gave it)."""
+    given in full above (at ``given_above``) is named instead."""
     where = module_text(site.module_path, site.module_class)
     lines = [where]
     if site.fix_site is not None:
         lines.append(f"[magenta]NCHW-ordered data from {_producer_cell(site.fix_site, False)}[/]")
     if site.root_cause is not None:
         lines.append(f"[magenta]NCHW since {_producer_cell(site.root_cause, False)}[/]")
-    if site.remedy is not None and site.remedy in told:
+    if site.remedy is not None and given_above is not None:
         style = _REMEDY_STYLES[site.remedy.status]
-        given = escape(told[site.remedy])
-        lines.append(f"[{style}]the remedy given above, for {given}[/{style}]")
+        lines.append(f"[{style}]{escape(remedy_reference(given_above))}[/{style}]")
     elif site.remedy is not None:
         remedy = site.remedy
-        told[remedy] = site.where
         style = _REMEDY_STYLES[remedy.status]
         lines.append(f"[{style}]{escape(remedy_head(remedy))}[/{style}]")
         held = next((t for t in remedy.evidence if t.holds), None)
@@ -271,10 +264,9 @@ def cost_table(sites: tuple[CostSite, ...], *, train: bool, top: int = 12) -> Ta
     table.add_column("op", style="bold", no_wrap=True)
     table.add_column("where; fix", overflow="fold", ratio=1)
     table.add_column("extra", justify="right", no_wrap=True)
-    told: dict[Remedy, str] = {}
-    for group in shown:
+    for group, given_above in zip(shown, remedies_given_above(shown, sites), strict=True):
         first = sites[group.sites[0]]
-        where = _fix_cell(first, train, told)
+        where = _fix_cell(first, train, given_above)
         if len(group.sites) > 1:
             module = module_text(first.module_path, first.module_class)
             others = len(group.sites) - 1

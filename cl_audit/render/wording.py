@@ -5,6 +5,7 @@ sweep's operator examples."""
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 
 from cl_audit.enums import (
     BucketMatch,
@@ -16,6 +17,7 @@ from cl_audit.enums import (
 )
 from cl_audit.report import (
     Cost,
+    CostGroup,
     CostSite,
     MixedSite,
     ModelReport,
@@ -272,6 +274,36 @@ def headline(report: ModelReport) -> str:
         text = f"{report.verdict.value}: {cost.share:.2%} of the bytes at {plural(sites, 'site')}"
     speed = report.speed
     return text if speed is None else f"{text}; {speed.headline()}"
+
+
+def headline_lines(report: ModelReport) -> list[str]:
+    """The terminal's and the page's first lines: both verdicts, whose table when another
+    machine's, and which verdict the exit code follows (none before a cost or a speed)."""
+    if report.cost is None and report.speed is None:
+        return []
+    lines = [headline(report), table_warning(report.speed), exit_rule(report)]
+    return [line for line in lines if line]
+
+
+def remedies_given_above(
+    groups: Sequence[CostGroup], sites: tuple[CostSite, ...]
+) -> list[str | None]:
+    """Per group (in the order shown), where its remedy was given in full at an earlier group
+    (that group's call site), or None: given here, or no remedy; each remedy once."""
+    given: dict[Remedy, str] = {}
+    above = []
+    for group in groups:
+        first = sites[group.sites[0]]
+        remedy = first.remedy
+        above.append(None if remedy is None else given.get(remedy))
+        if remedy is not None:
+            given.setdefault(remedy, first.where)
+    return above
+
+
+def remedy_reference(where: str) -> str:
+    """What stands for a remedy given in full above, at ``where``."""
+    return f"the remedy given above, for {where}"
 
 
 def exit_rule(report: ModelReport) -> str | None:

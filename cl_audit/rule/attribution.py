@@ -111,7 +111,8 @@ def model_failed(
 ) -> ModelFailedError:
     """The error a failure of ``model`` at ``stage`` raises, placed at the model line its
     traceback came from where no mark places it."""
-    return ModelFailedError(stage, model, cause, hint, site=failure_site(cause))
+    site = None if marked(cause)[1] is not None else failure_site(cause)
+    return ModelFailedError(stage, model, cause, hint, site=site)
 
 
 def failure_summary(error: BaseException) -> str:
