@@ -108,7 +108,7 @@ def _docs_pages() -> None:
             done = subprocess.run(command, check=False, capture_output=True, text=True)
             if not html.is_file():
                 raise SystemExit(f"{' '.join(command)} wrote no page: {done.stderr[-500:]}")
-        screenshot(page, DOCS / "model-page.png", size="1280,1100")
+        screenshot(page, DOCS / "model-page.png", size="1280,1500")
         screenshot(swept, DOCS / "sweep-page.png", section="speed-cards", size="1280,1500")
     print(DOCS / "model-page.png", DOCS / "sweep-page.png")
 

@@ -32,7 +32,7 @@ UNIT_MODULES = frozenset(
     ["test_attribution", "test_codec", "test_compare", "test_docs", "test_layout",
      "test_one_time", "test_ops_raised", "test_provenance", "test_recorder", "test_render",
      "test_report", "test_restore", "test_rule", "test_signature", "test_speed_tables",
-     "test_timing", "test_session", "test_registry", "test_groups"]
+     "test_timing", "test_session", "test_registry", "test_groups", "test_stages"]
 )  # fmt: skip
 
 

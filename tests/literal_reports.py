@@ -192,7 +192,10 @@ _V7_COST = ("batch", "fixed_bytes", "fixed_written_bytes", "per_sample_bytes",
 
 
 def before_version_15(data: dict) -> dict:
-    """A report's (or a sweep row's) JSON as versions before 15 wrote it: no cost groups."""
+    """A report's (or a sweep row's) JSON as versions before 15 wrote it: no cost groups, no
+    stages in the speed section."""
+    if data.get("speed") is not None:
+        data = data | {"speed": {k: v for k, v in data["speed"].items() if k != "stages"}}
     if data.get("cost") is None:
         return data
     return data | {"cost": {k: v for k, v in data["cost"].items() if k != "groups"}}

@@ -6,6 +6,8 @@ browser download); ``.ci/run`` installs all three. Without them those tests skip
 
 from __future__ import annotations
 
+import base64
+import gzip
 import json
 import re
 import shutil
@@ -22,6 +24,7 @@ from cl_audit.phases.audit_module import audit_module
 from cl_audit.render.html_model import model_html
 from cl_audit.render.html_sweep import sweep_html
 from cl_audit.report import ModelSource, Status
+from cl_audit.report.files import read_report
 
 HOSTILE = '<script>window.pwned=1</script><img src=x onerror="window.pwned=2">'
 
@@ -29,6 +32,9 @@ HOSTILE = '<script>window.pwned=1</script><img src=x onerror="window.pwned=2">'
 def shuffle_report():
     settings = AuditSettings(timeline=True)
     return audit_module(toy_models.MixedConcat(), (torch.randn(2, 3, 16, 16),), settings)
+
+
+REPORTS = Path(__file__).resolve().parents[1] / "reports"
 
 
 def hostile_sweep():
@@ -44,12 +50,14 @@ def hostile_sweep():
 
 
 def test_pages_are_self_contained_and_escape_every_string():
-    page = sweep_html(hostile_sweep())
+    report = hostile_sweep()
+    page = sweep_html(report)
     assert HOSTILE not in page and "&lt;script&gt;window.pwned=1&lt;/script&gt;" in page
     assert not re.search(r"<(link|img)\b|src=|https?://", page.replace("src=x", ""))
     assert page.count("<script") == 2  # the embedded data and the page's own script
     data = re.search(r'id="cl-audit-data">(.*?)</script>', page, re.S).group(1)
-    assert json.loads(data)["format"] == "cl-audit.sweep"
+    embedded = json.loads(gzip.decompress(base64.b64decode(data)))  # the report's JSON, whole
+    assert embedded == json.loads(json.dumps(report.to_dict()))
     single = model_html(shuffle_report())
     assert "<style>" in single and "stylesheet" not in single
 
@@ -88,6 +96,13 @@ def load(browser, page: str, path: Path) -> None:
 
 def console_errors(browser) -> list[str]:
     return [e["message"] for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+
+
+def fits(browser) -> bool:
+    """Nothing scrolls sideways: the page is no wider than the window's (its scrollbar out)."""
+    return browser.execute_script(
+        "var d = document.documentElement; return d.scrollWidth <= d.clientWidth"
+    )
 
 
 def visible_names(browser) -> list[str]:
@@ -420,6 +435,48 @@ def test_the_issues_model_page_groups_its_group_norms_and_fits_1280_px(browser, 
         assert len(members) == 77 and not members[1].is_displayed()
         norms.find_element("css selector", "details.members summary").click()
         assert members[1].is_displayed()
-        assert browser.execute_script("return document.documentElement.scrollWidth") <= 1280
+        assert fits(browser)
+        stages = json.loads(data.read_text())["speed"]["stages"]
+        assert 5 <= len(stages) <= 32  # the cut's parts, the root's and the optimizer's
+        pairs = browser.execute_script(
+            "return Array.from(document.querySelectorAll('#stages-picture g.stage')).map(g =>"
+            " [g.dataset.stage, g.querySelectorAll('rect.bar.cl').length,"
+            " g.querySelectorAll('rect.bar.nchw').length])"
+        )
+        assert pairs == [[s["name"], 1, 1] for s in stages]  # one bar pair per stage
+        (marked,) = browser.find_elements("css selector", "#stages-picture g.costliest")
+        most = max(stages, key=lambda s: s["extra_bytes"])
+        assert marked.get_attribute("data-stage") == most["name"]
+        assert len(browser.find_elements("css selector", "#stages tbody tr")) == len(stages)
+        overflowing = browser.execute_script(
+            "return Array.from(document.querySelectorAll('td')).filter(c =>"
+            " c.scrollWidth > c.clientWidth + 1).length"
+        )
+        assert overflowing == 0  # nothing runs into the next column
+        assert page.stat().st_size <= 300 * 1024  # the issue's budget
+    finally:
+        browser.set_window_size(1400, 1000)
+
+
+def test_the_1371_model_sweep_page_opens_in_the_browser(browser, tmp_path):
+    """The committed timm training sweep (1,371 models, report version 9) as a page at 1280 px:
+    every model a row, no console error, no sideways scroll. The load time is printed and
+    written down (reports/pages/html-load.md), not asserted."""
+    report = read_report(REPORTS / "timm_torch-2.14.1_cuda_train_b64_speed_predicted.json.gz")
+    assert len(report.models) == 1371
+    path = tmp_path / "timm.html"
+    path.write_text(sweep_html(report))
+    try:
+        browser.set_window_size(1280, 900)
+        browser.get(path.as_uri())
+        load_ms = browser.execute_script(
+            "var t = performance.getEntriesByType('navigation')[0];"
+            "return t.loadEventEnd - t.startTime"
+        )
+        print(f"1,371-model sweep page: {path.stat().st_size / 2**20:.1f} MiB, loaded in "
+              f"{load_ms:.0f} ms")  # fmt: skip
+        rows = browser.execute_script("return document.querySelectorAll('#models tbody tr').length")
+        assert rows == 1371 and console_errors(browser) == []
+        assert fits(browser)
     finally:
         browser.set_window_size(1400, 1000)

@@ -35,6 +35,7 @@ class Configuration:
     plan: RunPlan
     step: Step
     forward: Callable[[], object]
+    model: nn.Module  # the configuration's own copy
 
     @property
     def amp(self) -> Amp | None:
@@ -57,7 +58,7 @@ def configure(
     except Exception as e:
         raise model_failed(Stage.SETUP, name, e) from e
     step = Step(plan, dict(copied.named_parameters()), loss)
-    return Configuration(name, strategy, plan, step, lambda: converted.call(copied))
+    return Configuration(name, strategy, plan, step, lambda: converted.call(copied), copied)
 
 
 WARMUP_LIMIT = 30  # warm-up steps per configuration at most, settled or not

@@ -173,7 +173,9 @@ class Ledger:
 
     def alike(self) -> Ledger:
         """An empty ledger that counts as this one does (for the NCHW run)."""
-        return Ledger(self.measured, self.kernel_copies)
+        twin = Ledger(self.measured, self.kernel_copies)
+        twin.times.cut = self.times.cut
+        return twin
 
     def _strided_copies(self, aten_op: object) -> dict[tuple[int, int, str], float]:
         """The strided inputs the kernel of ``aten_op`` copies inside, by (input position,
@@ -208,7 +210,10 @@ class Ledger:
         """One operation, after it ran: what it wrote, then what it copied, by its kind."""
         if self._pending is not None:
             self._reshaped(record)
-        self.times.observe(record.aten_op, record.inputs, record.outputs, record.phase)
+        times = self.times
+        if times.cut is not None:  # the page's picture: the stage it ran in
+            times.stage(record.phase, lambda: record.locate().module_path)
+        times.observe(record.aten_op, record.inputs, record.outputs, record.phase)
         if record.aten_op is _CONVOLUTION and len(record.in_keys) > 1:
             self.convolution_weights.add(record.in_keys[1])
         if not self._phases or self._phases[-1][1] is not record.phase:

@@ -33,6 +33,7 @@ from cl_audit.phases.subject import Audited, Sections, Subject
 from cl_audit.phases.timed import measure
 from cl_audit.predict.divergences import kernel_copy_table
 from cl_audit.report.sections import Training
+from cl_audit.report.stages import stage_cut
 from cl_audit.rule.attribution import model_failed
 
 __all__ = ["Audited", "instrumented", "run_audited"]
@@ -45,7 +46,7 @@ def run_audited(subject: Subject, done: Sections) -> Audited:
     label, loss = subject.label, subject.loss
     settings = plan.settings
     step = run.stepper(plan, forward, loss)
-    ledger = _ledger(plan)
+    ledger = _ledger(plan, model)
     measured = measure(plan, model, run.example, loss, label) if settings.time else None
     profiled = 0.0
     try:
@@ -134,18 +135,23 @@ def _nchw_runs(plan: RunPlan, run: TensorRun, loss: Callable[[Any], torch.Tensor
     return True
 
 
-def _ledger(plan: RunPlan) -> Ledger | None:
+def _ledger(plan: RunPlan, model: nn.Module) -> Ledger | None:
     """A cost ledger when the audit compares with NCHW: the dispatch engine, and a strategy
     that makes the model channels_last (an eager run measures kernel copies; a predicted one
-    reads the copies measured for this torch and device)."""
+    reads the copies measured for this torch and device); with the timeline (the page), its
+    operations' stages too (``report.stages``)."""
     settings = plan.settings
     if not settings.differential or settings.engine is not Engine.DISPATCH:
         return None
     if not settings.strategy.compared:
         return None
     if not plan.tensors.predicted:
-        return Ledger(measured=True)
-    return Ledger(kernel_copies=kernel_copy_table(plan.device.type))
+        ledger = Ledger(measured=True)
+    else:
+        ledger = Ledger(kernel_copies=kernel_copy_table(plan.device.type))
+    if settings.timeline:
+        ledger.times.cut = stage_cut(name for name, _ in model.named_modules())
+    return ledger
 
 
 @contextlib.contextmanager

@@ -10,9 +10,12 @@ why, where no table or no NCHW run exists.
 
 from __future__ import annotations
 
+from collections import defaultdict
+from dataclasses import replace
+
 import torch
 
-from cl_audit.enums import SpeedBasis, SpeedClass, SpeedVerdict
+from cl_audit.enums import Phase, SpeedBasis, SpeedClass, SpeedVerdict
 from cl_audit.execution.rounds import ROUNDS, STEPS, WARMUP
 from cl_audit.intercept.ledger import Ledger
 from cl_audit.phases.subject import Sections, Subject
@@ -26,6 +29,8 @@ from cl_audit.report.speed_report import (
     round_ratios,
     speed_verdict,
 )
+from cl_audit.report.stages import OPTIMIZER, StageCut, StageTime, stage_cut
+from cl_audit.report.verdict import Cost
 
 __all__ = ["predict_speed", "speed_phase"]
 
@@ -39,7 +44,14 @@ def speed_phase(subject: Subject, done: Sections) -> Speed:
         return _unknown(band, device, "the model's format is the caller's: nothing to compare")
     measured = None if done.audited is None else done.audited.measured
     if measured is not None:
-        return _measured(subject, measured, band)
+        speed = _measured(subject, measured, band)
+        if not settings.timeline or measured.nchw is None:
+            return speed
+        cut = stage_cut(name for name, _ in subject.model.named_modules())
+        compared = done.comparison
+        cost = None if compared is None else compared.comparison.cost
+        stages = stage_times(cut, dict(measured.audited.stages), dict(measured.nchw.stages), cost)
+        return replace(speed, stages=stages)
     return _predicted(subject, done, band)
 
 
@@ -66,23 +78,68 @@ def _predicted(subject: Subject, done: Sections, band: float) -> Speed:
             f"no speed table for {device}: make this machine's (cl-audit table --device "
             f"{device}), or time the model here with `time`",
         )
-    return predict_speed(cl, nchw, choice, dtype, plan.workload.train, band)
+    cost = None if compared is None else compared.comparison.cost
+    return predict_speed(cl, nchw, choice, dtype, plan.workload.train, band, cost)
 
 
 def predict_speed(
-    cl: Ledger, nchw: Ledger, choice: Choice, dtype: str, train: bool, band: float
+    cl: Ledger,
+    nchw: Ledger,
+    choice: Choice,
+    dtype: str,
+    train: bool,
+    band: float,
+    cost: Cost | None = None,
 ) -> Speed:
     """The speed section two runs' ledgers (channels_last, NCHW) make with the chosen table,
-    their operations computing in ``dtype``, a forward's or a training step's host costs."""
+    their operations computing in ``dtype``, a forward's or a training step's host costs;
+    where the ledgers recorded stages, each stage's time, with its sites' bytes from ``cost``."""
     table = choice.table
     if dtype not in table.dtypes():
         return _unknown(band, table.device, f"{table.name} holds no {dtype} measurements")
     size = torch.empty((), dtype=getattr(torch, dtype)).element_size()
     steps = [
-        predict(ledger.times, table, dtype, train, ledger.converted_in_kernels() // size)
+        predict(
+            ledger.times, table, dtype, train, ledger.converted_in_kernels() // size,
+            _kernel_stages(ledger),
+        )
         for ledger in (cl, nchw)
-    ]
-    return _section(steps[0], steps[1], choice, dtype, train, band, table.device)
+    ]  # fmt: skip
+    speed = _section(steps[0], steps[1], choice, dtype, train, band, table.device)
+    cut = cl.times.cut
+    if cut is None or not speed.known:
+        return speed
+    return replace(speed, stages=stage_times(cut, steps[0].by_stage, steps[1].by_stage, cost))
+
+
+def _kernel_stages(ledger: Ledger) -> dict[str, float]:
+    """The bytes converted inside kernels by stage (where the ledger recorded stages)."""
+    cut = ledger.times.cut
+    by_stage: dict[str, float] = defaultdict(float)
+    if cut is not None:
+        for place, (_, size) in ledger.copies.items():
+            if place.in_kernel:
+                by_stage[_stage(cut, place.phase, place.module_path)] += size
+    return dict(by_stage)
+
+
+def _stage(cut: StageCut, phase: Phase, module_path: str | None) -> str:
+    return OPTIMIZER if phase is Phase.OPTIMIZER else cut.of(module_path)
+
+
+def stage_times(
+    cut: StageCut, cl: dict[str, float], nchw: dict[str, float], cost: Cost | None
+) -> tuple[StageTime, ...]:
+    """Each stage with time in either layout or channels_last-only bytes, in the model's
+    order (``StageCut.ordered``)."""
+    extra: dict[str, int] = defaultdict(int)
+    for site in () if cost is None else cost.sites:
+        extra[_stage(cut, site.phase, site.module_path)] += site.extra
+    names = [n for n in {*cl, *nchw, *extra} if cl.get(n) or nchw.get(n) or extra[n]]
+    return tuple(
+        StageTime(name, round(cl.get(name, 0.0), 4), round(nchw.get(name, 0.0), 4), extra[name])
+        for name in cut.ordered(names)
+    )
 
 
 def _section(

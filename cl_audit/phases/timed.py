@@ -9,9 +9,10 @@ step time per layout wherever it is printed.
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 from collections import defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +26,7 @@ from cl_audit.execution.rounds import ROUNDS, STEPS, WARMUP, Configuration, alte
 from cl_audit.execution.timing import Profiler
 from cl_audit.predict.speed_model import speed_kind
 from cl_audit.registry import OpClass, classes_of
+from cl_audit.report.stages import BACKWARD, OPTIMIZER, ROOT, StageCut, stage_cut
 
 __all__ = ["LayoutRounds", "Measured", "measure", "profiled_class"]
 
@@ -32,10 +34,11 @@ __all__ = ["LayoutRounds", "Measured", "measure", "profiled_class"]
 @dataclass(frozen=True)
 class LayoutRounds:
     """One layout's rounds (milliseconds per step, each the mean of a round's ``STEPS``) and,
-    where profiled, its operations' own time by class."""
+    where profiled, its operations' own time by class and (with a cut) by stage."""
 
     rounds_ms: tuple[float, ...]
     classes: Mapping[SpeedClass, float] = field(default_factory=dict)
+    stages: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def ms(self) -> float:
@@ -69,8 +72,9 @@ def measure(
     rounds, _ = alternate(configurations, ROUNDS, WARMUP, STEPS, plan.device, label)
     if not strategy.compared:
         return Measured(LayoutRounds(rounds[configurations[0].name]), None)
+    cut = stage_cut(n for n, _ in model.named_modules()) if plan.settings.timeline else None
     nchw, audited = (
-        LayoutRounds(rounds[c.name], _profiled(c, plan.device)) for c in configurations
+        LayoutRounds(rounds[c.name], *_profiled(c, plan.device, cut)) for c in configurations
     )
     return Measured(audited, nchw)
 
@@ -78,25 +82,81 @@ def measure(
 _COPIES = frozenset({OpClass.COPY, OpClass.COPY_INTO})
 
 
-def _profiled(c: Configuration, device: torch.device) -> dict[SpeedClass, float]:
+def _profiled(
+    c: Configuration, device: torch.device, cut: StageCut | None
+) -> tuple[dict[SpeedClass, float], dict[str, float]]:
     """One step of a configuration under the profiler: milliseconds by class, from each
     operation's own time (a convolution's backward as its gradients together: the profiler
-    holds both in one operation)."""
-    with Profiler(device, times=True) as profiler:
+    holds both in one operation), and with a ``cut`` by stage (``_stage_ranges``)."""
+    with _stage_ranges(c.model, cut), Profiler(device, times=True) as profiler:
         c.step.run(c.forward, None)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
     by_class: dict[SpeedClass, float] = defaultdict(float)
-    for event in profiler.events().key_averages():
-        if not event.key.startswith("aten::"):
+    by_stage: dict[str, float] = defaultdict(float)
+    for event in profiler.events():
+        if not event.name.startswith("aten::"):
             continue
         us = getattr(event, "self_device_time_total", 0.0) if device.type == "cuda" else (
             event.self_cpu_time_total
         )  # fmt: skip
         if us <= 0:
             continue
-        by_class[profiled_class(event.key)] += us / 1e3
-    return dict(by_class)
+        by_class[profiled_class(event.name)] += us / 1e3
+        if cut is not None:
+            by_stage[_stage_of(event)] += us / 1e3
+    return dict(by_class), dict(by_stage)
+
+
+_RANGE = "cl-audit stage: "
+
+
+@contextlib.contextmanager
+def _stage_ranges(model: nn.Module, cut: StageCut | None) -> Iterator[None]:
+    """Each part of the cut runs its forward inside a profiler range named by its part, on the
+    configuration's own copy of the model; the hooks go on exit."""
+    if cut is None:
+        yield
+        return
+    heads = dict(cut.heads)
+    open_ranges: list[Any] = []
+
+    def enter(name: str) -> Callable[..., None]:
+        def hook(*_: object) -> None:
+            open_ranges.append(torch.profiler.record_function(_RANGE + name).__enter__())
+
+        return hook
+
+    def leave(*_: object) -> None:
+        if open_ranges:
+            open_ranges.pop().__exit__(None, None, None)
+
+    handles = []
+    for path, module in model.named_modules():
+        if path in heads:
+            handles.append(module.register_forward_pre_hook(enter(heads[path])))
+            handles.append(module.register_forward_hook(leave, always_call=True))
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _stage_of(event: Any) -> str:
+    """The stage a profiled operation ran in: the innermost stage range around it, a
+    backward's (the autograd engine runs it outside every range) or the optimizer's."""
+    parent = event.cpu_parent
+    while parent is not None:
+        name = parent.name
+        if name.startswith(_RANGE):
+            return name[len(_RANGE) :]
+        if name.startswith("autograd::engine"):
+            return BACKWARD
+        if name.startswith("Optimizer."):
+            return OPTIMIZER
+        parent = parent.cpu_parent
+    return ROOT
 
 
 def profiled_class(name: str) -> SpeedClass:

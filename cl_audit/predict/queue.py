@@ -38,9 +38,13 @@ class Timeline:
     host_waits_us: float
 
 
-def replay(operations: Iterable[Issued], asynchronous: bool) -> Timeline:
+def replay(
+    operations: Iterable[Issued], asynchronous: bool, ends: list[float] | None = None
+) -> Timeline:
     """The step the ``operations`` make, in order (see the module docstring); with
-    ``asynchronous`` False every operation synchronises."""
+    ``asynchronous`` False every operation synchronises. ``ends`` gets the step's end so far
+    after each operation: the differences of its neighbours are what each operation adds to
+    the step, and add up to it."""
     host = device = busy_host = busy_device = waited = 0.0
     for op in operations:
         host += op.host_us
@@ -51,4 +55,6 @@ def replay(operations: Iterable[Issued], asynchronous: bool) -> Timeline:
         if (op.sync or not asynchronous) and device > host:
             waited += device - host
             host = device
+        if ends is not None:
+            ends.append(max(host, device))
     return Timeline(max(host, device), busy_host, busy_device, waited)

@@ -27,8 +27,9 @@ runs each kernel itself; on a GPU it enqueues them while the device runs the one
 
 from __future__ import annotations
 
+import bisect
 from collections import Counter, defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -39,6 +40,7 @@ from cl_audit.enums import Phase, SpeedClass
 from cl_audit.predict.queue import Issued, replay
 from cl_audit.predict.speed_table import ConvCall, HostCosts, SpeedTable
 from cl_audit.registry import OpClass, lookup
+from cl_audit.report.stages import OPTIMIZER, ROOT, StageCut
 
 __all__ = ["OpTimes", "StepTime", "predict", "speed_kind"]
 
@@ -145,12 +147,33 @@ class OpTimes:
     """What one run's operations need for their time to be predicted, in the order they ran
     (see the module docstring): each operation's key, and where each phase began (the index of
     its first key). Fed on every operation: one cached lookup and an append, the sizes read
-    only where the kind needs them."""
+    only where the kind needs them. With a ``cut`` (the page's picture), also the stage each
+    operation ran in (``stage``, before it): where each stage's run of keys began."""
 
     keys: list[Key] = field(default_factory=list)
     phases: list[tuple[int, Phase]] = field(default_factory=list)
+    cut: StageCut | None = None
+    stages: list[tuple[int, str]] = field(default_factory=list)
     _kinds: dict[object, tuple[_Kind, SpeedClass, str, bool]] = field(default_factory=dict)
     _phase: Phase | None = None  # the phase of the last key
+    _parts: dict[str | None, str] = field(default_factory=dict)  # module path -> its stage
+
+    def stage(self, phase: Phase, module_path: Callable[[], str | None]) -> None:
+        """The stage of the operation observed next: the optimizer's, or the part of the cut
+        its module (``module_path()``, a stack walk) lies in."""
+        assert self.cut is not None
+        if phase is Phase.OPTIMIZER:
+            name = OPTIMIZER
+        else:
+            path = module_path()
+            name = self._parts.get(path) or self._parts.setdefault(path, self.cut.of(path))
+        if not self.stages or self.stages[-1][1] != name:
+            self.stages.append((len(self.keys), name))
+
+    def stage_of(self, index: int) -> str | None:
+        """The stage of the ``index``-th key (None: no cut)."""
+        at = bisect.bisect_right(self.stages, index, key=lambda s: s[0]) - 1
+        return self.stages[at][1] if at >= 0 else None
 
     def observe(
         self,
@@ -262,6 +285,7 @@ class StepTime:
     issued: tuple[Issued, ...] = ()
     converting_us: tuple[float, ...] = ()
     asynchronous: bool = False
+    by_stage: dict[str, float] = field(default_factory=dict)
 
     def replayed_without_conversions(self, fraction: float) -> float:
         """The step's milliseconds with ``fraction`` of every conversion's kernel time gone
@@ -274,12 +298,18 @@ class StepTime:
 
 
 def predict(
-    times: OpTimes, table: SpeedTable, dtype: str, train: bool, converted_elements: int = 0
+    times: OpTimes,
+    table: SpeedTable,
+    dtype: str,
+    train: bool,
+    converted_elements: int = 0,
+    converted_stages: Mapping[str, float] | None = None,
 ) -> StepTime:
     """The step ``times`` recorded, priced by ``table`` for ``dtype`` (the run's compute
     dtype: autocast's, else the model's), a training step's or a forward's host costs, with
-    ``converted_elements`` converted inside kernels (the ledger's), replayed on the table's
-    device (``predict.queue``)."""
+    ``converted_elements`` converted inside kernels (the ledger's; ``converted_stages``: each
+    stage's share of them), replayed on the table's device (``predict.queue``). With the
+    stages recorded, each stage's time is what its operations add to the step's end."""
     by_class: dict[SpeedClass, float] = defaultdict(float)
     stand_ins: Counter[str] = Counter()
     prices: dict[Key, _Price] = {}
@@ -304,8 +334,10 @@ def predict(
         by_class[SpeedClass.CONVERSION] += us / 1e3
         issued.append(Issued(0.0, us))
         converting.append(us)
-    timeline = replay(issued, table.asynchronous)
+    ends: list[float] | None = [] if times.cut is not None else None
+    timeline = replay(issued, table.asynchronous, ends)
     launches = sum(1 for op in issued if op.device_us > 0)
+    by_stage = {} if ends is None else _stage_times(times, ends, converted_stages or {})
     return StepTime(
         timeline.end_us / 1e3,
         timeline.device_us / 1e3,
@@ -316,7 +348,25 @@ def predict(
         tuple(issued),
         tuple(converting),
         table.asynchronous,
+        by_stage,
     )
+
+
+def _stage_times(
+    times: OpTimes, ends: list[float], converted: Mapping[str, float]
+) -> dict[str, float]:
+    """Milliseconds by stage: what each key's operation added to the step's end; the
+    conversions inside kernels (the operation after the keys, if any) split by ``converted``."""
+    by_stage: dict[str, float] = defaultdict(float)
+    before = 0.0
+    for index, end in enumerate(ends[: len(times.keys)]):
+        by_stage[times.stage_of(index) or ROOT] += (end - before) / 1e3
+        before = end
+    if len(ends) > len(times.keys):
+        lump, whole = (ends[-1] - before) / 1e3, sum(converted.values())
+        for name, part in converted.items() if whole else ((ROOT, 1.0),):
+            by_stage[name] += lump * part / (whole or 1.0)
+    return dict(by_stage)
 
 
 def _host_us(host: HostCosts, kind: _Kind, phase: Phase, train: bool) -> float:

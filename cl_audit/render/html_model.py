@@ -8,7 +8,8 @@ from cl_audit.features.ops_index.ranking import report_links
 from cl_audit.render.html_compiled import compiled_section
 from cl_audit.render.html_cost import cost_section
 from cl_audit.render.html_ops import links_section
-from cl_audit.render.html_page import breakable, esc, html_page, summary_cards
+from cl_audit.render.html_page import breakable, esc, html_page, json_block, summary_cards
+from cl_audit.render.html_stages import stages_section
 from cl_audit.render.wording import (
     ddp_run_line,
     format_bytes,
@@ -53,7 +54,10 @@ def _producer(producer: Producer | None, anchors: dict[tuple, str]) -> str:
     if producer is None:
         return ""
     name = esc(producer.python_op or producer.aten_op)
-    where = f"{esc(producer.module_path or '(root)')} at <code>{esc(producer.call_site)}</code>"
+    where = (
+        f"{breakable(producer.module_path or '(root)')} at "
+        f"<code>{breakable(producer.call_site)}</code>"
+    )
     anchor = anchors.get((producer.python_op, producer.aten_op, producer.call_site))
     if anchor:
         return f'<a href="#{anchor}" data-jump="{anchor}">{name}</a> in {where}'
@@ -72,13 +76,7 @@ def _site_rows(groups: tuple[SiteGroup, ...], prefix: str, anchors: dict[tuple, 
     for index, group in enumerate(groups):
         f = group.first
         anchor = anchors.get((f.python_op, f.aten_op, f.call_site), f"{prefix}-{index}")
-        modules = "".join(
-            f"<li><code>{esc(path or '(root)')}</code></li>" for path in group.module_paths
-        )
-        folded = (
-            f"<details><summary>{len(group.module_paths)} modules ({esc(f.module_class)})"
-            f"</summary><ul>{modules}</ul></details>"
-        )
+        folded = _modules(group)
         source, output = (f.inputs[0] if f.inputs else None), (f.outputs[0] if f.outputs else None)
         strides = ""
         if source is not None and output is not None:
@@ -98,6 +96,18 @@ def _site_rows(groups: tuple[SiteGroup, ...], prefix: str, anchors: dict[tuple, 
     return "".join(rows)
 
 
+def _modules(group: SiteGroup) -> str:
+    """A group's modules, folded (one: its path)."""
+    paths = group.module_paths
+    if len(paths) == 1:
+        return f"<code>{esc(paths[0] or '(root)')}</code>"
+    items = "".join(f"<li><code>{esc(path or '(root)')}</code></li>" for path in paths)
+    return (
+        f"<details><summary>{len(paths)} modules ({esc(group.first.module_class)})"
+        f"</summary><ul>{items}</ul></details>"
+    )
+
+
 def _time(ms: float | None) -> str:
     return "" if ms is None else f"<br>{ms:.2f} ms"
 
@@ -113,7 +123,8 @@ def _sites_table(findings: tuple[Finding, ...], prefix: str, anchors: dict[tuple
     if not findings:
         return '<p class="dim">none</p>'
     body = _site_rows(by_call_site(findings), prefix, anchors)
-    return f'<table class="sortable" id="{esc(prefix)}">{_SITE_HEAD}<tbody>{body}</tbody></table>'
+    table = f'<table class="sortable sites" id="{esc(prefix)}">'
+    return f"{table}{_SITE_HEAD}<tbody>{body}</tbody></table>"
 
 
 def _timeline(report: ModelReport) -> str:
@@ -122,15 +133,20 @@ def _timeline(report: ModelReport) -> str:
             '<p class="dim">No timeline in this report: it is recorded when the audit is run '
             "with --html.</p>"
         )
-    cells = []
-    for index, event in enumerate(report.timeline):
+    # A cell per event; the tooltips (op, module, shape, strides) are written by the page's
+    # script from one JSON block of the events, each op and module named once: a tenth of
+    # the bytes of a title on every cell (thousands in a training step).
+    ops: dict[str, int] = {}
+    modules: dict[str, int] = {}
+    cells, events = [], []
+    for event in report.timeline:
         mark = f" {event.mark.value}" if event.mark is not None else ""
-        tip = (
-            f"#{index} {event.op} in {event.module_path or '(root)'}: shape {event.shape}, "
-            f"strides {event.strides}, {event.layout.value}"
-            + (f", {event.mark.value}" if event.mark is not None else "")
-        )
-        cells.append(f'<div class="ev {event.layout.value}{mark}" title="{esc(tip)}"></div>')
+        cells.append(f'<i class="ev {event.layout.value}{mark}"></i>')
+        op = ops.setdefault(event.op, len(ops))
+        module = modules.setdefault(event.module_path or "(root)", len(modules))
+        shape, strides = (", ".join(map(str, v)) for v in (event.shape, event.strides))
+        events.append((op, module, shape, strides))
+    data = json_block({"ops": list(ops), "modules": list(modules), "events": events})
     legend = "".join(
         f'<span><i style="background:{colour}"></i>{layout.value}</span>'
         for layout, colour in _LAYOUT_COLOURS.items()
@@ -145,6 +161,7 @@ def _timeline(report: ModelReport) -> str:
         f"coloured by the layout of their output; {marks} lost or regained the format. "
         "Hover for op, module and strides.</p>"
         f'<div class="legend">{legend}</div><div class="strip" id="timeline">{"".join(cells)}</div>'
+        f'<script type="application/json" id="timeline-data">{data}</script>'
     )
 
 
@@ -281,13 +298,13 @@ def model_html(report: ModelReport, index: OpsIndex | None = None) -> str:
             ("format-neutral", s.format_neutral),
         )
     )
-    regains = "".join(
-        f'<tr><td><code class="op">{esc(f.op)}</code></td>'
-        f'<td><code class="site">{breakable(f.call_site)}</code></td>'
-        f"<td>{esc(f.module_path or '(root)')}</td><td>{esc(_source(f))}</td>"
-        f'<td class="num">{f.count}</td><td>{esc(f.provenance.value)}</td>'
-        f"<td>{_producer(f.root_cause, anchors)}</td></tr>"
-        for f in report.regains
+    regains = "".join(  # by operation and call site, as the offenders, the modules folded
+        f'<tr><td><code class="op">{esc(g.first.op)}</code>{_phase(g.first)}</td>'
+        f'<td><code class="site">{breakable(g.first.call_site)}</code></td>'
+        f"<td>{_modules(g)}</td><td>{esc(_source(g.first))}</td>"
+        f'<td class="num">{g.count}</td><td>{esc(g.first.provenance.value)}</td>'
+        f"<td>{_producer(g.first.root_cause, anchors)}</td></tr>"
+        for g in by_call_site(report.regains)
     )
     predicted = predicted_note(report)
     if env.train:
@@ -305,6 +322,8 @@ def model_html(report: ModelReport, index: OpsIndex | None = None) -> str:
         f"cl-audit {esc(env.tool)}, torch {esc(env.torch)}</p>"
         f'<div class="cards">{cards}</div>'
         + (f"<p>{esc(timing_line(report.timing))}</p>" if report.timing else "")
+        + "<h2>Where in the model the time and the copies go</h2>"
+        + stages_section(report.speed)
         + "<h2>What channels_last costs, against NCHW</h2>"
         + cost_section(report)
         + (_speed_section(report.speed) if report.speed is not None else "")

@@ -3,17 +3,19 @@ script, and escaping."""
 
 from __future__ import annotations
 
+import base64
+import gzip
 import json
 from html import escape
 
-__all__ = ["breakable", "esc", "html_page", "summary_cards"]
+__all__ = ["breakable", "esc", "html_page", "json_block", "summary_cards"]
 
 
-def breakable(value: object) -> str:
-    """``esc`` with a line-break opportunity after each path separator (``/``, ``.``, ``:``):
-    a long call site wraps between its parts, never inside a name."""
+def breakable(value: object, separators: str = "/.:") -> str:
+    """``esc`` with a line-break opportunity after each separator (path separators: a long
+    call site wraps between its parts, never inside a name; a model name's ``_`` too)."""
     text = esc(value)
-    for separator in ("/", ".", ":"):
+    for separator in separators:
         text = text.replace(separator, separator + "<wbr>")
     return text
 
@@ -38,7 +40,7 @@ tr.target{outline:2px solid #f0a020}
 .cards{display:flex;gap:.6em;flex-wrap:wrap}.card{border:1px solid #d7dae0;border-radius:6px;
 padding:.4em .8em}.card b{display:block;font-size:1.3em}
 .strip{display:flex;flex-wrap:wrap;gap:1px;margin:.4em 0}
-.ev{width:9px;height:22px;border-top:5px solid transparent}
+.ev{display:block;width:9px;height:22px;border-top:5px solid transparent}
 .ev.channels_last{background:#3b82c4}.ev.contiguous{background:#e0a030}
 .ev.ambiguous{background:#b9c2cf}.ev.other{background:#8a6fb3}
 .ev.loss{border-top-color:#d62d20}.ev.regain{border-top-color:#1e9e48}
@@ -52,9 +54,13 @@ td.strides{white-space:nowrap}td.opname{min-width:18em}
 #cost th:nth-child(1){width:17%}#cost th:nth-child(2){width:20%}#cost th:nth-child(3){width:15%}
 #cost th:nth-child(4){width:8%}#cost th:nth-child(5){width:6%}#cost th:nth-child(6){width:16%}
 #cost th:nth-child(7){width:18%}#cost td{overflow-wrap:anywhere}
-#models th,#operators th{white-space:normal}
+#models th,#operators th,table.sites th,#stages th{white-space:normal}
 #models td:last-child,#operators td:last-child{overflow-wrap:anywhere}
 .wide{overflow-x:auto}
+.stages{display:flex;gap:1.2em;flex-wrap:wrap;align-items:flex-start}
+.stages>div{flex:1;min-width:22em}.stages svg{max-width:100%;height:auto}
+#stages-picture .axis{fill:#667}#stages code{overflow-wrap:normal}
+tr.costliest td{background:#fdecea}
 details{margin:.3em 0}.phase{font-size:.8em;color:#fff;background:#6b5ba8;padding:0 .3em;
 border-radius:3px}
 """
@@ -94,6 +100,16 @@ function applyFilter() {
   var input = document.getElementById(id);
   if (input) { input.addEventListener('input', applyFilter); }
 });
+var timeline = document.getElementById('timeline-data');
+if (timeline) {
+  var known = JSON.parse(timeline.textContent);
+  var cells = document.querySelectorAll('#timeline .ev');
+  known.events.forEach(function (e, i) {
+    var marks = Array.prototype.slice.call(cells[i].classList, 1);
+    cells[i].title = '#' + i + ' ' + known.ops[e[0]] + ' in ' + known.modules[e[1]] +
+      ': shape (' + e[2] + '), strides (' + e[3] + '), ' + marks.join(', ');
+  });
+}
 document.querySelectorAll('[data-jump]').forEach(function (cell) {
   cell.addEventListener('click', function () {
     var target = document.getElementById(cell.dataset.jump);
@@ -107,6 +123,12 @@ document.querySelectorAll('[data-jump]').forEach(function (cell) {
 """
 
 
+def json_block(data: object) -> str:
+    """``data`` as JSON safe inside a ``<script type="application/json">`` element."""
+    text = json.dumps(data, allow_nan=False, separators=(",", ":"))
+    return text.replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e")
+
+
 def summary_cards(pairs: tuple[tuple[str, object], ...]) -> str:
     return "".join(
         f'<div class="card"><b>{esc(value)}</b>{esc(label)}</div>' for label, value in pairs
@@ -114,16 +136,14 @@ def summary_cards(pairs: tuple[tuple[str, object], ...]) -> str:
 
 
 def html_page(title: str, body: str, data: dict[str, object]) -> str:
-    """A self-contained page: ``body``, the shared style and script, ``data`` embedded."""
-    embedded = (
-        json.dumps(data, allow_nan=False)
-        .replace("&", "\\u0026")
-        .replace("<", "\\u003c")
-        .replace(">", "\\u003e")
-    )
+    """A self-contained page: ``body``, the shared style and script, ``data`` embedded as its
+    JSON, gzip-compressed and base64-encoded (a tenth of its size; no script reads it):
+    ``json.loads(gzip.decompress(base64.b64decode(element.text)))``."""
+    raw = json.dumps(data, allow_nan=False, separators=(",", ":")).encode()
+    embedded = base64.b64encode(gzip.compress(raw, mtime=0)).decode("ascii")
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         f"<title>{esc(title)}</title><style>{_CSS}</style></head><body>\n{body}\n"
-        f'<script type="application/json" id="cl-audit-data">{embedded}</script>\n'
-        f"<script>{_SCRIPT}</script></body></html>\n"
+        '<script type="application/gzip" data-encoding="base64" id="cl-audit-data">'
+        f"{embedded}</script>\n<script>{_SCRIPT}</script></body></html>\n"
     )

@@ -7,7 +7,7 @@ from collections import defaultdict
 
 from cl_audit.enums import SpeedVerdict, Status, Verdict
 from cl_audit.render.html_model import _sites_table
-from cl_audit.render.html_page import esc, html_page, summary_cards
+from cl_audit.render.html_page import breakable, esc, html_page, summary_cards
 from cl_audit.render.wording import (
     format_bytes,
     operator_examples,
@@ -28,7 +28,8 @@ def _model_row(row: ModelRow) -> str:
     return (
         f'<tr id="row-{esc(row.key)}" data-status="{esc(row.status.value)}"><td>'
         f'<a href="#model-{esc(row.key)}" '
-        f'data-jump="model-{esc(row.key)}">{esc(row.name)}</a></td><td>{esc(row.source.value)}</td>'
+        f'data-jump="model-{esc(row.key)}">{breakable(row.name, "/._:")}</a></td>'
+        f"<td>{esc(row.source.value)}</td>"
         f"<td>{esc(row.status.value)}</td><td>{esc(row.mode.value)}</td>"
         f"<td>{esc(row.verdict.value if row.verdict else '')}</td>"
         f'<td class="num" data-value="{extra}">{format_bytes(extra)}</td>'
@@ -211,9 +212,9 @@ def sweep_html(report: SweepReport) -> str:
     statuses = "".join(f'<option value="{st.value}">{st.value}</option>' for st in Status)
     examples = operator_examples(report)
     operators = "".join(
-        f'<tr><td><code class="op">{esc(c.op)}</code></td>'
+        f'<tr><td><code class="aten">{breakable(c.op, "._")}</code></td>'
         f'<td class="num" data-value="{c.extra_bytes}">{format_bytes(c.extra_bytes)}</td>'
-        f'<td class="num">{c.cost_models}</td><td>{esc(", ".join(c.python_ops))}</td>'
+        f'<td class="num">{c.cost_models}</td><td>{breakable(", ".join(c.python_ops), "._")}</td>'
         f'<td class="num">{c.models}</td><td class="num">{c.events}</td>'
         f'<td class="num" data-value="{c.bytes_converted}">{format_bytes(c.bytes_converted)}</td>'
         f'<td class="num">{c.parameter_models}</td><td class="num">{c.neutral_models}</td>'

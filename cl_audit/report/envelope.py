@@ -44,7 +44,7 @@ T = TypeVar("T")
 REPORT_FORMAT = "cl-audit.report"
 
 
-REPORT_VERSION = 15  # 15: cost.groups (the sites grouped by what fixes them)
+REPORT_VERSION = 15  # 15: cost.groups (the sites grouped by what fixes them), speed.stages
 # 14: speed.table an object (the table's machine, how it matched this one)
 # 13: speed (measured or predicted), cost.gate.on and .slowdown
 # 12: environment.mode "fake-step" (a fake training step's backward run
@@ -173,7 +173,7 @@ SWEEP_FORMAT = "cl-audit.sweep"
 TABLE_FORMAT, TABLE_VERSION = "cl-audit.speed-table", 2
 
 
-SWEEP_VERSION = 11  # 11: as report 15, a row's cost.groups
+SWEEP_VERSION = 11  # 11: as report 15, a row's cost.groups and speed.stages
 # 10: as report 14, a row's speed.table an object
 # 9: a row's speed section, cost.gate.on and .slowdown (as report 13)
 # 8: environment.mode "fake-step" for a fake training sweep; 7: as report 9,

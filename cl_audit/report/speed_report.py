@@ -12,6 +12,7 @@ from typing import ClassVar
 from cl_audit.enums import GateOn, SpeedBasis, SpeedClass, SpeedVerdict, Verdict
 from cl_audit.report.codec import JsonForm
 from cl_audit.report.machine import TableUse
+from cl_audit.report.stages import StageTime
 from cl_audit.report.verdict import Cost
 
 __all__ = [
@@ -126,7 +127,9 @@ class Speed:
     is the operation time table a prediction used: whose machine it describes and how that
     matched this one (report version 14; older reports named it alone); ``stand_ins`` the
     operations it had no samples of (priced as an elementwise addition). ``note`` says what is
-    missing, and why."""
+    missing, and why. ``stages`` (report version 15, with the timeline: the page's picture)
+    splits each step by the model's stages (``report.stages``): predicted, what each stage's
+    operations add to the step; measured, its operations' own time in the profiled step."""
 
     basis: SpeedBasis | None
     verdict: SpeedVerdict
@@ -145,6 +148,7 @@ class Speed:
     stand_ins: tuple[str, ...] = ()
     settings: tuple[tuple[str, str], ...] = ()  # how it was measured or predicted
     note: str | None = None
+    stages: tuple[StageTime, ...] = ()
 
     json_form: ClassVar[JsonForm] = JsonForm(derived=("known",))
 
