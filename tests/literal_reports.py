@@ -193,12 +193,14 @@ _V7_COST = ("batch", "fixed_bytes", "fixed_written_bytes", "per_sample_bytes",
 
 def before_version_15(data: dict) -> dict:
     """A report's (or a sweep row's) JSON as versions before 15 wrote it: no cost groups, no
-    stages in the speed section."""
+    sites' strides, no stages in the speed section."""
     if data.get("speed") is not None:
         data = data | {"speed": {k: v for k, v in data["speed"].items() if k != "stages"}}
     if data.get("cost") is None:
         return data
-    return data | {"cost": {k: v for k, v in data["cost"].items() if k != "groups"}}
+    cost = {k: v for k, v in data["cost"].items() if k != "groups"}
+    cost["sites"] = [{k: v for k, v in site.items() if k != "strides"} for site in cost["sites"]]
+    return data | {"cost": cost}
 
 
 def before_version_13(data: dict) -> dict:

@@ -193,8 +193,10 @@ def test_cli_bench_writes_schema_valid_json_and_dashboard_records(tmp_path):
         catch_exceptions=False,
     )  # fmt: skip
     assert result.exit_code == 0, result.output
-    assert "channels-last is" in result.output
     data = json.loads(out.read_text())
+    # the printed verdict is the JSON's (two rounds on a loaded machine may not decide)
+    decided = data["verdict"] in ("faster", "slower")
+    assert ("channels-last is" if decided else "inconclusive") in result.output
     jsonschema.validate(data, load_schema("bench"))
     assert data["threads"] == 1 and data["attribution"]["findings"]
     assert BenchReport.from_dict(data).to_dict() == data

@@ -115,3 +115,20 @@ def test_a_version_14_document_reads_with_its_groups_computed(report: ModelRepor
     newer = {**data, "cost": {**data["cost"], "groups": []}}
     with pytest.raises(jsonschema.ValidationError):  # a version 14 reader refuses the groups
         jsonschema.validate(newer, load_schema("report", 14))
+
+
+def test_each_member_of_a_group_carries_its_strides_in_the_json_and_on_the_page(report):
+    """A real audit's sites carry their first call's strides, in and out (version 15): the
+    page prints them beside each member's module and bytes."""
+    from cl_audit.render.html_model import model_html
+
+    site = report.cost.sites[0]
+    assert site.strides is not None and len(site.strides) == 2
+    written = report.to_dict()
+    jsonschema.validate(written, load_schema("report"))
+    assert ModelReport.from_dict(json.loads(json.dumps(written))).cost.sites[0] == site
+    source, output = site.strides
+    assert f"{source} &rarr; {output}" in model_html(report)
+    old = before_version_15(written) | {"version": 14}
+    jsonschema.validate(old, load_schema("report", 14))  # version 14 wrote none
+    assert ModelReport.from_dict(old).cost.sites[0].strides is None

@@ -435,6 +435,7 @@ def test_the_issues_model_page_groups_its_group_norms_and_fits_1280_px(browser, 
         assert len(members) == 77 and not members[1].is_displayed()
         norms.find_element("css selector", "details.members summary").click()
         assert members[1].is_displayed()
+        assert "MiB" in members[1].text and "\u2192" in members[1].text  # bytes, strides in/out
         assert fits(browser)
         stages = json.loads(data.read_text())["speed"]["stages"]
         assert 5 <= len(stages) <= 32  # the cut's parts, the root's and the optimizer's

@@ -55,6 +55,7 @@ def _site(
         fix_site=fix,
         root_cause=root,
         remedy=remedy,
+        strides=channels_last.strides.get(place),
     )
 
 

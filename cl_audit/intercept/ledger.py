@@ -42,7 +42,7 @@ from cl_audit.registry import OpClass, classes_of
 from cl_audit.report import Producer
 from cl_audit.rule.attribution import Location
 from cl_audit.rule.conversions import SPATIAL_RANKS
-from cl_audit.rule.layout import MemoryLayout, layout_of, stride_class
+from cl_audit.rule.layout import MemoryLayout, Strides, layout_of, map_strides, stride_class
 
 __all__ = ["Cause", "Ledger", "OpRecord", "Place", "Shapes"]
 
@@ -152,6 +152,7 @@ class Ledger:
         self.written = 0
         self.written_fixed = 0  # by parameter-derived outputs and the optimizer: per step
         self.copies: dict[Place, list[int]] = {}  # place -> [count, bytes]
+        self.strides: dict[Place, Strides | None] = {}  # place -> its first call's, in and out
         self.mixed: dict[Place, list[int]] = {}
         self.causes: dict[Place, Counter[Cause]] = {}
         self.unlocated = 0  # measured bytes at calls where no conversion was predicted
@@ -405,7 +406,7 @@ class Ledger:
     def _place(self, record: OpRecord, parameter: bool, in_kernel: bool) -> Place:
         location = record.locate()
         python_op = record.python_op
-        return Place(
+        place = Place(
             record.phase,
             parameter,
             in_kernel,
@@ -415,6 +416,8 @@ class Ledger:
             None if python_op is None else python_op_name(python_op),
             aten_op_name(record.aten_op),
         )
+        self.strides.setdefault(place, map_strides(record.inputs, record.outputs))
+        return place
 
     def _shapes(self, place: Place, record: OpRecord) -> None:
         """The first explicit copy at a call site: the shape it copied, and its own output's

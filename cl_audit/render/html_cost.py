@@ -50,13 +50,22 @@ def _module(site: CostSite) -> str:
     return esc(module_text(site.module_path, site.module_class))
 
 
+def _strides(site: CostSite) -> str:
+    if site.strides is None:
+        return ""
+    source, output = site.strides
+    return f' <span class="dim">{esc(source)} &rarr; {esc(output)}</span>'
+
+
 def _members(group: CostGroup, sites: tuple[CostSite, ...]) -> str:
-    """A group's first member, and the others folded: each one's module and bytes."""
+    """A group's first member, and the others folded: each one's module, bytes and strides
+    (its first call's, in and out)."""
     first = sites[group.sites[0]]
     if len(group.sites) == 1:
-        return _module(first)
+        return _module(first) + _strides(first)
     rows = "".join(
-        f"<li>{_module(sites[p])}: {format_bytes(sites[p].extra)}</li>" for p in group.sites
+        f"<li>{_module(sites[p])}: {format_bytes(sites[p].extra)}{_strides(sites[p])}</li>"
+        for p in group.sites
     )
     label = f"{_module(first)} and {plural(len(group.sites) - 1, 'more module')}"
     return f'<details class="members"><summary>{label}</summary><ol>{rows}</ol></details>'

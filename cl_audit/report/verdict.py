@@ -179,6 +179,7 @@ class CostSite:
     fix_site: Producer | None = None
     remedy: Remedy | None = None
     root_cause: Producer | None = None
+    strides: tuple[tuple[int, ...], tuple[int, ...]] | None = None  # the first call's, in, out
 
     json_form: ClassVar[JsonForm] = JsonForm(derived=("extra", "saved"))
 

@@ -7,7 +7,10 @@ from enum import Enum, unique
 
 import torch
 
-__all__ = ["MemoryLayout", "StrideClass", "classify", "is_dense", "layout_of", "stride_class"]
+__all__ = [
+    "MemoryLayout", "StrideClass", "Strides", "classify", "is_dense", "layout_of", "map_strides",
+    "stride_class",
+]  # fmt: skip
 
 
 @unique
@@ -114,3 +117,15 @@ def stride_class(tensor: torch.Tensor) -> StrideClass | None:
     else:
         inner = "neither"
     return StrideClass(f"{dense}-{inner}")
+
+
+Strides = tuple[tuple[int, ...], tuple[int, ...]]
+
+
+def map_strides(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> Strides | None:
+    """A copying operation's strides, in and out: its first 4-D or 5-D input's (else its first
+    input's) and its first output's; None without either."""
+    source = next((t for t in inputs if t.dim() in (4, 5)), inputs[0] if inputs else None)
+    if source is None or not outputs:
+        return None
+    return tuple(source.stride()), tuple(outputs[0].stride())
