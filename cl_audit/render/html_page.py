@@ -55,6 +55,7 @@ td.strides{white-space:nowrap}td.opname{min-width:18em}
 #cost th:nth-child(4){width:8%}#cost th:nth-child(5){width:6%}#cost th:nth-child(6){width:16%}
 #cost th:nth-child(7){width:18%}#cost td{overflow-wrap:anywhere}
 #models th,#operators th,table.sites th,#stages th{white-space:normal}
+#models td:first-child{min-width:11em}#operators td:first-child{min-width:14em}
 #models td:last-child,#operators td:last-child{overflow-wrap:anywhere}
 .wide{overflow-x:auto}
 .stages{display:flex;gap:1.2em;flex-wrap:wrap;align-items:flex-start}
