@@ -459,6 +459,7 @@ def test_the_issues_model_page_groups_its_group_norms_and_fits_1280_px(browser, 
         browser.set_window_size(1400, 1000)
 
 
+@pytest.mark.slow
 def test_the_1371_model_sweep_page_opens_in_the_browser(browser, tmp_path):
     """The committed timm training sweep (1,371 models, report version 9) as a page at 1280 px:
     every model a row, no console error, no sideways scroll. The load time is printed and
