@@ -33,7 +33,7 @@ from cl_audit.phases.subject import Audited, Sections, Subject
 from cl_audit.phases.timed import measure
 from cl_audit.predict.divergences import kernel_copy_table
 from cl_audit.report.sections import Training
-from cl_audit.report.stages import stage_cut
+from cl_audit.report.stages import StageCut, stage_cut
 from cl_audit.rule.attribution import model_failed
 
 __all__ = ["Audited", "instrumented", "run_audited"]
@@ -46,8 +46,10 @@ def run_audited(subject: Subject, done: Sections) -> Audited:
     label, loss = subject.label, subject.loss
     settings = plan.settings
     step = run.stepper(plan, forward, loss)
-    ledger = _ledger(plan, model)
-    measured = measure(plan, model, run.example, loss, label) if settings.time else None
+    # the page's picture: each operation's stage (``report.stages``), recorded with the timeline
+    cut = stage_cut(name for name, _ in model.named_modules()) if settings.timeline else None
+    ledger = _ledger(plan, cut)
+    measured = measure(plan, model, run.example, loss, label, cut) if settings.time else None
     profiled = 0.0
     try:
         warm = _warm_up(run, step)
@@ -135,11 +137,11 @@ def _nchw_runs(plan: RunPlan, run: TensorRun, loss: Callable[[Any], torch.Tensor
     return True
 
 
-def _ledger(plan: RunPlan, model: nn.Module) -> Ledger | None:
+def _ledger(plan: RunPlan, cut: StageCut | None) -> Ledger | None:
     """A cost ledger when the audit compares with NCHW: the dispatch engine, and a strategy
     that makes the model channels_last (an eager run measures kernel copies; a predicted one
-    reads the copies measured for this torch and device); with the timeline (the page), its
-    operations' stages too (``report.stages``)."""
+    reads the copies measured for this torch and device); with a ``cut``, its operations'
+    stages too."""
     settings = plan.settings
     if not settings.differential or settings.engine is not Engine.DISPATCH:
         return None
@@ -149,8 +151,7 @@ def _ledger(plan: RunPlan, model: nn.Module) -> Ledger | None:
         ledger = Ledger(measured=True)
     else:
         ledger = Ledger(kernel_copies=kernel_copy_table(plan.device.type))
-    if settings.timeline:
-        ledger.times.cut = stage_cut(name for name, _ in model.named_modules())
+    ledger.times.cut = cut
     return ledger
 
 

@@ -15,7 +15,7 @@ from dataclasses import replace
 
 import torch
 
-from cl_audit.enums import Phase, SpeedBasis, SpeedClass, SpeedVerdict
+from cl_audit.enums import SpeedBasis, SpeedClass, SpeedVerdict
 from cl_audit.execution.rounds import ROUNDS, STEPS, WARMUP
 from cl_audit.intercept.ledger import Ledger
 from cl_audit.phases.subject import Sections, Subject
@@ -29,7 +29,7 @@ from cl_audit.report.speed_report import (
     round_ratios,
     speed_verdict,
 )
-from cl_audit.report.stages import OPTIMIZER, StageCut, StageTime, stage_cut
+from cl_audit.report.stages import StageCut, StageTime
 from cl_audit.report.verdict import Cost
 
 __all__ = ["predict_speed", "speed_phase"]
@@ -45,13 +45,12 @@ def speed_phase(subject: Subject, done: Sections) -> Speed:
     measured = None if done.audited is None else done.audited.measured
     if measured is not None:
         speed = _measured(subject, measured, band)
-        if not settings.timeline or measured.nchw is None:
+        if measured.cut is None or measured.nchw is None:
             return speed
-        cut = stage_cut(name for name, _ in subject.model.named_modules())
         compared = done.comparison
         cost = None if compared is None else compared.comparison.cost
-        stages = stage_times(cut, dict(measured.audited.stages), dict(measured.nchw.stages), cost)
-        return replace(speed, stages=stages)
+        cl, nchw = dict(measured.audited.stages), dict(measured.nchw.stages)
+        return replace(speed, stages=_stages(measured.cut, cl, nchw, cost))
     return _predicted(subject, done, band)
 
 
@@ -109,7 +108,7 @@ def predict_speed(
     cut = cl.times.cut
     if cut is None or not speed.known:
         return speed
-    return replace(speed, stages=stage_times(cut, steps[0].by_stage, steps[1].by_stage, cost))
+    return replace(speed, stages=_stages(cut, steps[0].by_stage, steps[1].by_stage, cost))
 
 
 def _kernel_stages(ledger: Ledger) -> dict[str, float]:
@@ -119,22 +118,18 @@ def _kernel_stages(ledger: Ledger) -> dict[str, float]:
     if cut is not None:
         for place, (_, size) in ledger.copies.items():
             if place.in_kernel:
-                by_stage[_stage(cut, place.phase, place.module_path)] += size
+                by_stage[cut.of(place.module_path, place.phase)] += size
     return dict(by_stage)
 
 
-def _stage(cut: StageCut, phase: Phase, module_path: str | None) -> str:
-    return OPTIMIZER if phase is Phase.OPTIMIZER else cut.of(module_path)
-
-
-def stage_times(
+def _stages(
     cut: StageCut, cl: dict[str, float], nchw: dict[str, float], cost: Cost | None
 ) -> tuple[StageTime, ...]:
     """Each stage with time in either layout or channels_last-only bytes, in the model's
     order (``StageCut.ordered``)."""
     extra: dict[str, int] = defaultdict(int)
     for site in () if cost is None else cost.sites:
-        extra[_stage(cut, site.phase, site.module_path)] += site.extra
+        extra[cut.of(site.module_path, site.phase)] += site.extra
     names = [n for n in {*cl, *nchw, *extra} if cl.get(n) or nchw.get(n) or extra[n]]
     return tuple(
         StageTime(name, round(cl.get(name, 0.0), 4), round(nchw.get(name, 0.0), 4), extra[name])

@@ -26,7 +26,7 @@ from cl_audit.execution.rounds import ROUNDS, STEPS, WARMUP, Configuration, alte
 from cl_audit.execution.timing import Profiler
 from cl_audit.predict.speed_model import speed_kind
 from cl_audit.registry import OpClass, classes_of
-from cl_audit.report.stages import BACKWARD, OPTIMIZER, ROOT, StageCut, stage_cut
+from cl_audit.report.stages import BACKWARD, OPTIMIZER, ROOT, StageCut
 
 __all__ = ["LayoutRounds", "Measured", "measure", "profiled_class"]
 
@@ -49,10 +49,11 @@ class LayoutRounds:
 @dataclass(frozen=True)
 class Measured:
     """The audited layout's rounds, and NCHW's (None: the model's format is the caller's, so
-    nothing is compared and nothing profiled)."""
+    nothing is compared and nothing profiled); the stage cut the profiles were split by."""
 
     audited: LayoutRounds
     nchw: LayoutRounds | None
+    cut: StageCut | None = None
 
 
 def measure(
@@ -61,10 +62,11 @@ def measure(
     example: Example,
     loss: Callable[[Any], torch.Tensor] | None,
     label: str,
+    cut: StageCut | None = None,
 ) -> Measured:
     """The rounds of the plan's strategy and, where it is compared, NCHW's, alternated, each
-    on a copy of ``model``; each compared layout then profiled for one step.
-    ``ModelFailedError`` names the configuration that failed."""
+    on a copy of ``model``; each compared layout then profiled for one step (with a ``cut``,
+    split by stage too). ``ModelFailedError`` names the configuration that failed."""
     strategy = plan.settings.strategy
     amp = plan.settings.amp is not None
     strategies = (Strategy.NCHW, strategy) if strategy.compared else (strategy,)
@@ -72,11 +74,10 @@ def measure(
     rounds, _ = alternate(configurations, ROUNDS, WARMUP, STEPS, plan.device, label)
     if not strategy.compared:
         return Measured(LayoutRounds(rounds[configurations[0].name]), None)
-    cut = stage_cut(n for n, _ in model.named_modules()) if plan.settings.timeline else None
     nchw, audited = (
         LayoutRounds(rounds[c.name], *_profiled(c, plan.device, cut)) for c in configurations
     )
-    return Measured(audited, nchw)
+    return Measured(audited, nchw, cut)
 
 
 _COPIES = frozenset({OpClass.COPY, OpClass.COPY_INTO})

@@ -27,7 +27,6 @@ runs each kernel itself; on a GPU it enqueues them while the device runs the one
 
 from __future__ import annotations
 
-import bisect
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -40,7 +39,7 @@ from cl_audit.enums import Phase, SpeedClass
 from cl_audit.predict.queue import Issued, replay
 from cl_audit.predict.speed_table import ConvCall, HostCosts, SpeedTable
 from cl_audit.registry import OpClass, lookup
-from cl_audit.report.stages import OPTIMIZER, ROOT, StageCut
+from cl_audit.report.stages import ROOT, StageCut
 
 __all__ = ["OpTimes", "StepTime", "predict", "speed_kind"]
 
@@ -159,21 +158,16 @@ class OpTimes:
     _parts: dict[str | None, str] = field(default_factory=dict)  # module path -> its stage
 
     def stage(self, phase: Phase, module_path: Callable[[], str | None]) -> None:
-        """The stage of the operation observed next: the optimizer's, or the part of the cut
-        its module (``module_path()``, a stack walk) lies in."""
+        """The stage of the operation observed next (``StageCut.of``): its module's
+        (``module_path()``, a stack walk, asked only outside the optimizer)."""
         assert self.cut is not None
         if phase is Phase.OPTIMIZER:
-            name = OPTIMIZER
+            name = self.cut.of(None, phase)
         else:
             path = module_path()
             name = self._parts.get(path) or self._parts.setdefault(path, self.cut.of(path))
         if not self.stages or self.stages[-1][1] != name:
             self.stages.append((len(self.keys), name))
-
-    def stage_of(self, index: int) -> str | None:
-        """The stage of the ``index``-th key (None: no cut)."""
-        at = bisect.bisect_right(self.stages, index, key=lambda s: s[0]) - 1
-        return self.stages[at][1] if at >= 0 else None
 
     def observe(
         self,
@@ -355,15 +349,16 @@ def predict(
 def _stage_times(
     times: OpTimes, ends: list[float], converted: Mapping[str, float]
 ) -> dict[str, float]:
-    """Milliseconds by stage: what each key's operation added to the step's end; the
+    """Milliseconds by stage: what each stage's run of keys added to the step's end; the
     conversions inside kernels (the operation after the keys, if any) split by ``converted``."""
     by_stage: dict[str, float] = defaultdict(float)
-    before = 0.0
-    for index, end in enumerate(ends[: len(times.keys)]):
-        by_stage[times.stage_of(index) or ROOT] += (end - before) / 1e3
-        before = end
-    if len(ends) > len(times.keys):
-        lump, whole = (ends[-1] - before) / 1e3, sum(converted.values())
+    keys = len(times.keys)
+    starts = [start for start, _ in times.stages]
+    for (start, name), stop in zip(times.stages, [*starts[1:], keys], strict=True):
+        if stop > start:
+            by_stage[name] += (ends[stop - 1] - (ends[start - 1] if start else 0.0)) / 1e3
+    if len(ends) > keys:
+        lump, whole = (ends[-1] - (ends[keys - 1] if keys else 0.0)) / 1e3, sum(converted.values())
         for name, part in converted.items() if whole else ((ROOT, 1.0),):
             by_stage[name] += lump * part / (whole or 1.0)
     return dict(by_stage)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from cl_audit.enums import SpeedBasis
 from cl_audit.render.html_page import breakable, esc
 from cl_audit.render.wording import format_bytes
-from cl_audit.report.speed_report import SHOWN_MS, Speed
+from cl_audit.report.speed_report import Speed, SpeedRow
 from cl_audit.report.stages import StageTime
 
 __all__ = ["costliest", "stages_section"]
@@ -71,9 +71,9 @@ def _svg(stages: tuple[StageTime, ...], marked: StageTime | None) -> str:
 
 
 def _ratio(s: StageTime) -> str:
-    if min(s.channels_last_ms, s.nchw_ms) < SHOWN_MS:
-        return "-"
-    return f"{s.nchw_ms / s.channels_last_ms:.2f}x"
+    """As the time table's rows print it (``SpeedRow``): "-" where either time prints as 0."""
+    speedup = SpeedRow(s.name, s.channels_last_ms, s.nchw_ms).speedup
+    return "-" if speedup is None else f"{speedup:.2f}x"
 
 
 def _table(stages: tuple[StageTime, ...], marked: StageTime | None) -> str:

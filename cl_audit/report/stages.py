@@ -18,6 +18,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
+
+from cl_audit.enums import Phase
 
 __all__ = ["BACKWARD", "MOST", "OPTIMIZER", "ROOT", "StageCut", "StageTime", "stage_cut"]
 
@@ -49,18 +52,28 @@ class StageCut:
     heads: tuple[tuple[str, str], ...]
     modules: tuple[str, ...] = ()
 
-    def of(self, path: str | None) -> str:
-        """The stage of an operation run in the module at ``path``: its part, the module
-        itself above the cut, ``ROOT`` for the root's own operations and unknown modules."""
+    @cached_property
+    def _heads(self) -> dict[str, str]:
+        return dict(self.heads)
+
+    @cached_property
+    def _modules(self) -> frozenset[str]:
+        return frozenset(self.modules)
+
+    def of(self, path: str | None, phase: Phase = Phase.FORWARD) -> str:
+        """The stage of an operation run in the module at ``path`` in ``phase``: the
+        optimizer's; else its part, the module itself above the cut, ``ROOT`` for the root's
+        own operations and unknown modules."""
+        if phase is Phase.OPTIMIZER:
+            return OPTIMIZER
         if not path:
             return ROOT
-        heads = dict(self.heads)
         names = path.split(".")
         for end in range(len(names), 0, -1):
-            part = heads.get(".".join(names[:end]))
+            part = self._heads.get(".".join(names[:end]))
             if part is not None:
                 return part
-        return path if path in self.modules else ROOT
+        return path if path in self._modules else ROOT
 
     def ordered(self, names: Iterable[str]) -> list[str]:
         """``names`` in the model's order (a stage where its first module is), the root's,
