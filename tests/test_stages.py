@@ -139,3 +139,24 @@ def test_a_stage_marked_by_time_only_where_no_stage_copies():
     assert costliest(stages).name == "b"  # channels_last loses most time there
     assert costliest((StageTime("a", 1.0, 2.0),)) is None  # it loses no time anywhere
     assert StageCut(("x",), (("x", "x"),)).of("x.y.z") == "x"
+
+
+class Above(nn.Module):
+    """A module whose own operation (the doubling) runs beside its child's: above the cut."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.act = nn.ReLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(x * 2)
+
+
+@pytest.mark.parametrize("time", [False, True], ids=["predicted", "measured"])
+def test_a_module_above_the_cut_is_a_stage_of_its_own_operations_both_ways(time):
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 8, 1), Above(),
+                          nn.Conv2d(8, 8, 1), nn.Conv2d(8, 4, 1))  # fmt: skip
+    settings = AuditSettings(timeline=True, time=time)
+    report = audit_module(model, (torch.randn(2, 3, 24, 24),), settings)
+    names = [s.name for s in report.speed.stages]
+    assert names[:6] == ["0", "1", "2", "2.act", "3", "4"]  # the doubling in "2", not the root

@@ -114,12 +114,13 @@ _RANGE = "cl-audit stage: "
 
 @contextlib.contextmanager
 def _stage_ranges(model: nn.Module, cut: StageCut | None) -> Iterator[None]:
-    """Each part of the cut runs its forward inside a profiler range named by its part, on the
-    configuration's own copy of the model; the hooks go on exit."""
+    """Each module but the root runs its forward inside a profiler range named by its stage
+    (``StageCut.of``: its part, or itself above the cut), on the configuration's own copy of
+    the model, so that the innermost range names an operation's stage as a predicted run's
+    does; the hooks go on exit."""
     if cut is None:
         yield
         return
-    heads = dict(cut.heads)
     open_ranges: list[Any] = []
 
     def enter(name: str) -> Callable[..., None]:
@@ -134,8 +135,8 @@ def _stage_ranges(model: nn.Module, cut: StageCut | None) -> Iterator[None]:
 
     handles = []
     for path, module in model.named_modules():
-        if path in heads:
-            handles.append(module.register_forward_pre_hook(enter(heads[path])))
+        if path:
+            handles.append(module.register_forward_pre_hook(enter(cut.of(path))))
             handles.append(module.register_forward_hook(leave, always_call=True))
     try:
         yield
