@@ -144,8 +144,7 @@ def _timeline(report: ModelReport) -> str:
         cells.append(f'<i class="ev {event.layout.value}{mark}"></i>')
         op = ops.setdefault(event.op, len(ops))
         module = modules.setdefault(event.module_path or "(root)", len(modules))
-        shape, strides = (", ".join(map(str, v)) for v in (event.shape, event.strides))
-        events.append((op, module, shape, strides))
+        events.append((op, module, event.shape, event.strides))
     data = json_block({"ops": list(ops), "modules": list(modules), "events": events})
     legend = "".join(
         f'<span><i style="background:{colour}"></i>{layout.value}</span>'

@@ -108,7 +108,8 @@ if (timeline) {
   known.events.forEach(function (e, i) {
     var marks = Array.prototype.slice.call(cells[i].classList, 1);
     cells[i].title = '#' + i + ' ' + known.ops[e[0]] + ' in ' + known.modules[e[1]] +
-      ': shape (' + e[2] + '), strides (' + e[3] + '), ' + marks.join(', ');
+      ': shape (' + e[2].join(', ') + '), strides (' + e[3].join(', ') + '), ' +
+      marks.join(', ');
   });
 }
 document.querySelectorAll('[data-jump]').forEach(function (cell) {
