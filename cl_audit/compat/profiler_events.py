@@ -5,10 +5,11 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-__all__ = ["ProfiledOp", "profiled_ops", "recording"]
+__all__ = ["ProfiledOp", "enclosing", "profiled_ops", "recording"]
 
 
 @contextlib.contextmanager
@@ -74,3 +75,12 @@ def _parsed_ops(profile: torch.profiler.profile) -> tuple[ProfiledOp, ...]:
         for e in profile.events()
         if e.device_type == torch.autograd.DeviceType.CPU
     )
+
+
+def enclosing(event: Any) -> Iterator[str]:
+    """The names of the ranges and operations around a parsed profiler event (``events()``),
+    innermost first: torch links each to its CPU parent."""
+    parent = event.cpu_parent
+    while parent is not None:
+        yield parent.name
+        parent = parent.cpu_parent

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from cl_audit.compat.profiler_events import enclosing
 from cl_audit.enums import SpeedClass, Strategy
 from cl_audit.execution.inputs import Example
 from cl_audit.execution.plan import RunPlan
@@ -148,16 +149,13 @@ def _stage_ranges(model: nn.Module, cut: StageCut | None) -> Iterator[None]:
 def _stage_of(event: Any) -> str:
     """The stage a profiled operation ran in: the innermost stage range around it, a
     backward's (the autograd engine runs it outside every range) or the optimizer's."""
-    parent = event.cpu_parent
-    while parent is not None:
-        name = parent.name
+    for name in enclosing(event):
         if name.startswith(_RANGE):
             return name[len(_RANGE) :]
         if name.startswith("autograd::engine"):
             return BACKWARD
         if name.startswith("Optimizer."):
             return OPTIMIZER
-        parent = parent.cpu_parent
     return ROOT
 
 
