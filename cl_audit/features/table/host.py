@@ -3,12 +3,14 @@
 Each kind is timed on operations of 8 elements, whose kernels take next to nothing, so that
 what is left is the host's: Python and a module's call, dispatch, autograd's record and its
 engine, the launch. A deep stack of one-operation modules (``depth``) timed under no gradient
-(``forward``) and with autograd recording (``forward_grad``), then forward and backward, the
-backward's share per node (``backward``); an SGD step with momentum over ``depth`` parameters,
-per aten operation it dispatches (``optimizer``); a chain of views without and with autograd
-(``view``, ``view_grad``); and a value read back from the device (``sync``: on a GPU a round
-trip, on the CPU a read). On CUDA the host's own time is read without waiting for the device
-(``Clock.host_us``): tiny kernels finish before the host issues the next."""
+(``forward``) and with autograd recording (``forward_grad``), then its backward alone, run
+again on a graph kept for it, per node (``backward``: timed itself, never the difference of two
+noisy timings, which a loaded machine can make negative); an SGD step with momentum over
+``depth`` parameters, per aten operation it dispatches (``optimizer``); a chain of views
+without and with autograd (``view``, ``view_grad``); and a value read back from the device
+(``sync``: on a GPU a round trip, on the CPU a read). On CUDA the host's own time is read
+without waiting for the device (``Clock.host_us``): tiny kernels finish before the host issues
+the next."""
 
 from __future__ import annotations
 
@@ -72,8 +74,10 @@ def measure_host(
     def forward_grad() -> None:
         stack(leaf)
 
-    def step() -> None:
-        stack(leaf).sum().backward()
+    graph = stack(leaf).sum()  # kept (retain_graph): each timing runs its backward alone
+
+    def backward() -> None:
+        graph.backward(retain_graph=True)
 
     params = [torch.ones(8, device=device, requires_grad=True) for _ in range(depth)]
     for p in params:
@@ -105,7 +109,7 @@ def measure_host(
     calls = {
         "forward": forward,
         "forward_grad": forward_grad,
-        "step": step,
+        "backward": backward,
         "optimizer": sgd.step,
         "view": view,
         "view_grad": views(leaf),
@@ -119,11 +123,11 @@ def measure_host(
         for name in calls if r % 2 == 0 else reversed(list(calls)):
             times[name].append(clock.host_us(calls[name], 10))
     us = {name: statistics.median(ts) for name, ts in times.items()}
-    per_module = {k: us[k] / depth for k in ("forward", "forward_grad", "step")}
+    per_module = {k: us[k] / depth for k in ("forward", "forward_grad", "backward")}
     return {
         "forward": round(per_module["forward"], 3),
         "forward_grad": round(per_module["forward_grad"], 3),
-        "backward": round(max(per_module["step"] - per_module["forward_grad"], 0.0), 3),
+        "backward": round(per_module["backward"], 3),
         "optimizer": round(us["optimizer"] / optimizer_ops, 3),
         "view": round(us["view"] / depth, 3),
         "view_grad": round(us["view_grad"] / depth, 3),
