@@ -12,6 +12,7 @@ __all__ = [
     "BenchVerdict",
     "BucketMatch",
     "CallLabels",
+    "CompiledClass",
     "ConvClass",
     "Conversion",
     "CostKind",
@@ -377,6 +378,18 @@ class SpeedClass(str, Enum):
     ELEMENTWISE = "elementwise and pooling"
     CONVERSION = "conversions"
     OTHER = "the rest"
+
+
+@unique
+class CompiledClass(str, Enum):
+    """What a compiled step's time is spent on (``phases.timed``: one profiled step)."""
+
+    EXTERN = "extern kernels"  # what Inductor calls out to: convolutions, matrix products
+    FUSED = "fused kernels"  # Inductor's generated kernels that copy nothing
+    COPIES = (
+        "copies"  # copies and layout conversions: generated kernels holding a copy, aten copies
+    )
+    REST = "the rest"  # outside the compiled graphs, and their wrappers
 
 
 @unique

@@ -191,9 +191,18 @@ _V7_COST = ("batch", "fixed_bytes", "fixed_written_bytes", "per_sample_bytes",
             "per_sample_written_bytes", "at_gate")  # fmt: skip
 
 
+def before_version_16(data: dict) -> dict:
+    """A report's (or a sweep row's) JSON as versions before 16 wrote it: no compiled part in
+    the speed section."""
+    if data.get("speed") is not None:
+        data = data | {"speed": {k: v for k, v in data["speed"].items() if k != "compiled"}}
+    return data
+
+
 def before_version_15(data: dict) -> dict:
     """A report's (or a sweep row's) JSON as versions before 15 wrote it: no cost groups, no
     sites' strides, no stages in the speed section."""
+    data = before_version_16(data)
     if data.get("speed") is not None:
         data = data | {"speed": {k: v for k, v in data["speed"].items() if k != "stages"}}
     if data.get("cost") is None:

@@ -19,6 +19,10 @@ from cl_audit.cli.options import (
     MODELS_HELP,
     NAMES_HELP,
     BatchSize,
+    CompileBackend,
+    CompileDynamic,
+    CompileDynamicOption,
+    CompileMode,
     Device,
     DTypeOption,
     InputSize,
@@ -29,6 +33,7 @@ from cl_audit.cli.options import (
     OptionalText,
     Patterns,
     audit_settings,
+    compile_options,
     given,
     opt,
 )
@@ -105,6 +110,9 @@ def audit_command(
     ] = None,
     compile_: Annotated[bool, opt(None, "Also Inductor's layout decisions.", "--compile")] = False,
     force_layout_opt: Annotated[bool, opt(None, "Also forced.", "--force-layout-opt")] = False,
+    compile_mode: CompileMode = None,
+    compile_backend: CompileBackend = "inductor",
+    compile_dynamic: CompileDynamicOption = CompileDynamic.AUTO,
     show_all: Annotated[bool, opt(None, "Parameter and neutral losses too.", "--show-all")] = False,
     verify: Annotated[
         OptionalBool,
@@ -144,6 +152,7 @@ def audit_command(
             gate=Gate.of(fail_share, parse_size(fail_bytes), gate_batch, gate, fail_slowdown),
             compile=compile_,
             force_layout_opt=force_layout_opt,
+            compile_options=compile_options(compile_mode, compile_backend, compile_dynamic),
             table=speed_table,
         )  # fmt: skip
         patterns = (tuple(p or ()) for p in (models, timm, torchvision, exclude))
@@ -250,14 +259,15 @@ def audit(
             "--ops-index links one model's report to the operator index; for a sweep: "
             "cl-audit ops --index FILE --from-sweep REPORT"
         )
-    if sweep.audit.compile:
+    if sweep.audit.compile and not sweep.audit.time:
         raise UsageError(
-            "--compile explains one model's compiled graphs: give one model (sweeps do not take it)"
+            "--compile in a sweep times each model compiled: give --time --jobs 1 too (the "
+            "layout decisions of its graphs are one model's report: give one model)"
         )
-    if sweep.audit.time:
+    if sweep.audit.time and sweep.jobs != 1:
         raise UsageError(
-            "--time times one model: models audited side by side in a sweep share the "
-            "CPU, so their timings would not be comparable"
+            f"--time in a sweep times one model at a time: models audited side by side share "
+            f"the CPU, so their timings would not be comparable; give --jobs 1 (not {sweep.jobs})"
         )
     sweep = replace(sweep, audit=replace(sweep.audit, verify=bool(verify)))
     return run_sweep(refs, sweep, selection, outputs, resume, console, cache)

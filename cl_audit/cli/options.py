@@ -3,19 +3,22 @@ settings that the shared options make."""
 
 from __future__ import annotations
 
+from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
 
 from cl_audit.enums import Amp, DType, Optimizer
-from cl_audit.execution.settings import AuditSettings, parse_input_size
+from cl_audit.execution.settings import AuditSettings, CompileOptions, parse_input_size
 
 __all__ = [
     "CACHE_MAX_FLAG",
     "MODELS_HELP",
     "NAMES_HELP",
+    "CompileDynamic",
     "audit_settings",
+    "compile_options",
     "given",
     "opt",
 ]
@@ -45,6 +48,25 @@ BatchSize = Annotated[OptionalInt, opt("N", "Batch size (default 2).", min=1)]
 Device = Annotated[str, opt("DEVICE", "torch device.", "--device")]
 DTypeOption = Annotated[DType, typer.Option(help="Model and input dtype.")]
 OptimizerOption = Annotated[Optimizer, typer.Option(help="With --train.")]
+
+
+class CompileDynamic(str, Enum):
+    """torch.compile's ``dynamic``: None (auto), True, False."""
+
+    AUTO = "auto"
+    ON = "on"
+    OFF = "off"
+
+
+CompileMode = Annotated[OptionalText, opt("MODE", "torch.compile's mode (default: torch's).")]
+CompileBackend = Annotated[str, opt("NAME", "torch.compile's backend.")]
+CompileDynamicOption = Annotated[CompileDynamic, opt(None, "torch.compile's dynamic.")]
+
+
+def compile_options(mode: str | None, backend: str, dynamic: CompileDynamic) -> CompileOptions:
+    """The compile options as settings."""
+    flag = {CompileDynamic.AUTO: None, CompileDynamic.ON: True, CompileDynamic.OFF: False}
+    return CompileOptions(mode, backend, flag[dynamic])
 
 
 def given(ctx: typer.Context, name: str) -> bool:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from cl_audit.compat.compile_run import recompile_room
 from cl_audit.compat.fake_base import FakeTensor, FakeTensorMode
 
 __all__ = [
@@ -144,9 +145,10 @@ def capture_graphs(
 
     code = fn.__code__.replace(co_name=f"cl_audit_capture_{next(_captures)}")
     fresh = types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
-    result = torch.compile(fresh, backend=backend, dynamic=False)()
-    if after is not None:
-        after(result)  # the backward graph is compiled here
+    with recompile_room():  # a forward's resumed frames share code with earlier captures'
+        result = torch.compile(fresh, backend=backend, dynamic=False)()
+        if after is not None:
+            after(result)  # the backward graph is compiled here
     return graphs
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from cl_audit.compat.compile_run import compile_options_problem
 from cl_audit.compat.cuda import cuda_present
 from cl_audit.compat.inductor import compile_problem
 from cl_audit.enums import Engine, GateOn, TensorMode, Workload
@@ -79,6 +80,9 @@ def plan_run(settings: AuditSettings) -> RunPlan:
     """The plan of ``settings``; ``UsageError`` for a device that cannot run them."""
     device = resolve_device(settings.device, settings.tensor_mode, settings.bfloat16)
     problem = compile_problem() if settings.compile else None
+    if problem is None and settings.compile:
+        options = settings.compile_options
+        problem = compile_options_problem(options.mode, options.backend)
     if problem is not None:
         raise UsageError(problem)
     if settings.gate.on is GateOn.SPEED:
@@ -107,6 +111,11 @@ def _check_speed_gate(settings: AuditSettings, device: torch.device, predicted: 
         )
     if settings.time and not predicted:
         return
+    if settings.compile:
+        raise UsageError(
+            "`gate` speed with `compile` gates on the compiled step, which only `time` measures "
+            "(no table holds Inductor's fused kernels): give `time`, on an eager run"
+        )
     if settings.engine is not Engine.DISPATCH:
         raise UsageError(
             "`gate` speed prices the operations the dispatch engine sees: give `engine` dispatch"

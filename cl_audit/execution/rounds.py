@@ -7,22 +7,26 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 from torch import nn
 
+from cl_audit.compat.compile_run import CompileWatch, watching_compile
 from cl_audit.enums import Amp, Stage, Strategy
 from cl_audit.execution.convert import apply_strategy, strategy_input
 from cl_audit.execution.inputs import Example
 from cl_audit.execution.plan import RunPlan
+from cl_audit.execution.settings import CompileOptions
 from cl_audit.execution.timing import timed_ms
 from cl_audit.execution.training import Step
 from cl_audit.report.bench_report import configuration_name
 from cl_audit.rule.attribution import model_failed
 
-__all__ = ["ROUNDS", "STEPS", "WARMUP", "Configuration", "alternate", "configure"]
+__all__ = [
+    "ROUNDS", "STEPS", "WARMUP", "Configuration", "alternate", "compile_configuration", "configure",
+]  # fmt: skip
 
 # The defaults of every timing: alternating rounds, steps timed a round, least warm-up steps.
 ROUNDS, STEPS, WARMUP = 7, 3, 3
@@ -36,6 +40,8 @@ class Configuration:
     step: Step
     forward: Callable[[], object]
     model: nn.Module  # the configuration's own copy
+    inputs: Example  # its inputs, converted
+    watch: CompileWatch | None = None  # compiled (``compile_configuration``): what compiling did
 
     @property
     def amp(self) -> Amp | None:
@@ -58,7 +64,44 @@ def configure(
     except Exception as e:
         raise model_failed(Stage.SETUP, name, e) from e
     step = Step(plan, dict(copied.named_parameters()), loss)
-    return Configuration(name, strategy, plan, step, lambda: converted.call(copied), copied)
+    return Configuration(
+        name, strategy, plan, step, lambda: converted.call(copied), copied, converted
+    )
+
+
+COMPILE_STEPS = 4  # steps that may compile (a first, and recompiles) before the warm-up at most
+
+
+def compile_configuration(
+    c: Configuration, options: CompileOptions, device: torch.device
+) -> Configuration:
+    """``c`` with its forward through ``torch.compile`` of its own copy (``options``: the
+    user's mode, backend and dynamic), compiled here by its first steps, each watched
+    (``watching_compile``), until a step compiles nothing (at most ``COMPILE_STEPS``): their
+    time is the compile's, never a round's; ``ModelFailedError`` at the compile stage."""
+    name = f"{c.name}+compiled"
+    watch = CompileWatch()
+    try:
+        model = torch.compile(
+            c.model, mode=options.mode, backend=options.backend, dynamic=options.dynamic
+        )
+        compiled = replace(c, name=name, forward=lambda: c.inputs.call(model), watch=watch)
+        for index in range(COMPILE_STEPS):
+            step = CompileWatch()
+            with watching_compile(step):
+                timed_ms(lambda: compiled.step.run(compiled.forward, None), device)
+            if index and not step.frames and not step.decisions:
+                break
+            watch.merge(step)
+    except Exception as e:
+        raise model_failed(Stage.COMPILE, name, e) from e
+    if not watch.frames:
+        error = RuntimeError(
+            "torch.compile compiled no frame of its forward, which would run eagerly (Dynamo "
+            "disabled, or its recompile limit reached by earlier compiles in this process)"
+        )
+        raise model_failed(Stage.COMPILE, name, error)
+    return compiled
 
 
 WARMUP_LIMIT = 30  # warm-up steps per configuration at most, settled or not

@@ -6,7 +6,7 @@ once into the run plan that every audit (the Python API, the CLI, the sweep work
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from cl_audit.enums import Amp, DType, Engine, Optimizer, Strategy, TensorMode
 from cl_audit.errors import UsageError
@@ -16,6 +16,7 @@ from cl_audit.report.verdict import GATE_BATCH, Gate
 __all__ = [
     "Amp",
     "AuditSettings",
+    "CompileOptions",
     "DType",
     "Engine",
     "Optimizer",
@@ -29,6 +30,23 @@ __all__ = [
 
 
 DEFAULT_BATCH = 2
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    """What ``torch.compile`` is given where a compiled model is timed (``compile`` with
+    ``time``; ``cl-audit bench --compile``): torch's own ``mode``, ``backend`` and
+    ``dynamic``, as the user compiles."""
+
+    mode: str | None = None
+    backend: str = "inductor"
+    dynamic: bool | None = None
+
+    @property
+    def described(self) -> str:
+        """``inductor, mode default, dynamic auto``."""
+        dynamic = {None: "auto", True: "on", False: "off"}[self.dynamic]
+        return f"{self.backend}, mode {self.mode or 'default'}, dynamic {dynamic}"
 
 
 DEFAULT_GATE = Gate(batch=GATE_BATCH)  # 1% of the bytes written and 1 MiB, at batch 32
@@ -59,6 +77,7 @@ class AuditSettings:
         False  # also Inductor's layout decision per compiled graph (cl_audit.compiled.graphs)
     )
     force_layout_opt: bool = False  # with compile: also the decision under Inductor's force switch
+    compile_options: CompileOptions = field(default_factory=lambda: CompileOptions())
     verify: bool = False  # try the cost sites' remedies in what-if runs (phases.verify)
     table: str | None = None  # the speed table to predict with: a name or a file (None: chosen)
 
@@ -71,6 +90,8 @@ class AuditSettings:
             raise UsageError(f"`fail_slowdown` {100 * self.gate.slowdown:g}: from 0 to under 100")
         if self.gate.batch is not None and self.gate.batch < 1:
             raise UsageError(f"`gate_batch` {self.gate.batch}: a batch is at least 1")
+        if self.compile_options != CompileOptions() and not self.compile:
+            raise UsageError("the compile options are torch.compile's: add `compile`")
         if self.force_layout_opt and not self.compile:
             raise UsageError("`force_layout_opt` decides `compile`'s graphs again: add `compile`")
         if self.time and self.predicted:

@@ -24,7 +24,7 @@ from cl_audit.errors import UsageError
 from cl_audit.execution.assemble import assemble
 from cl_audit.execution.inputs import Example, example_of
 from cl_audit.execution.plan import RunPlan, plan_run
-from cl_audit.execution.settings import AuditSettings, parse_engine
+from cl_audit.execution.settings import AuditSettings, CompileOptions, parse_engine
 from cl_audit.execution.tensors import TensorRun
 from cl_audit.intercept.ledger import Ledger
 from cl_audit.phases import PHASES, Sections, Subject
@@ -171,6 +171,7 @@ def audit_model(
     gate_batch: int | None = GATE_BATCH,
     compile: bool = False,
     force_layout_opt: bool = False,
+    compile_options: CompileOptions | None = None,
     verify: bool = True,
 ) -> ModelReport:
     """Audit one eval-mode, no-grad forward pass of ``model``, or with ``train`` one training
@@ -192,7 +193,9 @@ def audit_model(
     loss; ``time`` adds ``Timing`` (eager runs only). ``compile`` adds ``compiled``: what
     ``torch.compile``'s Inductor decides about layouts for each graph it would compile, and why
     (``force_layout_opt``: also the decision under Inductor's force switch); the verdict stays
-    the eager audit's. ``verify`` tries the remedies of the costliest sites in what-if runs
+    the eager audit's; with ``time`` too, both layouts are compiled (``compile_options``:
+    torch.compile's mode, backend, dynamic) and timed: ``speed.compiled``. ``verify`` tries the
+    remedies of the costliest sites in what-if runs
     (an eager forward or training step; ``cl_audit.phases.verify``): each remedy says
     whether it was verified, refuted or is a lead, with the evidence.
     """
@@ -221,6 +224,7 @@ def audit_model(
         time=time,
         compile=compile,
         force_layout_opt=force_layout_opt,
+        compile_options=compile_options or CompileOptions(),
         verify=verify,
     )
     return audit_module(model, example, settings, name=name, loss=loss)

@@ -22,6 +22,7 @@ from cl_audit.phases.subject import Sections, Subject
 from cl_audit.phases.timed import Measured
 from cl_audit.predict.speed_model import StepTime, predict
 from cl_audit.predict.table_store import Choice, choose, this_machine
+from cl_audit.report.compiled_speed import CompiledSpeed
 from cl_audit.report.speed_report import (
     ClassTime,
     LayoutTime,
@@ -36,7 +37,47 @@ __all__ = ["predict_speed", "speed_phase"]
 
 
 def speed_phase(subject: Subject, done: Sections) -> Speed:
-    """The speed section (see the module docstring)."""
+    """The speed section (see the module docstring), with ``compile`` its compiled part."""
+    speed = _eager(subject, done)
+    if not subject.plan.settings.compile:
+        return speed
+    measured = None if done.audited is None else done.audited.measured
+    return replace(speed, compiled=_compiled(subject, measured, speed.band))
+
+
+def _compiled(subject: Subject, measured: Measured | None, band: float) -> CompiledSpeed:
+    """The compiled part: measured (``time``), else unknown, saying why: no table holds
+    Inductor's fused kernels, so a compiled step is never predicted."""
+    settings = subject.plan.settings
+    options = settings.compile_options.described
+    timed = None if measured is None else measured.compiled
+    if timed is None:
+        if not settings.strategy.compared:
+            why = "the model's format is the caller's: nothing to compare"
+        elif settings.predicted:
+            why = (
+                "a fake run times no kernel, and no table holds Inductor's fused kernels: the "
+                "compiled step is not predicted (time it eagerly, with `time`)"
+            )
+        else:
+            why = "no table holds Inductor's fused kernels: the compiled step is measured only, "
+            why += "with `time`"
+        return CompiledSpeed(SpeedVerdict.UNKNOWN, options, note=why)
+    cl, nchw = timed.audited, timed.nchw
+    low, speedup, high = round_ratios(nchw.rounds_ms, cl.rounds_ms)
+    return CompiledSpeed(
+        verdict=speed_verdict(speedup, low, high, band),
+        options=options,
+        speedup=speedup,
+        low=low,
+        high=high,
+        channels_last=cl,
+        nchw=nchw,
+        classes=timed.classes,
+    )
+
+
+def _eager(subject: Subject, done: Sections) -> Speed:
     plan = subject.plan
     settings = plan.settings
     band, device = settings.gate.slowdown, plan.device.type

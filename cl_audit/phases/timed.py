@@ -19,17 +19,34 @@ from typing import Any
 import torch
 from torch import nn
 
+from cl_audit.compat.compile_run import compiled_graph_calls, compiled_step_classes
 from cl_audit.compat.profiler_events import enclosing
-from cl_audit.enums import SpeedClass, Strategy
+from cl_audit.enums import CompiledClass, SpeedClass, Strategy
 from cl_audit.execution.inputs import Example
 from cl_audit.execution.plan import RunPlan
-from cl_audit.execution.rounds import ROUNDS, STEPS, WARMUP, Configuration, alternate, configure
-from cl_audit.execution.timing import Profiler
+from cl_audit.execution.rounds import (
+    ROUNDS,
+    STEPS,
+    WARMUP,
+    Configuration,
+    alternate,
+    compile_configuration,
+    configure,
+)
+from cl_audit.execution.timing import Profiler, timed_ms
 from cl_audit.predict.speed_model import speed_kind
 from cl_audit.registry import OpClass, classes_of
+from cl_audit.report.compiled_speed import CompiledClassTime, CompiledLayout, GraphLayout
 from cl_audit.report.stages import BACKWARD, OPTIMIZER, ROOT, StageCut
 
-__all__ = ["LayoutRounds", "Measured", "measure", "profiled_class"]
+__all__ = [
+    "CompiledRounds",
+    "LayoutRounds",
+    "Measured",
+    "measure",
+    "measure_compiled",
+    "profiled_class",
+]
 
 
 @dataclass(frozen=True)
@@ -48,6 +65,16 @@ class LayoutRounds:
 
 
 @dataclass(frozen=True)
+class CompiledRounds:
+    """Both layouts compiled and timed (``measure_compiled``), and their profiled steps'
+    milliseconds by class."""
+
+    audited: CompiledLayout
+    nchw: CompiledLayout
+    classes: tuple[CompiledClassTime, ...]
+
+
+@dataclass(frozen=True)
 class Measured:
     """The audited layout's rounds, and NCHW's (None: the model's format is the caller's, so
     nothing is compared and nothing profiled); the stage cut the profiles were split by."""
@@ -55,6 +82,7 @@ class Measured:
     audited: LayoutRounds
     nchw: LayoutRounds | None
     cut: StageCut | None = None
+    compiled: CompiledRounds | None = None  # with ``compile``: both layouts compiled
 
 
 def measure(
@@ -78,7 +106,53 @@ def measure(
     nchw, audited = (
         LayoutRounds(rounds[c.name], *_profiled(c, plan.device, cut)) for c in configurations
     )
-    return Measured(audited, nchw, cut)
+    compiled = measure_compiled(plan, configurations, label) if plan.settings.compile else None
+    return Measured(audited, nchw, cut, compiled)
+
+
+def measure_compiled(
+    plan: RunPlan, configurations: list[Configuration], label: str
+) -> CompiledRounds:
+    """The configurations (NCHW's, then the audited layout's) compiled as the settings say
+    (``compile_configuration``: the compile timed apart), warmed until settled, timed in the
+    same alternating rounds as their eager steps, then each profiled for one step."""
+    device = plan.device
+    options = plan.settings.compile_options
+    compiled = [compile_configuration(c, options, device) for c in configurations]
+    rounds, _ = alternate(compiled, ROUNDS, WARMUP, STEPS, device, label)
+    layouts, by_class = [], []
+    for c in compiled:
+        layout, classes = _profiled_compiled(c, rounds[c.name], device)
+        layouts.append(layout)
+        by_class.append(classes)
+    nchw, audited = layouts
+    classes = tuple(
+        CompiledClassTime(k, round(by_class[1][k], 4), round(by_class[0][k], 4))
+        for k in CompiledClass
+    )
+    return CompiledRounds(audited, nchw, classes)
+
+
+def _profiled_compiled(
+    c: Configuration, rounds_ms: tuple[float, ...], device: torch.device
+) -> tuple[CompiledLayout, dict[CompiledClass, float]]:
+    """One compiled step under the profiler: its milliseconds by class, and the layout's
+    figures with what its compile did."""
+    with Profiler(device, times=True) as profiler:
+        step_ms = timed_ms(lambda: c.step.run(c.forward, None), device)
+    events = list(profiler.events())
+    watch = c.watch
+    assert watch is not None  # compiled by compile_configuration
+    layout = CompiledLayout(
+        rounds_ms=rounds_ms,
+        compile_seconds=round(watch.seconds, 3),
+        graphs=watch.graphs,
+        graph_breaks=watch.graph_breaks,
+        graph_calls=compiled_graph_calls(events),
+        lowered=tuple(GraphLayout(d.phase, d.layout_optimization) for d in watch.decisions),
+        profiled_ms=round(step_ms, 4),
+    )
+    return layout, compiled_step_classes(events, step_ms, device)
 
 
 _COPIES = frozenset({OpClass.COPY, OpClass.COPY_INTO})

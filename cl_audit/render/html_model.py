@@ -11,6 +11,7 @@ from cl_audit.render.html_ops import links_section
 from cl_audit.render.html_page import breakable, esc, html_page, json_block, summary_cards
 from cl_audit.render.html_stages import stages_section
 from cl_audit.render.wording import (
+    compiled_rows,
     ddp_run_line,
     format_bytes,
     fsdp_run_line,
@@ -257,6 +258,18 @@ def _speed_section(speed: Speed) -> str:
         else ""
     )
     notes = "".join(f'<p class="dim">{esc(line)}</p>' for line in speed_lines(speed))
+    compiled = speed.compiled
+    if compiled is not None and compiled.classes:
+        rows = "".join(
+            f'<tr><td>{esc(label)}</td><td class="num">{esc(cl)}</td>'
+            f'<td class="num">{esc(nchw)}</td></tr>'
+            for label, cl, nchw in compiled_rows(compiled)
+        )
+        table += (
+            f'<h3>Compiled ({esc(compiled.options)})</h3><table id="compiled-speed"><thead><tr>'
+            '<th></th><th class="num">channels_last</th><th class="num">NCHW</th></tr></thead>'
+            f"<tbody>{rows}</tbody></table>"
+        )
     warning = table_warning(speed)
     warn = f'<p class="warn">{esc(warning)}</p>' if warning else ""
     head = f"<h2>Does channels_last pay?</h2><p>{esc(speed.headline())}</p>{warn}"

@@ -20,6 +20,7 @@ from cl_audit.enums import (
 from cl_audit.features.ops_index.ranking import report_links
 from cl_audit.render.ops_table import render_op_links
 from cl_audit.render.terminal_features import (
+    compiled_speed_table,
     compiled_text,
     ddp_lines,
     fsdp_lines,
@@ -336,6 +337,8 @@ def render_report(
     speed = report.speed
     if speed is not None and speed.known and speed.classes:
         console.print(speed_table(speed))
+    if speed is not None and speed.compiled is not None and speed.compiled.classes:
+        console.print(compiled_speed_table(speed.compiled))
     if speed is not None:
         for line in speed_lines(speed):
             console.print(line, highlight=False, style="dim")

@@ -11,6 +11,7 @@ from cl_audit.enums import (
     Fate,
 )
 from cl_audit.render.wording import (
+    compiled_rows,
     ddp_run_line,
     format_bytes,
     fsdp_run_line,
@@ -22,10 +23,11 @@ from cl_audit.report import (
     CompiledGraph,
     CompiledSite,
 )
+from cl_audit.report.compiled_speed import CompiledSpeed
 from cl_audit.report.distributed_report import DdpCheck, FsdpCheck
 from cl_audit.report.speed_report import Speed
 
-__all__ = ["compiled_text", "ddp_lines", "fsdp_lines", "speed_table"]
+__all__ = ["compiled_speed_table", "compiled_text", "ddp_lines", "fsdp_lines", "speed_table"]
 
 
 def ddp_lines(check: DdpCheck, top: int = 5) -> list[str]:
@@ -176,4 +178,18 @@ def speed_table(speed: Speed) -> Table:
         style = "bold" if r.total else None
         table.add_row(r.label, f"{r.channels_last_ms:.2f} ms", f"{r.nchw_ms:.2f} ms", ratio,
                       style=style)  # fmt: skip
+    return table
+
+
+def compiled_speed_table(compiled: CompiledSpeed) -> Table:
+    """The compiled step's time by class in each layout and what compiling each did
+    (``compiled_rows``)."""
+    table = Table(
+        title=f"Compiled step by class, measured ({compiled.options})", title_justify="left"
+    )
+    table.add_column("", overflow="fold")
+    table.add_column("channels_last", justify="right")
+    table.add_column("NCHW", justify="right")
+    for label, cl, nchw in compiled_rows(compiled):
+        table.add_row(label, cl, nchw, style="bold" if label.startswith("step") else None)
     return table

@@ -26,6 +26,7 @@ from cl_audit.report import (
     Timing,
     Trial,
 )
+from cl_audit.report.compiled_speed import CompiledLayout, CompiledSpeed
 from cl_audit.report.distributed_report import DdpRun, FsdpRun
 from cl_audit.report.speed_report import Speed
 
@@ -42,6 +43,7 @@ def format_bytes(n: int) -> str:
 
 
 __all__ = [
+    "compiled_rows",
     "cost_line",
     "ddp_run_line",
     "format_bytes",
@@ -312,8 +314,10 @@ def exit_rule(report: ModelReport) -> str | None:
     if cost is None:
         return None
     if cost.gate.on is GateOn.SPEED:
+        compiled = report.speed is not None and report.speed.compiled is not None
+        step = "compiled step" if compiled else "step"
         return (
-            f"exit 1 when channels_last's step is slower beyond {cost.gate.slowdown:.0%} "
+            f"exit 1 when channels_last's {step} is slower beyond {cost.gate.slowdown:.0%} "
             "(--gate speed); exit 2 when the speed is unknown"
         )
     return f"exit 1 when the byte verdict is offending (--gate bytes); now {report.verdict.value}"
@@ -355,3 +359,35 @@ def speed_lines(speed: Speed) -> list[str]:
         "--gate speed makes exit 1 mean a slower step"
     )
     return lines
+
+
+def compiled_rows(compiled: CompiledSpeed) -> list[tuple[str, str, str]]:
+    """The compiled part's rows as printed (label, channels_last, NCHW): one profiled step's
+    milliseconds by class, the profiled step they add up to, the rounds' step with the
+    verdict's speedup, the compile's seconds, the graphs and breaks, the layout decisions."""
+    cl, nchw = compiled.channels_last, compiled.nchw
+    if cl is None or nchw is None:
+        return []
+    rows = [(c.compiled_class.value, f"{c.channels_last_ms:.2f} ms", f"{c.nchw_ms:.2f} ms")
+            for c in compiled.classes]  # fmt: skip
+    ratio = "" if compiled.speedup is None else f", {compiled.speedup:.2f}x"
+    return [
+        *rows,
+        ("profiled step", f"{cl.profiled_ms:.2f} ms", f"{nchw.profiled_ms:.2f} ms"),
+        (f"step (rounds' median{ratio})", f"{cl.ms:.2f} ms", f"{nchw.ms:.2f} ms"),
+        ("compile, apart from the rounds", f"{cl.compile_seconds:.1f} s",
+         f"{nchw.compile_seconds:.1f} s"),
+        ("graphs, graph breaks", f"{cl.graphs}, {cl.graph_breaks}",
+         f"{nchw.graphs}, {nchw.graph_breaks}"),
+        ("Inductor's layout optimisation", _lowered(cl), _lowered(nchw)),
+    ]  # fmt: skip
+
+
+def _lowered(layout: CompiledLayout) -> str:
+    """``on in 2 of 3 graphs (backward off)``."""
+    graphs = layout.lowered
+    if not graphs:
+        return "no graph lowered by Inductor"
+    on = sum(g.layout_optimization for g in graphs)
+    off = sorted({g.phase for g in graphs if not g.layout_optimization})
+    return f"on in {on} of {len(graphs)}" + (f" ({', '.join(off)} off)" if off else "")

@@ -44,7 +44,8 @@ T = TypeVar("T")
 REPORT_FORMAT = "cl-audit.report"
 
 
-REPORT_VERSION = 15  # 15: cost.groups (the sites grouped by what fixes them), speed.stages
+REPORT_VERSION = 16  # 16: speed.compiled (the compiled step timed in both layouts)
+# 15: cost.groups (the sites grouped by what fixes them), speed.stages
 # 14: speed.table an object (the table's machine, how it matched this one)
 # 13: speed (measured or predicted), cost.gate.on and .slowdown
 # 12: environment.mode "fake-step" (a fake training step's backward run
@@ -61,8 +62,9 @@ BENCH_FORMAT = "cl-audit.bench"  # cl_audit.report.bench_report
 
 # 2: verdict a word (faster/slower/inconclusive), verdict_text, warm-up; 3: the comparison's
 # rounds_spread, past whose bound the verdict is inconclusive, and verdict_text's figure the table's
-BENCH_VERSION = 3
-BENCH_READABLE = (1, 2, BENCH_VERSION)
+# 4: compiled configurations (timings[].compiled, .compile_seconds) and compiled_comparison
+BENCH_VERSION = 4
+BENCH_READABLE = (1, 2, 3, BENCH_VERSION)
 
 
 OPS_FORMAT = "cl-audit.ops"  # cl_audit.features.ops_index: the operator coverage index
@@ -73,7 +75,7 @@ OPS_VERSION = 4
 OPS_READABLE = (1, 2, 3, OPS_VERSION)
 
 
-REPORT_READABLE = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, REPORT_VERSION)
+REPORT_READABLE = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, REPORT_VERSION)
 
 
 class ReportFormatError(ValueError):
@@ -173,10 +175,11 @@ SWEEP_FORMAT = "cl-audit.sweep"
 TABLE_FORMAT, TABLE_VERSION = "cl-audit.speed-table", 2
 
 
-SWEEP_VERSION = 11  # 11: as report 15, a row's cost.groups and speed.stages
+SWEEP_VERSION = 12  # 12: as report 16, a row's speed.compiled
+# 11: as report 15, a row's cost.groups and speed.stages
 # 10: as report 14, a row's speed.table an object
 # 9: a row's speed section, cost.gate.on and .slowdown (as report 13)
 # 8: environment.mode "fake-step" for a fake training sweep; 7: as report 9,
 # fix sites followed through folds; 6: as report 8, remedies proven; 5: as report 7, rows judged
 # at gate.batch
-SWEEP_READABLE = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, SWEEP_VERSION)
+SWEEP_READABLE = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, SWEEP_VERSION)

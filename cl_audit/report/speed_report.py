@@ -11,6 +11,7 @@ from typing import ClassVar
 
 from cl_audit.enums import GateOn, SpeedBasis, SpeedClass, SpeedVerdict, Verdict
 from cl_audit.report.codec import JsonForm
+from cl_audit.report.compiled_speed import CompiledSpeed
 from cl_audit.report.machine import TableUse
 from cl_audit.report.stages import StageTime
 from cl_audit.report.verdict import Cost
@@ -25,17 +26,20 @@ def offends(verdict: Verdict | None, cost: Cost | None, speed: Speed | None) -> 
     """What exit 1 means for one model: with the gate on speed (``cost.gate.on``),
     channels_last's step slower than NCHW's beyond the band; else the byte verdict offending."""
     if cost is not None and cost.gate.on is GateOn.SPEED:
-        return speed is not None and speed.verdict is SpeedVerdict.SLOWER
+        return speed is not None and speed.gated is SpeedVerdict.SLOWER
     return verdict is Verdict.OFFENDING
 
 
 def undecided(on: GateOn, speed: Speed | None) -> str | None:
-    """Why a gate ``on`` speed cannot decide (the speed unknown, and why); None where it can,
-    or where the gate is on bytes. The command exits 2 then, never by the byte verdict."""
+    """Why a gate ``on`` speed cannot decide (the speed unknown, and why: the compiled step's,
+    where the run compiled); None where it can, or where the gate is on bytes. The command
+    exits 2 then, never by the byte verdict."""
     if on is not GateOn.SPEED:
         return None
     if speed is None:
         return "the run has no speed section"
+    if speed.compiled is not None and not speed.compiled.known:
+        return f"the compiled speed is unknown: {speed.compiled.note}"
     if speed.verdict is SpeedVerdict.UNKNOWN:
         return speed.note or "the speed is unknown"
     return None
@@ -129,7 +133,9 @@ class Speed:
     operations it had no samples of (priced as an elementwise addition). ``note`` says what is
     missing, and why. ``stages`` (report version 15, with the timeline: the page's picture)
     splits each step by the model's stages (``report.stages``): predicted, what each stage's
-    operations add to the step; measured, its operations' own time in the profiled step."""
+    operations add to the step; measured, its operations' own time in the profiled step.
+    ``compiled`` (report version 16, with ``compile``) is the same question under
+    ``torch.compile`` (``report.compiled_speed``); the speed gate reads it where it is there."""
 
     basis: SpeedBasis | None
     verdict: SpeedVerdict
@@ -149,12 +155,18 @@ class Speed:
     settings: tuple[tuple[str, str], ...] = ()  # how it was measured or predicted
     note: str | None = None
     stages: tuple[StageTime, ...] = ()
+    compiled: CompiledSpeed | None = None
 
     json_form: ClassVar[JsonForm] = JsonForm(derived=("known",))
 
     @property
     def known(self) -> bool:
         return self.verdict is not SpeedVerdict.UNKNOWN
+
+    @property
+    def gated(self) -> SpeedVerdict:
+        """The verdict the speed gate reads: the compiled step's where the run compiled."""
+        return self.verdict if self.compiled is None else self.compiled.verdict
 
     @property
     def fixes_matter(self) -> bool:
@@ -185,14 +197,14 @@ class Speed:
 
     def headline(self) -> str:
         """``channels_last 1.32x faster (measured, rounds 1.28-1.35x); fixing the sites: about
-        1.36x``, or ``... (predicted with this machine's table)``."""
+        1.36x``, or ``... (predicted with this machine's table)``; where the run compiled,
+        both verdicts: ``eager: 0.97x, slower (measured, ...); compiled: 1.05x, faster
+        (measured, ...)``."""
+        if self.compiled is not None:
+            return f"eager: {self._eager()}; {self.compiled.headline()}"
         if not self.known or self.speedup is None:
             return f"speed unknown: {self.note}" if self.note else "speed unknown"
-        if self.basis is SpeedBasis.MEASURED:
-            spread = self.low is not None and self.high is not None
-            basis = f"measured, rounds {self.low:.2f}-{self.high:.2f}x" if spread else "measured"
-        else:
-            basis = f"predicted with {self.table.label}" if self.table else "predicted"
+        basis = self._basis()
         if self.verdict is SpeedVerdict.INCONCLUSIVE:
             text = (
                 f"channels_last inconclusive against NCHW ({self.speedup:.2f}x, rounds "
@@ -206,6 +218,17 @@ class Speed:
         if self.fixes_matter:
             text += f"; fixing the sites: about {self.fixed_speedup:.2f}x"
         return text
+
+    def _eager(self) -> str:
+        if not self.known or self.speedup is None:
+            return f"unknown ({self.note})" if self.note else "unknown"
+        return f"{self.speedup:.2f}x, {self.verdict.value} ({self._basis()})"
+
+    def _basis(self) -> str:
+        if self.basis is SpeedBasis.MEASURED:
+            spread = self.low is not None and self.high is not None
+            return f"measured, rounds {self.low:.2f}-{self.high:.2f}x" if spread else "measured"
+        return f"predicted with {self.table.label}" if self.table else "predicted"
 
 
 def round_ratios(nchw: tuple[float, ...], channels_last: tuple[float, ...]) -> tuple[float, ...]:
