@@ -15,6 +15,10 @@ from cl_audit.cli.exits import exit_codes
 from cl_audit.cli.options import (
     MODELS_HELP,
     BatchSize,
+    CompileBackend,
+    CompileDynamic,
+    CompileDynamicOption,
+    CompileMode,
     Device,
     DTypeOption,
     InputSize,
@@ -24,12 +28,14 @@ from cl_audit.cli.options import (
     OptionalPath,
     OptionalText,
     audit_settings,
+    compile_options,
     opt,
 )
 from cl_audit.enums import DType, Optimizer
 from cl_audit.errors import UsageError
 from cl_audit.execution.plan import plan_run
 from cl_audit.execution.rounds import ROUNDS, STEPS, WARMUP
+from cl_audit.execution.settings import CompileOptions
 from cl_audit.report.files import check_writable, write_json, write_text
 from cl_audit.sources import load_model
 from cl_audit.sweep.selection import select
@@ -55,6 +61,12 @@ def bench_command(
     steps: Annotated[int, opt("N", "Steps timed per round.", min=1)] = STEPS,
     threads: Annotated[OptionalInt, opt("N", "torch intra-op threads.", min=1)] = None,
     attribute: Annotated[bool, typer.Option(help="Time the channels-last findings.")] = True,
+    compile_: Annotated[
+        bool, opt(None, "Also nchw and channels-last through torch.compile.", "--compile")
+    ] = False,
+    compile_mode: CompileMode = None,
+    compile_backend: CompileBackend = "inductor",
+    compile_dynamic: CompileDynamicOption = CompileDynamic.AUTO,
     json_path: Annotated[OptionalPath, opt("FILE", "Bench JSON ('-': stdout).", "--json")] = None,
     dashboard_json: Annotated[OptionalPath, opt("FILE", "PyTorch OSS benchmark records.")] = None,
 ) -> None:
@@ -72,8 +84,18 @@ def bench_command(
             steps_per_round=steps,
             threads=threads,
             attribute=attribute,
+            compile=_compile_options(compile_, compile_mode, compile_backend, compile_dynamic),
         )
         bench(model, timm_model, settings, json_path, dashboard_json, console)
+
+
+def _compile_options(
+    on: bool, mode: str | None, backend: str, dynamic: CompileDynamic
+) -> CompileOptions | None:
+    options = compile_options(mode, backend, dynamic)
+    if not on and options != CompileOptions():
+        raise UsageError("--compile-mode, --compile-backend and --compile-dynamic: add --compile")
+    return options if on else None
 
 
 def bench(

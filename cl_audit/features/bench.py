@@ -21,13 +21,21 @@ from typing import Any
 import torch
 from torch import nn
 
+from cl_audit.compat.compile_run import compile_options_problem
 from cl_audit.enums import Conversion, Strategy
 from cl_audit.errors import UsageError
 from cl_audit.execution.assemble import environment_of
 from cl_audit.execution.inputs import Example, example_of
 from cl_audit.execution.plan import RunPlan, plan_run
-from cl_audit.execution.rounds import ROUNDS, STEPS, WARMUP, alternate, configure
-from cl_audit.execution.settings import AuditSettings
+from cl_audit.execution.rounds import (
+    ROUNDS,
+    STEPS,
+    WARMUP,
+    alternate,
+    compile_configuration,
+    configure,
+)
+from cl_audit.execution.settings import AuditSettings, CompileOptions
 from cl_audit.phases.audit_module import audit_module
 from cl_audit.report import ModelReport, by_call_site
 from cl_audit.report.bench_report import (
@@ -48,7 +56,9 @@ BENCH_STRATEGIES = (Strategy.NCHW, Strategy.CHANNELS_LAST, Strategy.CONV_WEIGHTS
 class BenchSettings:
     """``audit``: what every configuration runs (batch, input, device, dtype, ``amp``, train);
     with ``amp`` each strategy runs with and without it. ``rounds`` >= 7 for a median worth
-    reading; ``threads`` fixes torch's intra-op threads for the run (None: as it is)."""
+    reading; ``threads`` fixes torch's intra-op threads for the run (None: as it is); with
+    ``compile``, nchw and channels-last are also timed compiled (each compiled apart first, its
+    compile's time kept out of the rounds), in the same alternating rounds."""
 
     audit: AuditSettings
     strategies: tuple[Strategy, ...] = BENCH_STRATEGIES
@@ -57,12 +67,17 @@ class BenchSettings:
     steps_per_round: int = STEPS
     threads: int | None = None
     attribute: bool = True
+    compile: CompileOptions | None = None  # also nchw and channels-last through torch.compile
 
     def __post_init__(self) -> None:
         if self.audit.predicted:
             raise UsageError("bench times kernels, and fake tensors run none: drop `fake`")
         if self.rounds < 1 or self.steps_per_round < 1 or self.warmup < 0:
             raise UsageError("bench: `rounds` and `steps` must be at least 1, `warmup` at least 0")
+        if self.compile is not None:
+            problem = compile_options_problem(self.compile.mode, self.compile.backend)
+            if problem is not None:
+                raise UsageError(problem)
 
 
 def bench_module(
@@ -89,6 +104,17 @@ def bench_module(
         configurations = [
             configure(model, example, plan, s, amp, loss) for s, amp in _configurations(settings)
         ]
+        if settings.compile is not None:
+            compiled = (Strategy.NCHW, Strategy.CHANNELS_LAST)
+            configurations += [
+                compile_configuration(
+                    configure(model, example, plan, c.strategy, c.amp is not None, loss),
+                    settings.compile,
+                    plan.device,
+                )
+                for c in configurations
+                if c.strategy in compiled
+            ]
         rounds, warmed = alternate(
             configurations,
             settings.rounds,
@@ -99,7 +125,11 @@ def bench_module(
         )
         attribution = None
         if settings.attribute and Strategy.CHANNELS_LAST in settings.strategies:
-            cl = next(c for c in reversed(configurations) if c.strategy is Strategy.CHANNELS_LAST)
+            cl = next(
+                c
+                for c in reversed(configurations)
+                if c.strategy is Strategy.CHANNELS_LAST and c.watch is None
+            )
             step_ms = statistics.median(rounds[cl.name])
             # Timed, and without the NCHW re-run: a differential verdict does not change what
             # a step costs.
@@ -112,7 +142,15 @@ def bench_module(
         plan.conditions(str(plan.device), dtype_name(first.dtype)), training
     )
     timings = tuple(
-        StrategyTiming(c.name, c.strategy, c.amp and c.amp.value, rounds[c.name], warmed[c.name])
+        StrategyTiming(
+            c.name,
+            c.strategy,
+            c.amp and c.amp.value,
+            rounds[c.name],
+            warmed[c.name],
+            compiled=c.watch is not None,
+            compile_seconds=None if c.watch is None else round(c.watch.seconds, 3),
+        )
         for c in configurations
     )
     return BenchReport(

@@ -30,15 +30,22 @@ def render_bench(report: BenchReport, console: Console, top: int = 10) -> None:
     table.add_column("spread", justify="right")
     table.add_column("samples/s", justify="right")
     table.add_column("vs nchw", justify="right")
+    compiled = any(t.compiled for t in report.timings)
+    if compiled:
+        table.add_column("compile (apart)", justify="right")
     for timing in report.timings:
         speedup = report.speedup(timing)
-        table.add_row(
+        cells = [
             timing.name,
             f"{timing.median_ms:.2f}",
             f"{timing.spread:.0%}",
             f"{report.throughput(timing):.1f}",
             "" if speedup is None else f"{speedup:.2f}x",
-        )
+        ]
+        if compiled:
+            seconds = timing.compile_seconds
+            cells.append("" if seconds is None else f"{seconds:.1f} s")
+        table.add_row(*cells)
     console.print(table)
     console.print(Text(report.verdict_text, style="bold"))
     a = report.attribution

@@ -54,6 +54,8 @@ class StrategyTiming:
     amp: str | None  # autocast dtype ("bf16", "fp16") or None
     rounds_ms: tuple[float, ...]
     warmup_steps: int | None = None  # untimed steps run until settled (None: version 1)
+    compiled: bool = False  # through torch.compile (version 4: ``--compile``)
+    compile_seconds: float | None = None  # the compile's steps, apart from the rounds
 
     @property
     def median_ms(self) -> float:
@@ -175,7 +177,9 @@ class BenchReport:
     timings: tuple[StrategyTiming, ...]
     attribution: Attribution | None
 
-    json_form: ClassVar[JsonForm] = JsonForm(derived=("verdict", "verdict_text", "comparison"))
+    json_form: ClassVar[JsonForm] = JsonForm(
+        derived=("verdict", "verdict_text", "comparison", "compiled_comparison")
+    )
 
     def timing(self, name: str) -> StrategyTiming | None:
         return next((t for t in self.timings if t.name == name), None)
@@ -183,7 +187,14 @@ class BenchReport:
     def speedup(self, timing: StrategyTiming) -> float | None:
         """How many times faster than nchw at the same autocast (>1: faster)."""
         base = next(
-            (t for t in self.timings if t.strategy is Strategy.NCHW and t.amp == timing.amp), None
+            (
+                t
+                for t in self.timings
+                if t.strategy is Strategy.NCHW
+                and t.amp == timing.amp
+                and t.compiled == timing.compiled
+            ),
+            None,
         )
         return None if base is None else base.median_ms / timing.median_ms
 
@@ -194,17 +205,31 @@ class BenchReport:
     @property
     def comparison(self) -> Comparison | None:
         """channels-last against nchw at the report's autocast, or None when one is missing."""
+        return self._compared(compiled=False)
+
+    @property
+    def compiled_comparison(self) -> Comparison | None:
+        """The same under torch.compile (``--compile``), or None."""
+        return self._compared(compiled=True)
+
+    def _compared(self, compiled: bool) -> Comparison | None:
         amp = self.environment.autocast is not None
         cl = next(
             (
                 t
                 for t in self.timings
-                if t.strategy is Strategy.CHANNELS_LAST and (t.amp is not None) == amp
+                if t.strategy is Strategy.CHANNELS_LAST
+                and (t.amp is not None) == amp
+                and t.compiled == compiled
             ),
             None,
         )
         base = next(
-            (t for t in self.timings if t.strategy is Strategy.NCHW and cl and t.amp == cl.amp),
+            (
+                t
+                for t in self.timings
+                if t.strategy is Strategy.NCHW and cl and t.amp == cl.amp and t.compiled == compiled
+            ),
             None,
         )
         if cl is None or base is None:
@@ -221,8 +246,14 @@ class BenchReport:
     @property
     def verdict_text(self) -> str:
         """One line: how channels-last compares with nchw (when the rounds can tell), and what
-        its conversions take."""
-        c = self.comparison
+        its conversions take; with compiled configurations, how they compare too."""
+        line = self._verdict_line(self.comparison, attributed=True)
+        compiled = self.compiled_comparison
+        if compiled is not None:
+            line += f"; compiled: {self._verdict_line(compiled, attributed=False)}"
+        return line
+
+    def _verdict_line(self, c: Comparison | None, attributed: bool) -> str:
         if c is None:
             return "channels-last was not compared with nchw"
         timing = next(t for t in self.timings if t.name == c.configuration)
@@ -249,7 +280,7 @@ class BenchReport:
                 f"{c.low:.2f}x-{c.high:.2f}x round by round)"
             )
         a = self.attribution
-        if a is not None and a.configuration == c.configuration:
+        if attributed and a is not None and a.configuration == c.configuration:
             line += f"; conversions take {a.share:.0%} of its step"
         return line
 
