@@ -8,6 +8,7 @@ from collections import defaultdict
 from cl_audit.enums import SpeedVerdict, Status, Verdict
 from cl_audit.render.html_model import _sites_table
 from cl_audit.render.html_page import breakable, esc, html_page, summary_cards
+from cl_audit.render.html_sweep_compiled import compiled_cell, compiled_scatter, has_compiled
 from cl_audit.render.wording import (
     format_bytes,
     operator_examples,
@@ -20,7 +21,7 @@ from cl_audit.report import (
 __all__ = ["sweep_html"]
 
 
-def _model_row(row: ModelRow) -> str:
+def _model_row(row: ModelRow, compiled: bool) -> str:
     s = row.summary
     converted = s.bytes_converted if s else 0
     extra = row.cost.extra_bytes if row.cost else 0
@@ -39,7 +40,8 @@ def _model_row(row: ModelRow) -> str:
         f'<td class="num" data-value="{converted}">{format_bytes(converted)}</td>'
         f'<td class="num">{s.parameter_conversions if s else 0}</td>'
         f'<td class="num">{s.format_neutral if s else 0}</td>'
-        f"{_speed_cell(row)}<td>{esc(row.message or '')}</td></tr>"
+        f"{_speed_cell(row)}{compiled_cell(row) if compiled else ''}"
+        f"<td>{esc(row.message or '')}</td></tr>"
     )
 
 
@@ -209,6 +211,7 @@ def sweep_html(report: SweepReport) -> str:
     speed_cards = summary_cards(
         tuple((f"speed {v.value}", speeds.count(v)) for v in SpeedVerdict if speeds.count(v))
     )
+    compiled = has_compiled(report)
     statuses = "".join(f'<option value="{st.value}">{st.value}</option>' for st in Status)
     examples = operator_examples(report)
     operators = "".join(
@@ -235,10 +238,12 @@ def sweep_html(report: SweepReport) -> str:
         '<th class="num">share</th><th class="num">offender sites</th>'
         '<th class="num">losses</th><th class="num">converted</th>'
         '<th class="num">parameter</th><th class="num">neutral</th><th class="num">speed</th>'
-        "<th>message</th></tr>"
-        f"</thead><tbody>{''.join(_model_row(r) for r in report.models)}</tbody></table>"
+        + ('<th class="num">compiled</th>' if compiled else "")
+        + "<th>message</th></tr>"
+        f"</thead><tbody>{''.join(_model_row(r, compiled) for r in report.models)}</tbody></table>"
         "<h2>Bytes against speed</h2>"
         + _scatter(report)
+        + ("<h2>Eager against compiled speed</h2>" + compiled_scatter(report) if compiled else "")
         + "<h2>Operator coverage, by channels_last-only cost</h2>"
         '<table class="sortable" id="operators"><thead><tr><th>op</th><th class="num">'
         'channels_last only</th><th class="num">cost models</th><th>Python-level calls'

@@ -9,12 +9,14 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from cl_audit.enums import SpeedVerdict
 from cl_audit.render.wording import (
     format_bytes,
     operator_examples,
 )
 from cl_audit.report import (
     Comparison,
+    ModelRow,
     SweepReport,
 )
 
@@ -47,6 +49,13 @@ def render_sweep(report: SweepReport, console: Console, top: int = 10) -> None:
             text.append(
                 "; slowest: " + ", ".join(f"{r.name} {r.speed.speedup:.2f}x" for r in slowest)  # type: ignore[union-attr]
             )
+    compiled = [r for r in report.models if r.speed is not None and r.speed.compiled is not None]
+    if compiled:
+        counts = Counter(r.speed.compiled.verdict.value for r in compiled)  # type: ignore[union-attr]
+        text.append("\ncompiled speed: " + ", ".join(f"{n} {v}" for v, n in counts.most_common()))
+        differ = [r for r in compiled if _sides(r) is not None]
+        if differ:
+            text.append("; eager and compiled disagree: " + ", ".join(map(_sides, differ)))  # type: ignore[arg-type]
     console.print(Panel(text, title="cl-audit sweep", expand=False))
     costly = [cov for cov in report.operators if cov.extra_bytes or cov.models]
     if costly:
@@ -100,3 +109,14 @@ def render_comparison(comparison: Comparison, console: Console) -> None:
             console.print(f"[{style}]{label}:[/{style}] {item}", highlight=False)
     if not comparison.regressed:
         console.print("[green]no new offences or failures against the baseline[/green]")
+
+
+def _sides(row: ModelRow) -> str | None:
+    """``convnext_tiny 0.97x/1.05x`` where the eager and the compiled verdicts are faster and
+    slower, one each; else None."""
+    speed = row.speed
+    compiled = None if speed is None else speed.compiled
+    sides = {SpeedVerdict.FASTER, SpeedVerdict.SLOWER}
+    if speed is None or compiled is None or {speed.verdict, compiled.verdict} != sides:
+        return None
+    return f"{row.name} {speed.speedup:.2f}x/{compiled.speedup:.2f}x"
