@@ -16,6 +16,9 @@ A training step is SGD (momentum 0.9) on cross-entropy of random labels (the sum
 outputs where the output is not a (batch, classes) tensor), with fp16 autocast through a
 gradient scaler, as cl-audit's step. Models: ``name`` (timm) or ``tv:name`` (torchvision),
 random weights; with ``--size`` a timm model that takes ``img_size`` is built for that side.
+With ``--compile`` each copy is run through ``torch.compile`` (``--compile-mode``) and
+compiled by its first steps (until a step adds no Dynamo frame, at most four: their wall time
+is ``compile_s``, kept out of the rounds) before the warm-up; the rest as above.
 """
 
 from __future__ import annotations
@@ -155,6 +158,20 @@ def profile(r: Runner, device: str) -> list[dict]:
     return rows
 
 
+def compile_runner(r: Runner, mode: str | None) -> float:
+    """``r``'s model through torch.compile, compiled by its first steps: their seconds."""
+    from torch._dynamo.utils import counters
+
+    r.model = torch.compile(r.model, mode=mode)
+    start = time.perf_counter()
+    for index in range(4):
+        frames = counters["frames"]["ok"]
+        r.timed(1)
+        if index and counters["frames"]["ok"] == frames:
+            break
+    return round(time.perf_counter() - start, 3)
+
+
 def quartiles(values: list[float]) -> list[float]:
     if len(values) < 2:
         return [values[0]] * 3
@@ -174,6 +191,9 @@ def measure(name: str, a: argparse.Namespace) -> dict:
                                 a.amp),
         "nchw": Runner(model, x, target, a.device, a.train, a.amp),
     }  # fmt: skip
+    compile_s = {k: compile_runner(r, a.compile_mode) for k, r in runners.items()} if (
+        a.compile
+    ) else None  # fmt: skip
     warmed = {k: warm(r, a.warmup) for k, r in runners.items()}
     rounds: dict[str, list[float]] = {k: [] for k in runners}
     order = list(runners)
@@ -192,6 +212,8 @@ def measure(name: str, a: argparse.Namespace) -> dict:
         "speedup": statistics.median(rounds["nchw"]) / statistics.median(rounds["channels_last"]),
         "ratio_quartiles": quartiles(ratios),
     }
+    if compile_s is not None:
+        row["compile_s"] = compile_s
     if a.profile:
         row["profile"] = {k: profile(r, a.device) for k, r in runners.items()}
     return row
@@ -213,6 +235,8 @@ def main() -> None:
     p.add_argument("--profile", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--budget-s", type=float, default=1e9, help="no model starts after this")
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--compile", action="store_true", help="time torch.compile'd copies")
+    p.add_argument("--compile-mode", default=None)
     a = p.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The CPU proof of issue #69 (does channels_last pay under torch.compile?), model by model, in
+# the order of reports/compiled/models_cpu.txt (drawn: scripts/draw_models.py, seed 69), each
+# writing as it goes under reports/compiled/check-cpu_torch-$RELEASE/:
+#   1. the independent measurement (scripts/speed_truth.py --compile: no cl-audit import):
+#      batch 4 at 160 px, fp32 inference, both layouts torch.compile'd, compile apart, then
+#      7 alternating rounds of 3 steps, one thread;
+#   2. cl-audit's verdicts for the same model: `cl-audit MODEL --compile --time --json`, same
+#      batch and side, one thread (OMP_NUM_THREADS=1), remedies not tried (--no-verify).
+# Then scripts/summarise_compiled.py compares them (summary.json, and the page's table).
+#     bash scripts/compiled_check_cpu.sh [LANE LANES]   (default: 0 1, every model)
+# LANE of LANES takes every LANES-th model from the LANE-th (0-based): two lanes, one per core,
+# each one thread, run the models in about half the time (the proof's run: 0 2 and 1 2 beside
+# each other; each measurement pairs its layouts round by round, so the other lane's load falls
+# on both).
+# A model whose independent run fails is an error row there and is not audited; a model that
+# times out (TIMEOUT seconds, default 900, per command) likewise.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-.venv/bin/python}
+release=$($PY -c 'import torch; print(torch.__version__.split("+")[0])')
+out=${OUT:-reports/compiled/check-cpu_torch-$release}
+mkdir -p "$out/audits"
+lane=${1:-0}
+lanes=${2:-1}
+export OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1
+grep -v '^#' reports/compiled/models_cpu.txt | sed 's/ *#.*//' | awk -v l="$lane" -v n="$lanes" 'NR % n == l' |
+while read -r name; do
+  [ -n "$name" ] || continue
+  file="$out/audits/${name#tv:}.json"
+  [ -s "$file" ] && continue
+  timeout "${TIMEOUT:-900}" $PY scripts/speed_truth.py --device cpu --compile --batch 4 --size 160 \
+    --rounds 7 --steps 3 --threads 1 --no-profile --models "$name" --out "$out/truth-$lane.jsonl" \
+    >> "$out/truth-$lane.log" 2>    >> "$out/truth.log" 2>&11
+  if ! grep -q "\"name\": \"$name\", \"status\": \"ok\"" "$out/truth-$lane.jsonl" 2>/dev/null; then
+    echo "$name: no independent measurement, not audited" >> "$out/audit-$lane.log"
+    continue
+  fi
+  if [[ $name == tv:* ]]; then spec=(${name#tv:}); else spec=(--timm "$name"); fi
+  start=$(date +%s)
+  timeout "${TIMEOUT:-900}" $PY -m cl_audit "${spec[@]}" --compile --time --no-verify \
+    --input-size 3x160x160 --batch-size 4 --json "$file.part" > "$out/audits/${name#tv:}.log" 2>&1
+  rc=$?
+  [ -s "$file.part" ] && mv "$file.part" "$file"
+  echo "$name: exit $rc in $(( $(date +%s) - start )) s" >> "$out/audit-$lane.log"
+done
