@@ -31,7 +31,7 @@ while read -r name; do
   [ -s "$file" ] && continue
   timeout "${TIMEOUT:-900}" $PY scripts/speed_truth.py --device cpu --compile --batch 4 --size 160 \
     --rounds 7 --steps 3 --threads 1 --no-profile --models "$name" --out "$out/truth-$lane.jsonl" \
-    >> "$out/truth-$lane.log" 2>    >> "$out/truth.log" 2>&11
+    >> "$out/truth-$lane.log" 2>&1
   if ! grep -q "\"name\": \"$name\", \"status\": \"ok\"" "$out/truth-$lane.jsonl" 2>/dev/null; then
     echo "$name: no independent measurement, not audited" >> "$out/audit-$lane.log"
     continue
