@@ -26,6 +26,7 @@ from cl_audit import audit_model
 from cl_audit.compat.inductor import compile_problem
 from cl_audit.enums import CompiledClass, SpeedVerdict
 from cl_audit.execution.settings import CompileOptions
+from cl_audit.render.html_model import model_html
 from cl_audit.report import ModelReport, load_schema
 
 TOYS = str(Path(__file__).with_name("compiled_toys.py"))
@@ -201,3 +202,18 @@ def test_a_compiled_sweep_needs_time_and_one_job_and_plots_eager_against_compile
     scatter = page[page.index('id="compiled-scatter"') :]
     assert scatter.count('<circle class="point"') == 2
     assert '<th class="num">compiled</th>' in page
+
+
+def test_a_compiled_training_step_lowers_a_forward_and_a_backward_graph():
+    report = _audit(Broken(False), CompileOptions(), train=True)
+    compiled = report.speed.compiled
+    for layout in (compiled.channels_last, compiled.nchw):
+        assert [g.phase for g in layout.lowered] == ["forward", "backward"]
+        assert layout.lowered[0].layout_optimization  # mkldnn on the CPU
+        assert layout.graph_calls == 2  # the forward graph, then the backward graph
+    page = model_html(report)
+    table = page[page.index('id="compiled-speed"') :]
+    assert "layout optimisation" in table and "on in 1 of 2 (backward off)" in table or (
+        "on in 2 of 2" in table  # a torch whose heuristic counts the backward's convolutions
+    )
+    assert "compile, apart from the rounds" in table
