@@ -23,7 +23,9 @@ out=${OUT:-reports/compiled/check-cpu_torch-$release}
 mkdir -p "$out/audits"
 lane=${1:-0}
 lanes=${2:-1}
-export OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1
+# each lane's Inductor cache its own: two processes building one kernel into one cache can read
+# a half-written .so ("file too short"; seen with one shared cache)
+export OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 TORCHINDUCTOR_CACHE_DIR=/tmp/torchinductor-lane-$lane
 grep -v '^#' reports/compiled/models_cpu.txt | sed 's/ *#.*//' | awk -v l="$lane" -v n="$lanes" 'NR % n == l' |
 while read -r name; do
   [ -n "$name" ] || continue

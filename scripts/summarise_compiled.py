@@ -34,12 +34,18 @@ def main() -> None:
         for line in path.read_text().splitlines():
             row = json.loads(line)
             truth[row["name"].removeprefix("tv:")] = row
-    rows = []
+    rows, failed = [], []
+    for name, t in truth.items():
+        if t["status"] != "ok":
+            failed.append({"model": name, "where": "independent", "message": t["message"]})
     for path in sorted((folder / "audits").glob("*.json")):
         name = path.stem
         report = json.loads(path.read_text())
         t = truth.get(name)
-        if t is None or t["status"] != "ok" or report.get("status") == "failed":
+        if report.get("status") == "error":
+            failed.append({"model": name, "where": "cl-audit", "message": report["message"]})
+            continue
+        if t is None or t["status"] != "ok":
             continue
         speed = report.get("speed") or {}
         compiled = speed.get("compiled") or {}
@@ -74,6 +80,7 @@ def main() -> None:
         "wrong": [r["model"] for r in outside if r not in right],
         "eager_compiled_disagree": [r["model"] for r in disagree],
         "median_abs_error": _median_error(rows),
+        "failed": failed,
         "rows": rows,
     }
     _write(folder / "summary.json", json.dumps(summary, indent=1) + "\n")
@@ -120,6 +127,9 @@ def _markdown(s: dict) -> str:
             f"| {r['compile_s'][0]:.0f}, {r['compile_s'][1]:.0f} "
             f"| {r['graphs']}, {r['graph_breaks']} | {r['compiled_class']} | {r['eager_class']} |"
         )
+    lines += ["", f"Failed ({len(s['failed'])}):"] + [
+        f"- {f['model']} ({f['where']}): {f['message']}" for f in s["failed"]
+    ]
     return "\n".join(lines)
 
 
