@@ -13,6 +13,10 @@ torch.set_num_threads(1)
 # The speed tables a test sees are the shipped ones and what it makes itself: never the user's
 # own (``cl-audit table`` writes them to the user's cache folder otherwise).
 os.environ["CL_AUDIT_TABLES"] = tempfile.mkdtemp(prefix="cl-audit-tables-")
+# Each test process its own Inductor cache (its subprocesses share it): two processes building
+# one kernel into one cache can read a half-written .so ("file too short": seen with the
+# compiled proof's two lanes on one cache).
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="cl-audit-inductor-"))
 
 
 def channels_last(*shape: int) -> torch.Tensor:
