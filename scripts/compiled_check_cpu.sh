@@ -26,6 +26,10 @@ lanes=${2:-1}
 # each lane's Inductor cache its own: two processes building one kernel into one cache can read
 # a half-written .so ("file too short"; seen with one shared cache)
 export OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 TORCHINDUCTOR_CACHE_DIR=/tmp/torchinductor-lane-$lane
+# the independent run compiles Inductor's CPU kernels with their profiler ranges too, as cl-audit
+# does (a flag test each when no profiler runs): the same generated sources, so that cl-audit's
+# compile finds the C++ kernels built (its compile seconds then exclude most of the g++ time)
+export TORCHINDUCTOR_CPP_ENABLE_KERNEL_PROFILE=1
 grep -v '^#' reports/compiled/models_cpu.txt | sed 's/ *#.*//' | awk -v l="$lane" -v n="$lanes" 'NR % n == l' |
 while read -r name; do
   [ -n "$name" ] || continue

@@ -4,7 +4,9 @@ takes a known time (registered with Dynamo by name, as a user registers one)."""
 
 from __future__ import annotations
 
+import itertools
 import time
+import types
 
 import torch
 from torch import nn
@@ -58,6 +60,21 @@ class Broken(nn.Module):
         if self.with_break:
             torch._dynamo.graph_break()
         return self.b(y)
+
+
+_copies = itertools.count()
+
+
+def fresh(cls: type[nn.Module]) -> type[nn.Module]:
+    """``cls`` with a forward of its own code: Dynamo keeps compiled graphs per code object and
+    reuses them for an equal model in one process, so a test that counts what a compile makes
+    compiles a class no earlier test compiled."""
+    forward = cls.forward
+    code = forward.__code__.replace(co_name=f"forward_{next(_copies)}")
+    own = types.FunctionType(
+        code, forward.__globals__, code.co_name, forward.__defaults__, forward.__closure__
+    )
+    return type(cls.__name__, (cls,), {"forward": own})
 
 
 def slower_compiled_channels_last() -> tuple[nn.Module, tuple[int, ...]]:

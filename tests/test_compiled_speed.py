@@ -17,10 +17,12 @@ from compiled_toys import (
     SLOW_COMPILE_S,
     Broken,
     PausedWhenCompiled,
+    fresh,
     without_graph_break,
 )
 from literal_reports import before_version_16
 from test_cli import run_cli
+from torch._dynamo.utils import counters
 
 from cl_audit import audit_model
 from cl_audit.compat.inductor import compile_problem
@@ -46,7 +48,7 @@ def _audit(model: torch.nn.Module, options: CompileOptions = EAGER, **kwargs) ->
 
 
 def test_the_compile_is_timed_apart_and_never_inside_a_round():
-    report = _audit(Broken(False), CompileOptions(backend="cl_audit_test_slow_compile"))
+    report = _audit(fresh(Broken)(False), CompileOptions(backend="cl_audit_test_slow_compile"))
     compiled = report.speed.compiled
     for layout in (compiled.channels_last, compiled.nchw):
         assert layout.compile_seconds >= SLOW_COMPILE_S  # one graph, compiled once
@@ -57,8 +59,8 @@ def test_the_compile_is_timed_apart_and_never_inside_a_round():
 
 
 def test_graph_breaks_are_counted_per_layout_with_a_control():
-    broken = _audit(Broken(True)).speed.compiled
-    whole = _audit(Broken(False)).speed.compiled
+    broken = _audit(fresh(Broken)(True)).speed.compiled
+    whole = _audit(fresh(Broken)(False)).speed.compiled
     for layout in (broken.channels_last, broken.nchw):
         assert (layout.graphs, layout.graph_breaks, layout.graph_calls) == (2, 1, 0)
     for layout in (whole.channels_last, whole.nchw):
@@ -66,7 +68,7 @@ def test_graph_breaks_are_counted_per_layout_with_a_control():
 
 
 def test_inductor_compiled_step_has_its_classes_and_layout_decisions():
-    report = _audit(Broken(True), CompileOptions())
+    report = _audit(fresh(Broken)(True), CompileOptions())
     compiled = report.speed.compiled
     cl = compiled.channels_last
     assert (cl.graphs, cl.graph_breaks, cl.graph_calls) == (2, 1, 2)
@@ -84,8 +86,8 @@ def test_inductor_compiled_step_has_its_classes_and_layout_decisions():
 
 
 def test_the_compiled_verdict_reads_the_compiled_rounds_with_a_control():
-    slower = _audit(PausedWhenCompiled(torch.channels_last)).speed
-    faster = _audit(PausedWhenCompiled(torch.contiguous_format)).speed
+    slower = _audit(fresh(PausedWhenCompiled)(torch.channels_last)).speed
+    faster = _audit(fresh(PausedWhenCompiled)(torch.contiguous_format)).speed
     assert slower.compiled.verdict is SpeedVerdict.SLOWER
     assert slower.compiled.channels_last.ms > PAUSE_S * 1e3 > slower.compiled.nchw.ms
     assert slower.gated is SpeedVerdict.SLOWER
@@ -103,7 +105,8 @@ def test_speed_gate_reads_the_compiled_verdict_through_the_cli_with_a_control(tm
     data = json.loads((tmp_path / "s").read_text())
     jsonschema.validate(data, load_schema())
     assert data["speed"]["compiled"]["verdict"] == "slower"
-    assert data["speed"]["compiled"]["options"] == "eager, mode default, dynamic auto"
+    options = data["speed"]["compiled"]["options"]
+    assert options == {"mode": None, "backend": "eager", "dynamic": None}
 
 
 def test_speed_gate_with_compile_without_time_is_refused_up_front():
@@ -168,7 +171,7 @@ def test_bench_compile_times_compiled_layouts_apart_from_the_eager_ones(tmp_path
 
 
 def test_a_version_15_report_is_still_read_and_the_compiled_part_round_trips():
-    report = _audit(Broken(False))
+    report = _audit(fresh(Broken)(False))
     data = report.to_dict()
     jsonschema.validate(data, load_schema())
     assert ModelReport.from_dict(json.loads(json.dumps(data))).speed == report.speed
@@ -205,7 +208,7 @@ def test_a_compiled_sweep_needs_time_and_one_job_and_plots_eager_against_compile
 
 
 def test_a_compiled_training_step_lowers_a_forward_and_a_backward_graph():
-    report = _audit(Broken(False), CompileOptions(), train=True)
+    report = _audit(fresh(Broken)(False), CompileOptions(), train=True)
     compiled = report.speed.compiled
     for layout in (compiled.channels_last, compiled.nchw):
         assert [g.phase for g in layout.lowered] == ["forward", "backward"]
@@ -213,7 +216,41 @@ def test_a_compiled_training_step_lowers_a_forward_and_a_backward_graph():
         assert layout.graph_calls == 2  # the forward graph, then the backward graph
     page = model_html(report)
     table = page[page.index('id="compiled-speed"') :]
-    assert "layout optimisation" in table and "on in 1 of 2 (backward off)" in table or (
+    assert ("layout optimisation" in table and "on in 1 of 2 (backward off)" in table) or (
         "on in 2 of 2" in table  # a torch whose heuristic counts the backward's convolutions
     )
     assert "compile, apart from the rounds" in table
+
+
+def test_a_timed_compile_leaves_torch_and_the_users_compiled_model_as_they_were():
+    from torch._dynamo import config as dynamo_config
+    from torch._inductor import config
+    from torch._inductor.graph import GraphLowering
+
+    decide = GraphLowering.__dict__["decide_layout_opt"]
+    settings = (config.fx_graph_cache, config.cpp.enable_kernel_profile)
+    limit = dynamo_config.recompile_limit
+    model, shape = without_graph_break()
+    users = torch.compile(model.eval(), backend="eager")
+    x = torch.randn(2, *shape)
+    with torch.no_grad():
+        users(x)
+    _audit(fresh(Broken)(False), CompileOptions())
+    frames = counters["frames"]["ok"]
+    assert GraphLowering.__dict__["decide_layout_opt"] is decide
+    assert (config.fx_graph_cache, config.cpp.enable_kernel_profile) == settings
+    assert dynamo_config.recompile_limit == limit
+    with torch.no_grad():
+        users(x)
+    assert counters["frames"]["ok"] == frames  # the user's graph ran again, not recompiled
+    assert next(model.parameters()).is_contiguous()  # the user's model was not converted
+
+
+def test_an_equal_model_compiled_again_in_one_process_says_its_graphs_were_reused():
+    cls = fresh(Broken)
+    first = _audit(cls(False)).speed.compiled
+    again = _audit(cls(False)).speed.compiled  # the same code, equal guards: reused
+    assert first.channels_last.graphs == 1 and first.note is None
+    assert again.channels_last.graphs == 0 and again.nchw.graphs == 0
+    assert again.note.startswith("Dynamo compiled no graph for channels_last and NCHW")
+    assert again.known  # the rounds ran the compiled graphs all the same

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from cl_audit.enums import Amp, DType, Engine, Optimizer, Strategy, TensorMode
 from cl_audit.errors import UsageError
+from cl_audit.report.compiled_speed import CompileOptions
 from cl_audit.report.environment import dtype_name
 from cl_audit.report.verdict import GATE_BATCH, Gate
 
@@ -30,23 +31,6 @@ __all__ = [
 
 
 DEFAULT_BATCH = 2
-
-
-@dataclass(frozen=True)
-class CompileOptions:
-    """What ``torch.compile`` is given where a compiled model is timed (``compile`` with
-    ``time``; ``cl-audit bench --compile``): torch's own ``mode``, ``backend`` and
-    ``dynamic``, as the user compiles."""
-
-    mode: str | None = None
-    backend: str = "inductor"
-    dynamic: bool | None = None
-
-    @property
-    def described(self) -> str:
-        """``inductor, mode default, dynamic auto``."""
-        dynamic = {None: "auto", True: "on", False: "off"}[self.dynamic]
-        return f"{self.backend}, mode {self.mode or 'default'}, dynamic {dynamic}"
 
 
 DEFAULT_GATE = Gate(batch=GATE_BATCH)  # 1% of the bytes written and 1 MiB, at batch 32

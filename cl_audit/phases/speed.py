@@ -49,7 +49,7 @@ def _compiled(subject: Subject, measured: Measured | None, band: float) -> Compi
     """The compiled part: measured (``time``), else unknown, saying why: no table holds
     Inductor's fused kernels, so a compiled step is never predicted."""
     settings = subject.plan.settings
-    options = settings.compile_options.described
+    options = settings.compile_options
     timed = None if measured is None else measured.compiled
     if timed is None:
         if not settings.strategy.compared:
@@ -65,6 +65,15 @@ def _compiled(subject: Subject, measured: Measured | None, band: float) -> Compi
         return CompiledSpeed(SpeedVerdict.UNKNOWN, options, note=why)
     cl, nchw = timed.audited, timed.nchw
     low, speedup, high = round_ratios(nchw.rounds_ms, cl.rounds_ms)
+    layouts = (("channels_last", cl), ("NCHW", nchw))
+    uncounted = [name for name, layout in layouts if not layout.graphs]
+    note = None
+    if uncounted:
+        note = (
+            f"Dynamo compiled no graph for {' and '.join(uncounted)}: it ran graphs compiled "
+            "earlier in this process for an equal copy (their guards held), or captured none; "
+            "the compile's seconds, graphs and breaks there are not its own"
+        )
     return CompiledSpeed(
         verdict=speed_verdict(speedup, low, high, band),
         options=options,
@@ -74,6 +83,7 @@ def _compiled(subject: Subject, measured: Measured | None, band: float) -> Compi
         channels_last=cl,
         nchw=nchw,
         classes=timed.classes,
+        note=note,
     )
 
 

@@ -265,11 +265,15 @@ def _speed_section(speed: Speed) -> str:
             f'<td class="num">{esc(nchw)}</td></tr>'
             for label, cl, nchw in compiled_rows(compiled)
         )
+        how = esc(compiled.options.described)
         table += (
-            f'<h3>Compiled ({esc(compiled.options)})</h3><table id="compiled-speed"><thead><tr>'
+            f'<h3>Compiled ({how})</h3><table id="compiled-speed"><thead><tr>'
             '<th></th><th class="num">channels_last</th><th class="num">NCHW</th></tr></thead>'
             f"<tbody>{rows}</tbody></table>"
         )
+        if compiled.note:
+            table += f'<p class="dim">{esc(compiled.note)}</p>'
+
     warning = table_warning(speed)
     warn = f'<p class="warn">{esc(warning)}</p>' if warning else ""
     head = f"<h2>Does channels_last pay?</h2><p>{esc(speed.headline())}</p>{warn}"

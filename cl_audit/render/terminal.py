@@ -339,6 +339,8 @@ def render_report(
         console.print(speed_table(speed))
     if speed is not None and speed.compiled is not None and speed.compiled.classes:
         console.print(compiled_speed_table(speed.compiled))
+        if speed.compiled.note:
+            console.print(speed.compiled.note, highlight=False, style="dim")
     if speed is not None:
         for line in speed_lines(speed):
             console.print(line, highlight=False, style="dim")

@@ -184,9 +184,8 @@ def speed_table(speed: Speed) -> Table:
 def compiled_speed_table(compiled: CompiledSpeed) -> Table:
     """The compiled step's time by class in each layout and what compiling each did
     (``compiled_rows``)."""
-    table = Table(
-        title=f"Compiled step by class, measured ({compiled.options})", title_justify="left"
-    )
+    title = f"Compiled step by class, measured ({compiled.options.described})"
+    table = Table(title=title, title_justify="left")
     table.add_column("", overflow="fold")
     table.add_column("channels_last", justify="right")
     table.add_column("NCHW", justify="right")

@@ -15,7 +15,24 @@ from typing import ClassVar
 from cl_audit.enums import CompiledClass, SpeedVerdict
 from cl_audit.report.codec import JsonForm
 
-__all__ = ["CompiledClassTime", "CompiledLayout", "CompiledSpeed", "GraphLayout"]
+__all__ = ["CompileOptions", "CompiledClassTime", "CompiledLayout", "CompiledSpeed", "GraphLayout"]
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    """What ``torch.compile`` is given where a compiled model is timed (``compile`` with
+    ``time``; ``cl-audit bench --compile``): torch's own ``mode``, ``backend`` and
+    ``dynamic``, as the user compiles."""
+
+    mode: str | None = None
+    backend: str = "inductor"
+    dynamic: bool | None = None
+
+    @property
+    def described(self) -> str:
+        """``inductor, mode default, dynamic auto``."""
+        dynamic = {None: "auto", True: "on", False: "off"}[self.dynamic]
+        return f"{self.backend}, mode {self.mode or 'default'}, dynamic {dynamic}"
 
 
 @dataclass(frozen=True)
@@ -66,10 +83,11 @@ class CompiledSpeed:
     """Whether channels_last pays under ``torch.compile`` (``options``: how it was compiled):
     ``speedup`` is NCHW's compiled step over channels_last's (the median round's ratio, with
     the quartiles ``low`` and ``high``), its verdict within the gate's band as the eager one's;
-    ``note`` says why where it is unknown."""
+    ``note`` says why where it is unknown, or what of a measured part is not its own (Dynamo
+    reuses an earlier compile's graphs in one process where their guards hold)."""
 
     verdict: SpeedVerdict
-    options: str
+    options: CompileOptions
     speedup: float | None = None
     low: float | None = None
     high: float | None = None
