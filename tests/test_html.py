@@ -19,11 +19,18 @@ import torch
 import toy_models
 from literal_reports import empty_sweep, finding, minor_sweep, row, sweep, training_sweep
 
+from cl_audit.enums import SpeedVerdict
 from cl_audit.execution.settings import AuditSettings
 from cl_audit.phases.audit_module import audit_module
 from cl_audit.render.html_model import model_html
 from cl_audit.render.html_sweep import sweep_html
 from cl_audit.report import ModelSource, Status
+from cl_audit.report.compiled_speed import (
+    CompiledLayout,
+    CompiledSpeed,
+    CompileOptions,
+    GraphLayout,
+)
 from cl_audit.report.files import read_report
 
 HOSTILE = '<script>window.pwned=1</script><img src=x onerror="window.pwned=2">'
@@ -483,6 +490,50 @@ def test_the_1371_model_sweep_page_opens_in_the_browser(browser, tmp_path):
               f"{load_ms:.0f} ms")  # fmt: skip
         rows = browser.execute_script("return document.querySelectorAll('#models tbody tr').length")
         assert rows == 1371 and console_errors(browser) == []
+        assert fits(browser) and overflowing(browser) == []
+    finally:
+        browser.set_window_size(1400, 1000)
+
+
+def test_a_compiled_sweep_page_plots_eager_against_compiled_speed_and_links_each_point(
+    browser, tmp_path
+):
+    """A sweep whose rows carry a compiled part (``--compile --time``): a compiled column, and
+    eager against compiled speedup plotted, a point per model with both (the control, a model
+    without a compiled part, has none), each linked to its row, no sideways scroll."""
+    base = _speed_sweep()
+    layout = CompiledLayout((2.0, 2.1, 2.0), 3.0, 1, 0, 1, (GraphLayout("inference", True),), 2.2)
+    rows, index = [], 0
+    for r in base.models:
+        if r.speed is not None and r.speed.speedup and index < 2:
+            compiled = CompiledSpeed(
+                SpeedVerdict.FASTER if index == 0 else SpeedVerdict.SLOWER, CompileOptions(),
+                speedup=1.2 if index == 0 else 0.8, low=1.1, high=1.3,
+                channels_last=layout, nchw=layout,
+            )  # fmt: skip
+            r = replace(r, speed=replace(r.speed, compiled=compiled))
+            index += 1
+        rows.append(r)
+    report = replace(base, models=tuple(rows))
+    try:
+        browser.set_window_size(1280, 1000)
+        load(browser, sweep_html(report), tmp_path / "compiled.html")
+        assert console_errors(browser) == []
+        points = browser.find_elements("css selector", "#compiled-scatter a circle")
+        assert len(points) == 2
+        titles = [p.find_element("css selector", "title").get_attribute("textContent")
+                  for p in points]  # fmt: skip
+        assert any("compiled 1.20x (faster)" in t for t in titles)
+        model = points[1].get_attribute("data-model")
+        browser.execute_script(
+            "arguments[0].dispatchEvent(new MouseEvent('click', {bubbles: true}))", points[1]
+        )
+        assert "target" in browser.find_element("id", f"row-{model}").get_attribute("class")
+        cells = browser.execute_script(
+            "return Array.from(document.querySelectorAll('#models .compiled'))"
+            ".map(c => c.textContent)"
+        )
+        assert sorted(cells) == ["compiled 0.80x slower", "compiled 1.20x faster"]
         assert fits(browser) and overflowing(browser) == []
     finally:
         browser.set_window_size(1400, 1000)

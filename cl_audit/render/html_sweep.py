@@ -21,7 +21,7 @@ from cl_audit.report import (
 __all__ = ["sweep_html"]
 
 
-def _model_row(row: ModelRow, compiled: bool) -> str:
+def _model_row(row: ModelRow) -> str:
     s = row.summary
     converted = s.bytes_converted if s else 0
     extra = row.cost.extra_bytes if row.cost else 0
@@ -40,18 +40,19 @@ def _model_row(row: ModelRow, compiled: bool) -> str:
         f'<td class="num" data-value="{converted}">{format_bytes(converted)}</td>'
         f'<td class="num">{s.parameter_conversions if s else 0}</td>'
         f'<td class="num">{s.format_neutral if s else 0}</td>'
-        f"{_speed_cell(row)}{compiled_cell(row) if compiled else ''}"
-        f"<td>{esc(row.message or '')}</td></tr>"
+        f"{_speed_cell(row)}<td>{esc(row.message or '')}</td></tr>"
     )
 
 
 def _speed_cell(row: ModelRow) -> str:
+    """The eager speedup and verdict (sorted by), the compiled ones under them."""
     speed = row.speed
     if speed is None or speed.speedup is None:
-        return f'<td class="num" data-value="0">{esc(speed.verdict.value if speed else "")}</td>'
+        text = esc(speed.verdict.value if speed else "")
+        return f'<td class="num" data-value="0">{text}{compiled_cell(row)}</td>'
     return (
         f'<td class="num" data-value="{speed.speedup:.4f}" title="{esc(speed.verdict.value)}">'
-        f"{speed.speedup:.2f}x {esc(speed.verdict.value)}</td>"
+        f"{speed.speedup:.2f}x {esc(speed.verdict.value)}{compiled_cell(row)}</td>"
     )
 
 
@@ -238,9 +239,8 @@ def sweep_html(report: SweepReport) -> str:
         '<th class="num">share</th><th class="num">offender sites</th>'
         '<th class="num">losses</th><th class="num">converted</th>'
         '<th class="num">parameter</th><th class="num">neutral</th><th class="num">speed</th>'
-        + ('<th class="num">compiled</th>' if compiled else "")
         + "<th>message</th></tr>"
-        f"</thead><tbody>{''.join(_model_row(r, compiled) for r in report.models)}</tbody></table>"
+        f"</thead><tbody>{''.join(_model_row(r) for r in report.models)}</tbody></table>"
         "<h2>Bytes against speed</h2>"
         + _scatter(report)
         + ("<h2>Eager against compiled speed</h2>" + compiled_scatter(report) if compiled else "")

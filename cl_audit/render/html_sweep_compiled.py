@@ -1,5 +1,5 @@
 """The compiled step on a sweep's page (``--compile --time`` sweeps): each model's compiled
-speedup in the models table, and eager against compiled speedup plotted."""
+speedup in the models table's speed cell, and eager against compiled speedup plotted."""
 
 from __future__ import annotations
 
@@ -22,15 +22,16 @@ def has_compiled(report: SweepReport) -> bool:
 
 
 def compiled_cell(row: ModelRow) -> str:
-    """A row's compiled speedup and verdict (the verdict alone where unknown)."""
+    """A row's compiled speedup and verdict, under its eager one in the speed cell (a column
+    of its own would widen the models table past a 1280-pixel window); empty without one."""
     compiled = None if row.speed is None else row.speed.compiled
-    if compiled is None or compiled.speedup is None:
-        text = compiled.verdict.value if compiled is not None else ""
-        return f'<td class="num" data-value="0">{esc(text)}</td>'
+    if compiled is None:
+        return ""
+    if compiled.speedup is None:
+        return f'<br><span class="dim">compiled {esc(compiled.verdict.value)}</span>'
     return (
-        f'<td class="num" data-value="{compiled.speedup:.4f}" '
-        f'title="{esc(compiled.verdict.value)}">{compiled.speedup:.2f}x '
-        f"{esc(compiled.verdict.value)}</td>"
+        f'<br><span class="compiled" data-value="{compiled.speedup:.4f}">compiled '
+        f"{compiled.speedup:.2f}x {esc(compiled.verdict.value)}</span>"
     )
 
 
