@@ -5,7 +5,7 @@
 
 Reads the folder that scripts/compiled_check_cpu.sh writes: ``truth-*.jsonl``
 (scripts/speed_truth.py --compile, which does not import cl-audit) and ``audits/*.json``
-(``cl-audit MODEL --compile --time --json``). For each model in both: the independent compiled
+(``cl-audit MODEL --compile --time --json``, gzipped or not). For each model in both: the independent compiled
 speedup (NCHW over channels_last, the median round's ratio: the JSON's ``speedup`` is the ratio
 of the median rounds; the rounds' ratios' median is used here, as cl-audit's) and cl-audit's,
 with both of cl-audit's verdicts (eager and compiled). Direction right: where the independent
@@ -17,6 +17,7 @@ not) are listed with the class whose time differs most between the layouts in ea
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import statistics
@@ -38,9 +39,11 @@ def main() -> None:
     for name, t in truth.items():
         if t["status"] != "ok":
             failed.append({"model": name, "where": "independent", "message": t["message"]})
-    for path in sorted((folder / "audits").glob("*.json")):
-        name = path.stem
-        report = json.loads(path.read_text())
+    for path in sorted((folder / "audits").glob("*.json*")):
+        name = path.name.split(".json")[0]
+        opener = gzip.open if path.suffix == ".gz" else open
+        with opener(path, "rt") as f:
+            report = json.load(f)
         t = truth.get(name)
         if report.get("status") == "error":
             failed.append({"model": name, "where": "cl-audit", "message": report["message"]})
