@@ -4,10 +4,11 @@
         > reports/compiled/check-cpu_torch-2.14.1/summary.md
 
 Reads the folder that scripts/compiled_check_cpu.sh writes: ``truth-*.jsonl``
-(scripts/speed_truth.py --compile, which does not import cl-audit) and ``audits/*.json``
-(``cl-audit MODEL --compile --time --json``, gzipped or not). For each model in both: the independent compiled
-speedup (NCHW over channels_last, the median round's ratio: the JSON's ``speedup`` is the ratio
-of the median rounds; the rounds' ratios' median is used here, as cl-audit's) and cl-audit's,
+(scripts/speed_truth.py --compile, which does not import cl-audit) and ``audits/*.json``, gzipped
+or not (``cl-audit MODEL --compile --time --json``). For each model in both: the independent
+compiled speedup (NCHW over channels_last, the median round's ratio: the JSON's ``speedup`` is
+the ratio of the median rounds; the rounds' ratios' median is used here, as cl-audit's) and
+cl-audit's,
 with both of cl-audit's verdicts (eager and compiled). Direction right: where the independent
 speedup lies outside 0.95-1.05, cl-audit's compiled speedup lies on the same side of 1. Models
 whose eager and compiled verdicts disagree (one faster, the other not; or one slower, the other
