@@ -222,7 +222,7 @@ def test_cli_bench_writes_schema_valid_json_and_dashboard_records(tmp_path):
         (["bench", "resnet18", "--timm", "resnet18"], "bench one model"),
         (["bench"], "bench one model"),
         (["bench", "nope_net"], "unknown torchvision model"),
-        (["resnet18", "resnet34", "--time"], "--time times one model"),
+        (["resnet18", "resnet34", "--time"], "give --jobs 1 (not 2)"),
         (["resnet18", "--time", "--fake"], "fake tensors run none"),
         (["resnet18", "--time", "--engine", "patch"], "--time needs --engine dispatch"),
     ],
@@ -341,7 +341,7 @@ def test_the_verdict_line_gives_the_tables_figure():
 def test_a_version_1_bench_report_still_reads():
     report = BenchReport.from_dict(json.loads(_BENCH_V1))
     assert report.timings[0].warmup_steps is None
-    assert report.to_dict()["version"] == BENCH_VERSION == 3
+    assert report.to_dict()["version"] == BENCH_VERSION == 4
 
 
 _BENCH_V1 = json.dumps(

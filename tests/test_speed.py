@@ -266,7 +266,9 @@ def _committed_speeds() -> list[tuple[str, object]]:
             rows = (ModelReport.from_dict(data),)
         else:  # a validation's rows, a table
             continue
-        found += [(f"{path.name}:{r.name}", r.speed) for r in rows if r.speed is not None]
+        for r in rows:
+            if r.speed is not None:  # a sweep's row has its name, a model report its model
+                found.append((f"{path.name}:{getattr(r, 'name', None) or r.model}", r.speed))
     return found
 
 
