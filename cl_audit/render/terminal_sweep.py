@@ -53,9 +53,9 @@ def render_sweep(report: SweepReport, console: Console, top: int = 10) -> None:
     if compiled:
         counts = Counter(r.speed.compiled.verdict.value for r in compiled)  # type: ignore[union-attr]
         text.append("\ncompiled speed: " + ", ".join(f"{n} {v}" for v, n in counts.most_common()))
-        differ = [r for r in compiled if _sides(r) is not None]
+        differ = [side for side in map(_sides, compiled) if side is not None]
         if differ:
-            text.append("; eager and compiled disagree: " + ", ".join(map(_sides, differ)))  # type: ignore[arg-type]
+            text.append("; eager and compiled disagree: " + ", ".join(differ))
     console.print(Panel(text, title="cl-audit sweep", expand=False))
     costly = [cov for cov in report.operators if cov.extra_bytes or cov.models]
     if costly:

@@ -15,7 +15,10 @@ from typing import ClassVar
 from cl_audit.enums import CompiledClass, SpeedVerdict
 from cl_audit.report.codec import JsonForm
 
-__all__ = ["CompileOptions", "CompiledClassTime", "CompiledLayout", "CompiledSpeed", "GraphLayout"]
+__all__ = [
+    "CompileOptions", "CompiledClassTime", "CompiledLayout", "CompiledSpeed", "GraphLayout",
+    "ratio_text",
+]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -109,6 +112,11 @@ class CompiledSpeed:
         return f"compiled: {_ratio(self.speedup, self.verdict, self.low, self.high)}"
 
 
+def ratio_text(speedup: float, verdict: SpeedVerdict, basis: str) -> str:
+    """``1.05x, faster (measured, rounds 1.03-1.07x)``: one verdict of the headline's two."""
+    return f"{speedup:.2f}x, {verdict.value} ({basis})"
+
+
 def _ratio(speedup: float, verdict: SpeedVerdict, low: float | None, high: float | None) -> str:
     spread = f", rounds {low:.2f}-{high:.2f}x" if low is not None and high is not None else ""
-    return f"{speedup:.2f}x, {verdict.value} (measured{spread})"
+    return ratio_text(speedup, verdict, f"measured{spread}")

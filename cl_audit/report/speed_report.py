@@ -11,7 +11,7 @@ from typing import ClassVar
 
 from cl_audit.enums import GateOn, SpeedBasis, SpeedClass, SpeedVerdict, Verdict
 from cl_audit.report.codec import JsonForm
-from cl_audit.report.compiled_speed import CompiledSpeed
+from cl_audit.report.compiled_speed import CompiledSpeed, ratio_text
 from cl_audit.report.machine import TableUse
 from cl_audit.report.stages import StageTime
 from cl_audit.report.verdict import Cost
@@ -222,7 +222,7 @@ class Speed:
     def _eager(self) -> str:
         if not self.known or self.speedup is None:
             return f"unknown ({self.note})" if self.note else "unknown"
-        return f"{self.speedup:.2f}x, {self.verdict.value} ({self._basis()})"
+        return ratio_text(self.speedup, self.verdict, self._basis())
 
     def _basis(self) -> str:
         if self.basis is SpeedBasis.MEASURED:
