@@ -287,7 +287,9 @@ def _single(
     from cl_audit.sources.source_audit import audit_loaded
 
     with models_print_to_stderr(), _failure_written(ref, outputs):
-        loaded = load_model(ref, BuildOptions(meta=plan.tensors.on_meta))
+        loaded = load_model(
+            ref, BuildOptions(input_size=plan.settings.input_size, meta=plan.tensors.on_meta)
+        )
         report = audit_loaded(loaded, plan)
         if distributed.ddp:
             from cl_audit.features.distributed import ddp_check

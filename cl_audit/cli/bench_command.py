@@ -37,7 +37,7 @@ from cl_audit.execution.plan import plan_run
 from cl_audit.execution.rounds import ROUNDS, STEPS, WARMUP
 from cl_audit.execution.settings import CompileOptions
 from cl_audit.report.files import check_writable, write_json, write_text
-from cl_audit.sources import load_model
+from cl_audit.sources import BuildOptions, load_model
 from cl_audit.sweep.selection import select
 
 if TYPE_CHECKING:
@@ -123,7 +123,7 @@ def bench(
     (ref,) = refs
     plan = plan_run(settings.audit)
     with models_print_to_stderr():
-        loaded = load_model(ref)
+        loaded = load_model(ref, BuildOptions(input_size=plan.settings.input_size))
         module, example = prepare(loaded, plan)
         report = bench_module(
             module,

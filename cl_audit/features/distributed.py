@@ -46,7 +46,7 @@ from cl_audit.report.distributed_report import (
     bucket_match,
 )
 from cl_audit.rule.attribution import model_failed
-from cl_audit.sources import ModelRef, load_model
+from cl_audit.sources import BuildOptions, ModelRef, load_model
 from cl_audit.sources.source_audit import prepare
 
 __all__ = ["ddp_check", "fsdp_check"]
@@ -83,7 +83,7 @@ def _parameters(module: torch.nn.Module, bucket: dict[str, tuple[int, ...]]) -> 
 def _ddp_step(ref: ModelRef, settings: AuditSettings, order: WrapOrder, bucket_view: bool) -> dict:
     """One rank's training step under DDP in one configuration."""
     plan = plan_run(settings)
-    loaded = load_model(ref)
+    loaded = load_model(ref, BuildOptions(input_size=settings.input_size))
     module, example = prepare(loaded, plan)
     module.train()
     if order is WrapOrder.BEFORE:
@@ -142,7 +142,7 @@ def _fsdp2(ref: ModelRef, settings: AuditSettings, world_size: int) -> dict:
     from torch.distributed.device_mesh import init_device_mesh
 
     plan = plan_run(settings)
-    loaded = load_model(ref)
+    loaded = load_model(ref, BuildOptions(input_size=settings.input_size))
     module, example = prepare(loaded, plan)
     to_channels_last(module.train())
     before = {n: (tuple(p.shape), tuple(p.stride())) for n, p in _maps(module).items()}
@@ -184,7 +184,7 @@ def _fsdp1(ref: ModelRef, settings: AuditSettings, use_orig_params: bool) -> dic
     from torch.distributed.fsdp import FullyShardedDataParallel
 
     plan = plan_run(settings)
-    loaded = load_model(ref)
+    loaded = load_model(ref, BuildOptions(input_size=settings.input_size))
     module, example = prepare(loaded, plan)
     to_channels_last(module.train())
     before = {n: (tuple(p.shape), tuple(p.stride())) for n, p in _maps(module).items()}

@@ -81,10 +81,13 @@ class LoadedModel:
 class BuildOptions:
     """``max_input_size`` caps the spatial sides of a registry model's default input (models
     with a fixed input size are built smaller where they allow it; a user factory's declared
-    shape is never capped); ``meta`` builds without allocating weights;
+    shape is never capped); ``input_size`` is the per-sample shape the model will be given
+    (``--input-size``: a model with a fixed input size is built for its sides where it allows,
+    as for a cap); ``meta`` builds without allocating weights;
     ``skip_random_init`` zero-fills instead of drawing random weights (see ``building``)."""
 
     max_input_size: int | None = None
+    input_size: tuple[int, ...] | None = None
     meta: bool = False
     skip_random_init: bool = False
 

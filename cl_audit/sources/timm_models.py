@@ -28,9 +28,11 @@ def build(name: str, options: BuildOptions) -> LoadedModel:
         raise UsageError(f"unknown timm model {name!r}{close_matches(name, names())}")
     cfg = get_pretrained_cfg(name)
     default = tuple(cfg.input_size) if cfg is not None else (3, 224, 224)
-    shape = cap_input(default, options.max_input_size)
+    capped = cap_input(default, options.max_input_size)
+    wanted = options.input_size if options.input_size is not None else capped
+    shape = wanted if len(wanted) == len(default) else default
     kwargs: dict[str, object] = {}
-    if shape != default and cfg is not None and cfg.fixed_input_size:
+    if shape[-2:] != default[-2:] and cfg is not None and cfg.fixed_input_size:
         kwargs["img_size"] = shape[-2:]  # models with position embeddings are built for it
     try:
         with building(options):
@@ -43,4 +45,4 @@ def build(name: str, options: BuildOptions) -> LoadedModel:
                 module = timm.create_model(name, pretrained=False)
     except Exception as e:
         raise model_failed(Stage.BUILD, name, e) from e
-    return LoadedModel(name, module, shape, capped=shape != default)
+    return LoadedModel(name, module, shape, capped=options.input_size is None and shape != default)

@@ -146,7 +146,10 @@ def _audit(
     plan = plan_run(settings)
     meta = plan.tensors.on_meta
     options = BuildOptions(
-        max_input_size=job.settings.max_input_size, meta=meta, skip_random_init=not meta
+        max_input_size=job.settings.max_input_size,
+        input_size=settings.input_size,
+        meta=meta,
+        skip_random_init=not meta,
     )
     on_stage(Stage.BUILD)
     loaded = load_model(job.ref, options)

@@ -13,7 +13,7 @@ from cl_audit.execution.plan import plan_run
 from cl_audit.execution.settings import AuditSettings
 from cl_audit.phases.audit_module import operations
 from cl_audit.predict.speed_table import ConvCall
-from cl_audit.sources import ModelRef, load_model
+from cl_audit.sources import BuildOptions, ModelRef, load_model
 from cl_audit.sources.source_audit import prepare
 
 __all__ = ["Target", "target"]
@@ -46,7 +46,7 @@ def target(
         train=train,
     )
     plan = plan_run(settings)
-    loaded = load_model(ref)
+    loaded = load_model(ref, BuildOptions(input_size=input_size))
     module, example = prepare(loaded, plan)
     try:
         runs = operations(module, example, plan)
