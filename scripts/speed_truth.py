@@ -19,6 +19,8 @@ random weights; with ``--size`` a timm model that takes ``img_size`` is built fo
 With ``--compile`` each copy is run through ``torch.compile`` (``--compile-mode``) and
 compiled by its first steps (until a step adds no Dynamo frame, at most four: their wall time
 is ``compile_s``, kept out of the rounds) before the warm-up; the rest as above.
+In a lane of ``scripts/quiet_lanes.py`` (``CL_AUDIT_QUIET_LANES`` set) the warm-up and the
+rounds run with the other lanes stopped; elsewhere that changes nothing.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from quiet_lanes import quiet  # a sibling script (imports nothing of cl-audit)
 
 CL = torch.channels_last
 
@@ -194,12 +197,13 @@ def measure(name: str, a: argparse.Namespace) -> dict:
     compile_s = {k: compile_runner(r, a.compile_mode) for k, r in runners.items()} if (
         a.compile
     ) else None  # fmt: skip
-    warmed = {k: warm(r, a.warmup) for k, r in runners.items()}
     rounds: dict[str, list[float]] = {k: [] for k in runners}
     order = list(runners)
-    for i in range(a.rounds):
-        for k in order if i % 2 == 0 else order[::-1]:
-            rounds[k].append(runners[k].timed(a.steps))
+    with quiet("truth rounds"):  # other proof lanes stopped meanwhile (scripts/quiet_lanes.py)
+        warmed = {k: warm(r, a.warmup) for k, r in runners.items()}
+        for i in range(a.rounds):
+            for k in order if i % 2 == 0 else order[::-1]:
+                rounds[k].append(runners[k].timed(a.steps))
     ratios = [n / c for n, c in zip(rounds["nchw"], rounds["channels_last"], strict=True)]
     row = {
         "name": name,
