@@ -10,7 +10,9 @@ compiled speedup (NCHW over channels_last, the median round's ratio: the JSON's 
 the ratio of the median rounds; the rounds' ratios' median is used here, as cl-audit's) and
 cl-audit's,
 with both of cl-audit's verdicts (eager and compiled). Direction right: where the independent
-speedup lies outside 0.95-1.05, cl-audit's compiled speedup lies on the same side of 1. Models
+speedup lies outside 0.95-1.05, cl-audit's compiled speedup lies on the same side of 1 (its
+verdict is counted apart: faster or slower on the independent's side, the other side, or
+where the independent lies within the band). Models
 whose eager and compiled verdicts disagree (one faster, the other not; or one slower, the other
 not) are listed with the class whose time differs most between the layouts in each step. Writes
 ``summary.json`` beside (whole, through a temporary file) and prints the Markdown.
@@ -77,12 +79,27 @@ def main() -> None:
     outside = [r for r in rows if abs(r["independent"] - 1) > BAND]
     right = [r for r in outside if (r["independent"] > 1) == (r["compiled"] > 1)]
     disagree = [r for r in rows if _disagree(r["eager_verdict"], r["compiled_verdict"])]
+    sides = {"faster": True, "slower": False}
+    decided = [r for r in rows if r["compiled_verdict"] in sides]
     summary = {
         "models": len(rows),
         "outside_band": len(outside),
         "direction_right": len(right),
         "wrong": [r["model"] for r in outside if r not in right],
         "eager_compiled_disagree": [r["model"] for r in disagree],
+        # cl-audit's verdict (not its speedup) against the independent side: faster or slower
+        # where the independent lies beyond the band that way, the other way, or within it
+        "verdict_same_side": [
+            r["model"]
+            for r in decided
+            if r in outside and (r["independent"] > 1) == sides[r["compiled_verdict"]]
+        ],
+        "verdict_other_side": [
+            r["model"]
+            for r in decided
+            if r in outside and (r["independent"] > 1) != sides[r["compiled_verdict"]]
+        ],
+        "verdict_decided_within_band": [r["model"] for r in decided if r not in outside],
         "median_abs_error": _median_error(rows),
         "failed": failed,
         "rows": rows,
@@ -117,6 +134,15 @@ def _markdown(s: dict) -> str:
         f"{s['outside_band']}, direction right for {s['direction_right']}"
         + (f" (wrong: {', '.join(s['wrong'])})" if s["wrong"] else "")
         + f"; median |cl-audit / independent - 1|: {s['median_abs_error']:.1%}",
+        f"cl-audit's compiled verdict faster or slower: {len(s['verdict_same_side'])} on the "
+        f"independent's side beyond the band, {len(s['verdict_other_side'])} on the other side"
+        + "".join(f" ({m})" for m in s["verdict_other_side"])
+        + f", {len(s['verdict_decided_within_band'])} where the independent lies within it"
+        + (
+            f" ({', '.join(s['verdict_decided_within_band'])})"
+            if s["verdict_decided_within_band"]
+            else ""
+        ),
         "",
         "| model | independent | cl-audit compiled | eager (cl-audit) | compile s (cl, nchw) "
         "| graphs, breaks | class differing most, compiled | eager |",
