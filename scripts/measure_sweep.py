@@ -15,28 +15,13 @@ import sys
 import time
 from pathlib import Path
 
-
-def _children() -> dict[int, list[int]]:
-    tree: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        tree.setdefault(int(fields[1]), []).append(int(entry))
-    return tree
+from process_tree import tree  # a sibling script
 
 
 def tree_memory_mb(root: int) -> tuple[float, float]:
     """(sum of PSS, sum of RSS) in MB over ``root`` and its descendants."""
-    tree = _children()
     pss = rss = 0
-    stack = [root]
-    while stack:
-        pid = stack.pop()
-        stack.extend(tree.get(pid, []))
+    for pid in tree([root]):
         try:
             text = Path(f"/proc/{pid}/smaps_rollup").read_text()
         except OSError:

@@ -32,34 +32,10 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from process_tree import tree  # a sibling script
+
 FOLDER = "CL_AUDIT_QUIET_LANES"
 LANE = "CL_AUDIT_LANE"
-
-
-def _children() -> dict[int, list[int]]:
-    """Each running process's children, from /proc."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        parent = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(parent, []).append(int(entry))
-    return children
-
-
-def _tree(roots: list[int]) -> list[int]:
-    """The roots and every process under them."""
-    children, seen, todo = _children(), [], list(roots)
-    while todo:
-        pid = todo.pop()
-        if pid not in seen:
-            seen.append(pid)
-            todo += children.get(pid, [])
-    return seen
 
 
 def _other_roots(folder: Path) -> list[int]:
@@ -100,15 +76,15 @@ def quiet(what: str = "") -> Iterator[None]:
     try:
         with _locked(folder):
             roots = _other_roots(folder)
-            stopped = _tree(roots)
+            stopped = tree(roots)
             _signal(stopped, signal.SIGSTOP)
-            late = [pid for pid in _tree(roots) if pid not in stopped]  # forked meanwhile
+            late = [pid for pid in tree(roots) if pid not in stopped]  # forked meanwhile
             _signal(late, signal.SIGSTOP)
             start = time.time()
             try:
                 yield
             finally:
-                _signal(_tree(roots), signal.SIGCONT)
+                _signal(tree(roots), signal.SIGCONT)
                 took = time.time() - start
                 with open(folder / "quiet.log", "a") as log:
                     log.write(f"{os.environ.get(LANE)} {start:.1f} {took:.2f} {what}\n")
@@ -141,7 +117,7 @@ def _resume() -> None:
     name = os.environ.get(FOLDER)
     if name:
         with _locked(Path(name)):
-            _signal(_tree(_other_roots(Path(name))), signal.SIGCONT)
+            _signal(tree(_other_roots(Path(name))), signal.SIGCONT)
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ def other_lane(tmp_path):
     lane = subprocess.Popen(["bash", "-c", "sleep 60 & wait"])
     (tmp_path / "lane-1.pid").write_text(str(lane.pid))
     for _ in range(100):
-        children = quiet_lanes._tree([lane.pid])[1:]
+        children = quiet_lanes.tree([lane.pid])[1:]
         if children:
             break
         time.sleep(0.01)

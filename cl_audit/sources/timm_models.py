@@ -28,8 +28,8 @@ def build(name: str, options: BuildOptions) -> LoadedModel:
         raise UsageError(f"unknown timm model {name!r}{close_matches(name, names())}")
     cfg = get_pretrained_cfg(name)
     default = tuple(cfg.input_size) if cfg is not None else (3, 224, 224)
-    capped = cap_input(default, options.max_input_size)
-    wanted = options.input_size if options.input_size is not None else capped
+    cap = cap_input(default, options.max_input_size)
+    wanted = options.input_size if options.input_size is not None else cap
     shape = wanted if len(wanted) == len(default) else default
     kwargs: dict[str, object] = {}
     if shape[-2:] != default[-2:] and cfg is not None and cfg.fixed_input_size:
