@@ -76,12 +76,12 @@ def quiet(what: str = "") -> Iterator[None]:
     try:
         with _locked(folder):
             roots = _other_roots(folder)
-            stopped = tree(roots)
-            _signal(stopped, signal.SIGSTOP)
-            late = [pid for pid in tree(roots) if pid not in stopped]  # forked meanwhile
-            _signal(late, signal.SIGSTOP)
             start = time.time()
-            try:
+            try:  # stopping inside: a SIGTERM while stopping still lets them go on
+                stopped = tree(roots)
+                _signal(stopped, signal.SIGSTOP)
+                late = [pid for pid in tree(roots) if pid not in stopped]  # forked meanwhile
+                _signal(late, signal.SIGSTOP)
                 yield
             finally:
                 _signal(tree(roots), signal.SIGCONT)
